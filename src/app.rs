@@ -1,0 +1,212 @@
+//! Wiring for `inlet run`: open the inbox, load the routes, serve HTTP, run one relay
+//! per route plus the housekeeping tasks, and stop cleanly.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::clock::{Clock, DbClock};
+use crate::config::Config;
+use crate::inbox::{self, Status, Store};
+use crate::ingest::Ingest;
+use crate::relay::{Relay, RelayOptions};
+use crate::routing::Routes;
+use crate::telemetry::{Metrics, RouteStatus};
+use crate::{admin, source};
+
+/// What request handlers share.
+pub struct Shared {
+    pub routes: Routes,
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
+    pub ingest: Ingest,
+}
+
+/// Knobs that are not part of the routing file (tests set them).
+#[derive(Clone)]
+pub struct Options {
+    /// The name this instance uses in leases; default `HOST-PID-RANDOM`.
+    pub owner: String,
+    /// The clock; default follows the database's.
+    pub clock: Option<Arc<dyn Clock>>,
+    /// Relay poll interval when nothing wakes it.
+    pub poll: Duration,
+    /// Override of the configured listen address (e.g. port 0 in tests).
+    pub listen: Option<SocketAddr>,
+    /// How long DONE and IGNORED entries are kept.
+    pub retention: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "inlet".into());
+        Options {
+            owner: format!("{host}-{}-{:04x}", std::process::id(), fastrand::u16(..)),
+            clock: None,
+            poll: Duration::from_millis(500),
+            listen: None,
+            retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] inbox::StoreError),
+    #[error("cannot load plugins:\n{}", .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
+    Plugins(Vec<crate::plugin::PluginLoadError>),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}
+
+/// A started instance.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl Running {
+    /// Stops accepting pushes, stops claiming, lets in-flight attempts finish.
+    pub async fn stop(mut self) {
+        let _ = self.shutdown.send(true);
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Waits for ctrl-c or SIGTERM, then stops.
+    pub async fn run_until_signal(self) {
+        shutdown_signal().await;
+        tracing::info!("shutdown requested");
+        self.stop().await;
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("install SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+pub async fn start(config: &Config, options: Options) -> Result<Running, StartError> {
+    let store = inbox::open(&config.store.url, config.store.max_connections).await?;
+    let mut tasks = JoinSet::new();
+    let clock: Arc<dyn Clock> = match options.clock.clone() {
+        Some(c) => c,
+        None => {
+            let c = DbClock::new(store.as_ref()).await?;
+            let calibration = c.spawn_calibration(Arc::clone(&store), Duration::from_secs(60));
+            tasks.spawn(async move {
+                let _ = calibration.await;
+            });
+            c
+        }
+    };
+    let routes = Routes::load(config).map_err(StartError::Plugins)?;
+    let metrics = Arc::new(Metrics::new());
+    let shared = Arc::new(Shared {
+        ingest: Ingest { store: Arc::clone(&store), clock: Arc::clone(&clock), metrics: Arc::clone(&metrics) },
+        routes,
+        store,
+        clock,
+        metrics,
+    });
+    let (shutdown, shutdown_rx) = watch::channel(false);
+
+    let addr = options.listen.unwrap_or(config.server.listen);
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Listen { addr, source })?;
+    let app = Router::new()
+        .route("/push/{route}", post(source::push::handle))
+        .route("/api/entries", get(admin::list))
+        .route("/api/entries/{id}", get(admin::show))
+        .route("/api/entries/{id}/requeue", post(admin::requeue))
+        .route("/api/entries/{id}/park", post(admin::park))
+        .route("/metrics", get(admin::metrics))
+        .route("/healthz", get(admin::healthz))
+        .route("/readyz", get(admin::readyz))
+        .with_state(Arc::clone(&shared));
+    let mut rx = shutdown_rx.clone();
+    tasks.spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        });
+        if let Err(error) = serve.await {
+            tracing::error!(%error, "http server failed");
+        }
+    });
+    tracing::info!(%addr, routes = shared.routes.iter().count(), store = shared.store.backend(), "inlet listening");
+
+    for route in shared.routes.iter() {
+        let relay = Arc::new(Relay {
+            route: Arc::clone(route),
+            store: Arc::clone(&shared.store),
+            clock: Arc::clone(&shared.clock),
+            metrics: Arc::clone(&shared.metrics),
+            options: RelayOptions { owner: options.owner.clone(), poll: options.poll },
+        });
+        tasks.spawn(relay.run(shutdown_rx.clone()));
+    }
+    tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx));
+    Ok(Running { addr, shared, shutdown, tasks })
+}
+
+/// Refreshes the backlog gauges and purges finished entries past their retention.
+async fn housekeeping(shared: Arc<Shared>, retention: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    let mut since_purge = Duration::ZERO;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        refresh_gauges(&shared).await;
+        since_purge += Duration::from_secs(5);
+        if since_purge >= Duration::from_secs(60) {
+            since_purge = Duration::ZERO;
+            let before = shared.clock.now() - retention.as_millis() as i64;
+            match shared.store.purge_finished(before, 10_000).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(purged = n, "purged finished entries past their retention"),
+                Err(error) => tracing::warn!(%error, "retention purge failed; will try again"),
+            }
+        }
+    }
+}
+
+async fn refresh_gauges(shared: &Shared) {
+    let counts = match shared.store.counts().await {
+        Ok(c) => c,
+        Err(error) => {
+            tracing::warn!(%error, "could not read inbox counts for metrics");
+            return;
+        }
+    };
+    let now = shared.clock.now();
+    for route in shared.routes.iter() {
+        for status in [Status::Open, Status::InProgress, Status::Parked] {
+            let row = counts.iter().find(|c| c.route == route.name() && c.status == status);
+            let label = RouteStatus { route: route.name().to_string(), status: status.as_str() };
+            shared.metrics.entries.get_or_create(&label).set(row.map_or(0, |r| r.count));
+            if status == Status::Open {
+                let age = row.and_then(|r| r.oldest_received_at).map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0);
+                shared.metrics.oldest_open_age_seconds.get_or_create(&Metrics::route(route.name())).set(age);
+            }
+        }
+    }
+}

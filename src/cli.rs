@@ -1,0 +1,248 @@
+//! The `inlet` command line. Output for people goes to stdout; logs go to stderr.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::app;
+use crate::clock::{Clock, DbClock};
+use crate::config::Config;
+use crate::inbox::{self, Entry, ListFilter, Status, Store};
+use crate::routing::Routes;
+
+#[derive(Debug, Parser)]
+#[command(name = "inlet", version, about = "Pub/Sub in, transactional inbox, ordered relay out — extended by WebAssembly plugins")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the routes of a routing file: receive, store, relay.
+    Run {
+        /// The routing file (TOML).
+        config: PathBuf,
+        /// Listen here instead of `[server] listen`.
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Name of this instance in leases (default: host, pid and a random suffix).
+        #[arg(long, env = "INLET_INSTANCE")]
+        instance: Option<String>,
+        /// Relay poll interval when nothing wakes it.
+        #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+        poll: Duration,
+        /// How long DONE and IGNORED entries are kept.
+        #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+        retention: Duration,
+    },
+    /// Validate a routing file and load its plugins; exit 1 listing every error.
+    Check {
+        config: PathBuf,
+    },
+    /// Inspect and repair the inbox (works whether or not Inlet is running).
+    Inbox {
+        /// The routing file whose store to open.
+        #[arg(long, short, env = "INLET_CONFIG")]
+        config: PathBuf,
+        #[command(subcommand)]
+        command: InboxCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum InboxCommand {
+    /// List entries, oldest first.
+    List {
+        #[arg(long)]
+        route: Option<String>,
+        /// open, in-progress, done, parked or ignored.
+        #[arg(long)]
+        status: Option<Status>,
+        /// Only entries with this correlation key.
+        #[arg(long)]
+        key: Option<String>,
+        /// Only entries with an id above this.
+        #[arg(long)]
+        after: Option<i64>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Show one entry in full, as JSON.
+    Show { id: i64 },
+    /// Make PARKED entries due again (attempts start over). Entries parked before
+    /// decoding are decoded again with the plugin as it is now.
+    Requeue {
+        ids: Vec<i64>,
+        /// Requeue every PARKED entry of this route instead.
+        #[arg(long, conflicts_with = "ids")]
+        all_parked: Option<String>,
+    },
+    /// Park an OPEN entry by hand.
+    Park {
+        id: i64,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Delete DONE and IGNORED entries finished longer ago than this. Never PARKED ones.
+    Purge {
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Duration,
+    },
+    /// Unresolved entries per route and state.
+    Stats,
+}
+
+pub async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    crate::telemetry::init_logging();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(path: &Path) -> anyhow::Result<Config> {
+    Config::load(path).map_err(|errors| anyhow::anyhow!("{errors}"))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run { config, listen, instance, poll, retention } => {
+            let config = load_config(&config)?;
+            let mut options = app::Options { listen, poll, retention, ..app::Options::default() };
+            if let Some(owner) = instance {
+                options.owner = owner;
+            }
+            let running = app::start(&config, options).await?;
+            running.run_until_signal().await;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { config: path } => {
+            let config = match Config::load(&path) {
+                Ok(c) => c,
+                Err(errors) => {
+                    eprintln!("{errors}");
+                    return Ok(ExitCode::FAILURE);
+                }
+            };
+            if let Err(errors) = Routes::load(&config) {
+                for e in errors {
+                    eprintln!("error: {}: {e}", path.display());
+                }
+                return Ok(ExitCode::FAILURE);
+            }
+            println!("{}: ok ({} routes, store {})", path.display(), config.routes.len(), config.store.url);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Inbox { config, command } => {
+            let config = load_config(&config)?;
+            let store = inbox::open(&config.store.url, 2).await?;
+            inbox_command(store, command).await
+        }
+    }
+}
+
+async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::Result<ExitCode> {
+    let clock = DbClock::new(store.as_ref()).await?;
+    match command {
+        InboxCommand::List { route, status, key, after, limit } => {
+            let entries = store.list(&ListFilter { route, status, correlation_key: key, after_id: after, limit }).await?;
+            println!("{:>8}  {:<11}  {:<24}  {:<20}  {:>8}  LAST ERROR", "ID", "STATUS", "ROUTE", "KEY", "ATTEMPTS");
+            for e in &entries {
+                println!("{}", list_line(e));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        InboxCommand::Show { id } => match store.get(id).await? {
+            Some(e) => {
+                println!("{}", serde_json::to_string_pretty(&crate::admin::entry_view(&e))?);
+                Ok(ExitCode::SUCCESS)
+            }
+            None => {
+                eprintln!("no entry {id}");
+                Ok(ExitCode::FAILURE)
+            }
+        },
+        InboxCommand::Requeue { ids, all_parked } => {
+            let ids = match all_parked {
+                Some(route) => all_parked_ids(store.as_ref(), &route).await?,
+                None => ids,
+            };
+            let mut failed = false;
+            for id in ids {
+                if store.requeue(id, clock.now()).await? {
+                    println!("requeued {id}");
+                } else {
+                    eprintln!("entry {id} is missing or not PARKED/OPEN; left as it is");
+                    failed = true;
+                }
+            }
+            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+        }
+        InboxCommand::Park { id, reason } => {
+            if store.park(id, &format!("parked by hand: {reason}"), clock.now()).await? {
+                println!("parked {id}");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("entry {id} is missing or not OPEN; left as it is");
+                Ok(ExitCode::FAILURE)
+            }
+        }
+        InboxCommand::Purge { older_than } => {
+            let before = clock.now() - older_than.as_millis() as i64;
+            let mut total = 0;
+            loop {
+                let n = store.purge_finished(before, 10_000).await?;
+                total += n;
+                if n == 0 {
+                    break;
+                }
+            }
+            println!("purged {total} finished entries");
+            Ok(ExitCode::SUCCESS)
+        }
+        InboxCommand::Stats => {
+            let now = clock.now();
+            println!("{:<24}  {:<11}  {:>8}  OLDEST", "ROUTE", "STATUS", "COUNT");
+            for c in store.counts().await? {
+                let age = c.oldest_received_at.map(|t| humantime::format_duration(Duration::from_secs(((now - t).max(0) / 1000) as u64)).to_string());
+                println!("{:<24}  {:<11}  {:>8}  {}", c.route, c.status.as_str(), c.count, age.unwrap_or_default());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn all_parked_ids(store: &dyn Store, route: &str) -> anyhow::Result<Vec<i64>> {
+    let mut ids = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .list(&ListFilter { route: Some(route.to_string()), status: Some(Status::Parked), after_id: after, limit: 1000, ..Default::default() })
+            .await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        ids.extend(page.iter().map(|e| e.id));
+    }
+    Ok(ids)
+}
+
+fn list_line(e: &Entry) -> String {
+    let err: String = e.last_error.as_deref().unwrap_or("").chars().take(80).collect();
+    format!(
+        "{:>8}  {:<11}  {:<24}  {:<20}  {:>8}  {}",
+        e.id,
+        e.status.as_str(),
+        e.route,
+        e.correlation_key.as_deref().unwrap_or("-"),
+        e.attempts,
+        err
+    )
+}

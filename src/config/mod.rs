@@ -1,0 +1,221 @@
+//! Routing files: TOML that declares the store, the listener and the routes.
+//!
+//! Loading runs in two phases. Phase one is serde (`raw`): syntax, unknown fields,
+//! types, durations. Phase two (`validate`) expands `${NAME}` environment
+//! references, applies defaults and checks what serde cannot: duplicate names,
+//! plugin files that exist, fields that belong to another kind, cross-field rules.
+//! Every error carries the file, line, column and field; phase two reports all of
+//! its errors at once.
+
+mod error;
+mod raw;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
+
+/// A loaded, validated routing file.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this configuration was read from.
+    pub path: PathBuf,
+    pub store: StoreConfig,
+    pub server: ServerConfig,
+    pub routes: Vec<RouteConfig>,
+}
+
+impl Config {
+    /// Reads and validates a routing file.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors::single(ConfigError::whole_file(path, ConfigErrorKind::Read(e.to_string())))
+        })?;
+        Self::from_str(path, &text, &|name| std::env::var(name).ok())
+    }
+
+    /// Validates routing-file text as if read from `path`, looking environment
+    /// references up with `env`.
+    pub fn from_str(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        let raw = raw::parse(path, text)?;
+        validate::validate(path, text, raw, env)
+    }
+
+    pub fn route(&self, name: &str) -> Option<&RouteConfig> {
+        self.routes.iter().find(|r| r.name.as_str() == name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// `sqlite://PATH` (relative to the routing file) or `postgres://…`.
+    pub url: String,
+    /// Upper bound on pooled database connections.
+    pub max_connections: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Address of the HTTP listener: push endpoints, admin API, metrics, health.
+    pub listen: SocketAddr,
+}
+
+/// A route name: lowercase ASCII letters, digits and `-`, starting with a letter,
+/// at most 63 characters. It appears in URLs, metrics labels and the inbox.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RouteName(String);
+
+impl RouteName {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for RouteName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for RouteName {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        let ok_start = s.chars().next().is_some_and(|c| c.is_ascii_lowercase());
+        let ok_chars = s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if !ok_start || !ok_chars || s.len() > 63 {
+            return Err(format!(
+                "invalid route name `{s}`: use lowercase letters, digits and `-`, starting with a letter, at most 63 characters"
+            ));
+        }
+        Ok(RouteName(s))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: RouteName,
+    /// The plugin component, resolved against the routing file's folder.
+    pub plugin: PathBuf,
+    pub source: SourceConfig,
+    pub target: TargetConfig,
+    pub ordering: Ordering,
+    pub parked: ParkedPolicy,
+    /// Deliveries in flight at once for this route, across keys, per instance.
+    pub concurrency: usize,
+    /// How long a claimed entry belongs to this instance. Always longer than the
+    /// target timeout, so a slow target cannot cause two deliveries of one key.
+    pub lease: Duration,
+    pub retry: RetryPolicy,
+    pub not_yet: NotYetPolicy,
+    pub limits: PluginLimits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceConfig {
+    /// `POST /push/<route>` accepts Pub/Sub push envelopes.
+    Push,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetConfig {
+    Http(HttpTarget),
+    /// Logs each rendered request and answers it as `204 No Content`. For dry runs.
+    Log,
+}
+
+impl TargetConfig {
+    pub fn timeout(&self) -> Duration {
+        match self {
+            TargetConfig::Http(h) => h.timeout,
+            TargetConfig::Log => Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpTarget {
+    /// Base URL; the plugin's request path is appended to it.
+    pub url: String,
+    /// Time allowed for one request, connect to last byte.
+    pub timeout: Duration,
+    /// Headers added to every request (e.g. authorization).
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Whether entries of one correlation key are delivered one at a time, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ordering {
+    /// At most one entry per key in flight, in inbox order (the default).
+    PerKey,
+    /// No ordering: any entry may be delivered at any time.
+    None,
+}
+
+/// What a parked entry does to later entries of its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ParkedPolicy {
+    /// Later entries of the key wait until the parked one is requeued or resolved
+    /// (the default: order matters more than progress).
+    BlockKey,
+    /// Later entries of the key go on without it.
+    Pass,
+}
+
+/// Backoff for technical failures: `initial * multiplier^(n-1)`, capped at `max`,
+/// spread by ± `jitter` (a fraction), at most `max_attempts` attempts in all.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    pub initial: Duration,
+    pub max: Duration,
+    pub multiplier: f64,
+    pub jitter: f64,
+    pub max_attempts: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(600),
+            multiplier: 2.0,
+            jitter: 0.2,
+            max_attempts: 20,
+        }
+    }
+}
+
+/// How long an entry may wait for a target that is "not ready yet".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotYetPolicy {
+    /// Measured from when the entry was received; after it the entry is parked.
+    pub deadline: Duration,
+    /// Delay between not-yet attempts (backoff from the retry policy's shape, capped here).
+    pub max_interval: Duration,
+}
+
+impl Default for NotYetPolicy {
+    fn default() -> Self {
+        NotYetPolicy { deadline: Duration::from_secs(30 * 60), max_interval: Duration::from_secs(60) }
+    }
+}
+
+/// Sandbox limits for each plugin call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginLimits {
+    /// Wall-clock CPU budget of one call (epoch deadline).
+    pub call_timeout: Duration,
+    /// Linear memory an instance may grow to, in bytes.
+    pub memory_bytes: usize,
+}
+
+impl Default for PluginLimits {
+    fn default() -> Self {
+        PluginLimits { call_timeout: Duration::from_millis(500), memory_bytes: 64 << 20 }
+    }
+}

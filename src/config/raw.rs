@@ -1,0 +1,178 @@
+//! Phase one: the routing file as serde sees it. Every field is documented here
+//! because these types are the user's reference for the file format.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
+use super::{Ordering, ParkedPolicy, RouteName};
+
+pub(super) fn parse(path: &Path, text: &str) -> Result<RawConfig, ConfigErrors> {
+    toml::from_str::<RawConfig>(text).map_err(|e| {
+        let span = e.span().unwrap_or(0..0);
+        // The error names the key path only when rendered without the input.
+        let mut bare = e.clone();
+        bare.set_input(None);
+        let rendered = bare.to_string();
+        let field = rendered
+            .lines()
+            .find_map(|l| l.strip_prefix("in `").and_then(|l| l.strip_suffix('`')))
+            .unwrap_or("")
+            .to_string();
+        ConfigErrors::single(ConfigError::at(
+            path,
+            text,
+            span,
+            field,
+            ConfigErrorKind::Parse(e.message().trim_end().to_string()),
+        ))
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    /// Where the inbox lives. Defaults to `sqlite://inlet.db` beside the routing file.
+    pub store: Option<RawStore>,
+    /// The HTTP listener. Defaults to `127.0.0.1:8080`.
+    pub server: Option<RawServer>,
+    /// The routes, one `[[route]]` table each.
+    #[serde(default, rename = "route")]
+    pub routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStore {
+    /// `sqlite://PATH` (relative to the routing file; created if missing) or
+    /// `postgres://USER@HOST:PORT/DB`. `${NAME}` reads an environment variable.
+    pub url: Spanned<String>,
+    /// Upper bound on pooled database connections (default 8).
+    pub max_connections: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawServer {
+    /// `HOST:PORT` to listen on for push messages, the admin API, metrics and health.
+    pub listen: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    /// Unique name: lowercase letters, digits and `-`. Used in `/push/<name>`.
+    pub name: Spanned<RouteName>,
+    /// Path of the plugin component (`.wasm`), relative to the routing file.
+    pub plugin: Spanned<String>,
+    /// Where messages come from: `{ kind = "push" }`.
+    pub source: Spanned<RawSource>,
+    /// Where entries are delivered: `{ kind = "http", url = "…" }` or `{ kind = "log" }`.
+    pub target: Spanned<RawTarget>,
+    /// `"per-key"` (default): one entry per correlation key in flight, in inbox
+    /// order. `"none"`: no ordering.
+    pub ordering: Option<Ordering>,
+    /// What a parked entry does to later entries of its key: `"block-key"`
+    /// (default) or `"pass"`.
+    pub parked: Option<ParkedPolicy>,
+    /// Deliveries in flight at once for this route per instance (default 8).
+    pub concurrency: Option<Spanned<u32>>,
+    /// How long a claimed entry belongs to an instance (default: 3 × the target
+    /// timeout + 5s). Must exceed the target timeout.
+    pub lease: Option<Spanned<HumanDuration>>,
+    /// Backoff for technical failures.
+    pub retry: Option<RawRetry>,
+    /// Patience with a target that is not ready for the event yet.
+    pub not_yet: Option<RawNotYet>,
+    /// Sandbox limits for each plugin call.
+    pub limits: Option<RawLimits>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSource {
+    /// `"push"`: Pub/Sub push subscriptions POST to `/push/<route>`.
+    pub kind: Spanned<SourceKind>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum SourceKind {
+    Push,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTarget {
+    /// `"http"` or `"log"`.
+    pub kind: Spanned<TargetKind>,
+    /// http: base URL of the target; the plugin's path is appended.
+    pub url: Option<Spanned<String>>,
+    /// http: time allowed for one request (default `10s`).
+    pub timeout: Option<Spanned<HumanDuration>>,
+    /// http: headers added to every request, e.g. `{ authorization = "Bearer ${TOKEN}" }`.
+    pub headers: Option<BTreeMap<String, Spanned<String>>>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum TargetKind {
+    Http,
+    Log,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRetry {
+    /// First delay (default `1s`).
+    pub initial: Option<Spanned<HumanDuration>>,
+    /// Largest delay (default `10m`).
+    pub max: Option<Spanned<HumanDuration>>,
+    /// Growth factor per attempt, at least 1.0 (default 2.0).
+    pub multiplier: Option<Spanned<f64>>,
+    /// Random spread as a fraction of the delay, 0.0 to 1.0 (default 0.2).
+    pub jitter: Option<Spanned<f64>>,
+    /// Attempts before the entry is parked, at least 1 (default 20).
+    pub max_attempts: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNotYet {
+    /// Time since receipt after which a not-yet entry is parked (default `30m`).
+    pub deadline: Option<Spanned<HumanDuration>>,
+    /// Largest delay between not-yet attempts (default `1m`).
+    pub max_interval: Option<Spanned<HumanDuration>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimits {
+    /// CPU time one plugin call may take (default `500ms`).
+    pub call_timeout: Option<Spanned<HumanDuration>>,
+    /// Memory one plugin instance may use, in MiB (default 64).
+    pub memory_mib: Option<Spanned<u32>>,
+}
+
+/// A duration written for people: `"250ms"`, `"10s"`, `"30m"`, `"1h 30m"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HumanDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map(HumanDuration)
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration `{s}`: {e}")))
+    }
+}
+
+impl<'de> Deserialize<'de> for RouteName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        RouteName::try_from(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}

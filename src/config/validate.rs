@@ -1,0 +1,283 @@
+//! Phase two: environment expansion, defaults and the checks serde cannot make.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
+use super::raw::{HumanDuration, RawConfig, RawRoute, SourceKind, TargetKind};
+use super::{
+    Config, HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, RetryPolicy, RouteConfig, ServerConfig,
+    SourceConfig, StoreConfig, TargetConfig,
+};
+
+/// Collects errors while a file is checked, so all of them are reported at once.
+struct Checker<'a> {
+    file: &'a Path,
+    text: &'a str,
+    env: &'a dyn Fn(&str) -> Option<String>,
+    errors: Vec<ConfigError>,
+}
+
+impl Checker<'_> {
+    fn error<T>(&mut self, span: std::ops::Range<usize>, field: impl Into<String>, kind: ConfigErrorKind) -> Option<T> {
+        self.errors.push(ConfigError::at(self.file, self.text, span, field, kind));
+        None
+    }
+
+    /// Expands `${NAME}` references; `$$` is a literal `$`.
+    fn expand(&mut self, value: &Spanned<String>, field: &str) -> Option<String> {
+        let s = value.get_ref();
+        let mut out = String::with_capacity(s.len());
+        let mut rest = s.as_str();
+        while let Some(i) = rest.find('$') {
+            out.push_str(&rest[..i]);
+            let after = &rest[i + 1..];
+            if let Some(tail) = after.strip_prefix('$') {
+                out.push('$');
+                rest = tail;
+            } else if let Some(inner) = after.strip_prefix('{') {
+                let Some(end) = inner.find('}') else {
+                    return self.error(value.span(), field, ConfigErrorKind::UnterminatedEnvRef);
+                };
+                let name = &inner[..end];
+                match (self.env)(name) {
+                    Some(v) => out.push_str(&v),
+                    None => return self.error(value.span(), field, ConfigErrorKind::UnknownEnvVar(name.to_string())),
+                }
+                rest = &inner[end + 1..];
+            } else {
+                out.push('$');
+                rest = after;
+            }
+        }
+        out.push_str(rest);
+        Some(out)
+    }
+}
+
+fn dur(d: &Option<Spanned<HumanDuration>>) -> Option<Duration> {
+    d.as_ref().map(|d| d.get_ref().0)
+}
+
+pub(super) fn validate(
+    file: &Path,
+    text: &str,
+    raw: RawConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigErrors> {
+    let mut c = Checker { file, text, env, errors: Vec::new() };
+    let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
+
+    let store = match &raw.store {
+        None => Some(StoreConfig { url: sqlite_url(&base, "inlet.db"), max_connections: 8 }),
+        Some(s) => {
+            let max_connections = s.max_connections.as_ref().map_or(8, |m| *m.get_ref());
+            if max_connections == 0 {
+                let span = s.max_connections.as_ref().map(|m| m.span()).unwrap_or_default();
+                c.error::<()>(span, "store.max_connections", ConfigErrorKind::Invalid("must be at least 1".into()));
+            }
+            c.expand(&s.url, "store.url").and_then(|url| {
+                if let Some(path) = url.strip_prefix("sqlite://") {
+                    Some(StoreConfig { url: sqlite_url(&base, path), max_connections })
+                } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+                    Some(StoreConfig { url, max_connections })
+                } else {
+                    c.error(
+                        s.url.span(),
+                        "store.url",
+                        ConfigErrorKind::Invalid(format!("store url `{url}` must start with sqlite:// or postgres://")),
+                    )
+                }
+            })
+        }
+    };
+
+    let server = match &raw.server {
+        None => Some(ServerConfig { listen: SocketAddr::from(([127, 0, 0, 1], 8080)) }),
+        Some(s) => c.expand(&s.listen, "server.listen").and_then(|l| match l.parse::<SocketAddr>() {
+            Ok(listen) => Some(ServerConfig { listen }),
+            Err(_) => c.error(
+                s.listen.span(),
+                "server.listen",
+                ConfigErrorKind::Invalid(format!("`{l}` is not a HOST:PORT socket address")),
+            ),
+        }),
+    };
+
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut routes = Vec::new();
+    for (i, r) in raw.routes.iter().enumerate() {
+        let name = r.name.get_ref().as_str().to_string();
+        let line = line_col(text, r.name.span().start).0;
+        if let Some(first_line) = seen.get(&name) {
+            c.error::<()>(
+                r.name.span(),
+                format!("route[{i}].name"),
+                ConfigErrorKind::DuplicateRoute { name: name.clone(), first_line: *first_line },
+            );
+        } else {
+            seen.insert(name, line);
+        }
+        if let Some(route) = route(&mut c, &base, i, r) {
+            routes.push(route);
+        }
+    }
+
+    if !c.errors.is_empty() {
+        c.errors.sort_by_key(|e| (e.line, e.column));
+        return Err(ConfigErrors(c.errors));
+    }
+    Ok(Config {
+        path: file.to_path_buf(),
+        store: store.expect("no errors means a store"),
+        server: server.expect("no errors means a server"),
+        routes,
+    })
+}
+
+fn sqlite_url(base: &Path, path: &str) -> String {
+    let p = Path::new(path);
+    let full = if p.is_absolute() || path.starts_with(':') { p.to_path_buf() } else { base.join(p) };
+    format!("sqlite://{}", full.display())
+}
+
+fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<RouteConfig> {
+    let at = |f: &str| format!("route[{i}].{f}");
+
+    let plugin = c.expand(&r.plugin, &at("plugin")).and_then(|p| {
+        let path: PathBuf = base.join(&p);
+        if path.is_file() {
+            Some(path)
+        } else {
+            c.error(r.plugin.span(), at("plugin"), ConfigErrorKind::MissingPluginFile { path: path.display().to_string() })
+        }
+    });
+
+    let source = match r.source.get_ref().kind.get_ref() {
+        SourceKind::Push => Some(SourceConfig::Push),
+    };
+
+    let t = r.target.get_ref();
+    let target = match t.kind.get_ref() {
+        TargetKind::Log => {
+            for (field, present) in [("url", t.url.is_some()), ("timeout", t.timeout.is_some()), ("headers", t.headers.is_some())] {
+                if present {
+                    c.error::<()>(
+                        r.target.span(),
+                        at("target"),
+                        ConfigErrorKind::FieldNotAllowed { field: field.into(), kind: "a log target" },
+                    );
+                }
+            }
+            Some(TargetConfig::Log)
+        }
+        TargetKind::Http => {
+            let url = match &t.url {
+                None => c.error(r.target.span(), at("target"), ConfigErrorKind::MissingField { field: "url", kind: "an http target" }),
+                Some(u) => c.expand(u, &at("target.url")).and_then(|url| {
+                    if url.starts_with("http://") || url.starts_with("https://") {
+                        Some(url.trim_end_matches('/').to_string())
+                    } else {
+                        c.error(u.span(), at("target.url"), ConfigErrorKind::Invalid(format!("`{url}` is not an http:// or https:// URL")))
+                    }
+                }),
+            };
+            let mut headers = BTreeMap::new();
+            for (k, v) in t.headers.iter().flatten() {
+                if let Some(v) = c.expand(v, &at(&format!("target.headers.{k}"))) {
+                    headers.insert(k.to_ascii_lowercase(), v);
+                }
+            }
+            let timeout = dur(&t.timeout).unwrap_or(Duration::from_secs(10));
+            if timeout.is_zero() {
+                c.error::<()>(t.timeout.as_ref().unwrap().span(), at("target.timeout"), ConfigErrorKind::Invalid("must be more than zero".into()));
+            }
+            url.map(|url| TargetConfig::Http(HttpTarget { url, timeout, headers }))
+        }
+    };
+
+    let concurrency = r.concurrency.as_ref().map_or(8, |c| *c.get_ref());
+    if concurrency == 0 {
+        c.error::<()>(r.concurrency.as_ref().unwrap().span(), at("concurrency"), ConfigErrorKind::Invalid("must be at least 1".into()));
+    }
+
+    let timeout = target.as_ref().map_or(Duration::from_secs(10), TargetConfig::timeout);
+    let lease = dur(&r.lease).unwrap_or(timeout * 3 + Duration::from_secs(5));
+    if let Some(l) = &r.lease
+        && l.get_ref().0 <= timeout + Duration::from_secs(1)
+    {
+        c.error::<()>(
+            l.span(),
+            at("lease"),
+            ConfigErrorKind::Invalid(format!(
+                "lease {} must exceed the target timeout {} by at least 1s, or a slow target could be delivered to twice",
+                humantime::format_duration(l.get_ref().0),
+                humantime::format_duration(timeout)
+            )),
+        );
+    }
+
+    let mut retry = RetryPolicy::default();
+    if let Some(rr) = &r.retry {
+        retry.initial = dur(&rr.initial).unwrap_or(retry.initial);
+        retry.max = dur(&rr.max).unwrap_or(retry.max);
+        if let Some(m) = &rr.multiplier {
+            retry.multiplier = *m.get_ref();
+            if !(retry.multiplier >= 1.0 && retry.multiplier <= 100.0) {
+                c.error::<()>(m.span(), at("retry.multiplier"), ConfigErrorKind::Invalid("must be between 1.0 and 100.0".into()));
+            }
+        }
+        if let Some(j) = &rr.jitter {
+            retry.jitter = *j.get_ref();
+            if !(0.0..=1.0).contains(&retry.jitter) {
+                c.error::<()>(j.span(), at("retry.jitter"), ConfigErrorKind::Invalid("must be between 0.0 and 1.0".into()));
+            }
+        }
+        if let Some(m) = &rr.max_attempts {
+            retry.max_attempts = *m.get_ref();
+            if retry.max_attempts == 0 {
+                c.error::<()>(m.span(), at("retry.max_attempts"), ConfigErrorKind::Invalid("must be at least 1".into()));
+            }
+        }
+        if retry.max < retry.initial {
+            let span = rr.max.as_ref().map(|m| m.span()).unwrap_or_default();
+            c.error::<()>(span, at("retry.max"), ConfigErrorKind::Invalid("must not be smaller than retry.initial".into()));
+        }
+    }
+
+    let mut not_yet = NotYetPolicy::default();
+    if let Some(n) = &r.not_yet {
+        not_yet.deadline = dur(&n.deadline).unwrap_or(not_yet.deadline);
+        not_yet.max_interval = dur(&n.max_interval).unwrap_or(not_yet.max_interval);
+    }
+
+    let mut limits = PluginLimits::default();
+    if let Some(l) = &r.limits {
+        limits.call_timeout = dur(&l.call_timeout).unwrap_or(limits.call_timeout);
+        if let Some(m) = &l.memory_mib {
+            let mib = *m.get_ref();
+            if !(1..=4096).contains(&mib) {
+                c.error::<()>(m.span(), at("limits.memory_mib"), ConfigErrorKind::Invalid("must be between 1 and 4096".into()));
+            }
+            limits.memory_bytes = (mib as usize) << 20;
+        }
+    }
+
+    Some(RouteConfig {
+        name: r.name.get_ref().clone(),
+        plugin: plugin?,
+        source: source?,
+        target: target?,
+        ordering: r.ordering.unwrap_or(Ordering::PerKey),
+        parked: r.parked.unwrap_or(ParkedPolicy::BlockKey),
+        concurrency: concurrency.max(1) as usize,
+        lease,
+        retry,
+        not_yet,
+        limits,
+    })
+}

@@ -1,0 +1,354 @@
+//! The transactional inbox: every message Inlet accepted, and what became of it.
+//!
+//! One [`Store`] trait, two implementations with the same behaviour (proven by one
+//! conformance suite in `tests/conformance.rs`): [`sqlite`] for one embedded
+//! instance, [`postgres`] for production and many instances. Both are generated from
+//! one body (`store_impl!` in [`sqlstore`]) over mostly shared SQL in `sql/`; only the
+//! schema and the claim differ.
+//!
+//! Times are milliseconds since the Unix epoch (`BIGINT`), taken from the caller's
+//! [`crate::clock::Clock`], which follows the database's clock.
+
+mod sqlstore;
+
+pub mod postgres;
+pub mod sqlite;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sha2::{Digest, Sha256};
+
+use crate::clock::Millis;
+
+/// Where an entry is in its life. Enforced by the `inbox_entry_status` CHECK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Status {
+    /// Waiting for delivery (possibly for `next_attempt_at`).
+    Open,
+    /// Claimed by a worker holding an unexpired lease.
+    InProgress,
+    /// Delivered and acknowledged by the target.
+    Done,
+    /// Needs a person: decode failure, permanent refusal, attempts or deadline spent.
+    Parked,
+    /// Finished on purpose without delivery; the reason is in `last_error`.
+    Ignored,
+}
+
+impl Status {
+    pub const ALL: [Status; 5] = [Status::Open, Status::InProgress, Status::Done, Status::Parked, Status::Ignored];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Open => "OPEN",
+            Status::InProgress => "IN_PROGRESS",
+            Status::Done => "DONE",
+            Status::Parked => "PARKED",
+            Status::Ignored => "IGNORED",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Status {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Status::ALL
+            .into_iter()
+            .find(|st| st.as_str().eq_ignore_ascii_case(s) || st.as_str().replace('_', "-").eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown status `{s}` (expected open, in-progress, done, parked or ignored)"))
+    }
+}
+
+/// The decoded facts of an event, as the plugin produced them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    pub event_type: String,
+    pub correlation_key: String,
+    pub schema_version: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// A message ready to be stored. `decoded` is `None` when decoding failed (the entry
+/// is then stored PARKED) or was not attempted.
+#[derive(Debug, Clone)]
+pub struct NewEntry {
+    pub route: String,
+    pub dedup_key: String,
+    pub decoded: Option<Decoded>,
+    pub raw_data: Vec<u8>,
+    pub attributes: Vec<(String, String)>,
+    pub message_id: String,
+    pub publish_time: Option<String>,
+    pub delivery_attempt: Option<i32>,
+    /// OPEN, PARKED or IGNORED.
+    pub status: Status,
+    /// The decode error (PARKED) or the ignore reason (IGNORED).
+    pub last_error: Option<String>,
+}
+
+impl NewEntry {
+    /// Hex SHA-256 of the payload: how a redelivery is told from a different message
+    /// that reuses a dedup key.
+    pub fn payload_digest(&self) -> String {
+        digest_hex(&self.raw_data)
+    }
+}
+
+pub fn digest_hex(data: &[u8]) -> String {
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What storing a message did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InsertOutcome {
+    /// A new entry.
+    Inserted { id: i64 },
+    /// The same payload under a known dedup key: a redelivery, nothing stored.
+    Duplicate { id: i64 },
+    /// A different payload under a known dedup key: stored PARKED as its own entry
+    /// (`entry`) that points at the `existing` one, for a person to judge.
+    Conflict { existing: i64, entry: i64 },
+}
+
+impl InsertOutcome {
+    pub fn id(self) -> i64 {
+        match self {
+            InsertOutcome::Inserted { id } | InsertOutcome::Duplicate { id } => id,
+            InsertOutcome::Conflict { entry, .. } => entry,
+        }
+    }
+}
+
+/// One stored entry.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Entry {
+    pub id: i64,
+    pub route: String,
+    pub dedup_key: String,
+    pub correlation_key: Option<String>,
+    pub event_type: Option<String>,
+    pub schema_version: Option<String>,
+    #[serde(skip)]
+    pub body: Option<Vec<u8>>,
+    #[serde(skip)]
+    pub raw_data: Vec<u8>,
+    pub attributes: Vec<(String, String)>,
+    pub message_id: String,
+    pub publish_time: Option<String>,
+    pub delivery_attempt: Option<i32>,
+    pub payload_digest: String,
+    pub conflict_of: Option<i64>,
+    pub status: Status,
+    pub attempts: i32,
+    pub next_attempt_at: Millis,
+    pub lease_owner: Option<String>,
+    pub lease_token: i64,
+    pub lease_expires_at: Option<Millis>,
+    pub last_error: Option<String>,
+    pub received_at: Millis,
+    pub updated_at: Millis,
+    pub finished_at: Option<Millis>,
+}
+
+impl Entry {
+    /// The decoded event, unless the entry was parked before it could be decoded.
+    pub fn decoded(&self) -> Option<Decoded> {
+        Some(Decoded {
+            event_type: self.event_type.clone()?,
+            correlation_key: self.correlation_key.clone()?,
+            schema_version: self.schema_version.clone(),
+            body: self.body.clone()?,
+        })
+    }
+}
+
+/// Proof of a claim: only the holder of the current token may settle the entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub owner: String,
+    pub token: i64,
+    pub expires_at: Millis,
+}
+
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub entry: Entry,
+    pub lease: Lease,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    pub route: &'a str,
+    pub owner: &'a str,
+    pub limit: u32,
+    pub now: Millis,
+    pub lease_ms: i64,
+    /// Per-key ordering: skip entries whose key has an older unresolved entry or an
+    /// entry in flight.
+    pub ordered: bool,
+    /// Whether a PARKED entry holds back later entries of its key.
+    pub parked_blocks: bool,
+}
+
+/// How an attempt ended, as the store records it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settlement {
+    Done,
+    Ignored { reason: String },
+    /// Back to OPEN until `at`; `error` is kept as the last error.
+    Retry { at: Millis, error: String },
+    Parked { error: String },
+    /// A requeued entry that had never been decoded was decoded now: store the event
+    /// and make it OPEN again, so ordering applies before it is delivered.
+    Decoded(Decoded),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub route: Option<String>,
+    pub status: Option<Status>,
+    pub correlation_key: Option<String>,
+    /// Entries with an id greater than this (for paging).
+    pub after_id: Option<i64>,
+    pub limit: u32,
+}
+
+/// Counts for metrics and `inbox stats`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteStatusCount {
+    pub route: String,
+    pub status: Status,
+    pub count: i64,
+    /// `received_at` of the oldest entry in this state.
+    pub oldest_received_at: Option<Millis>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached or did not answer in time: the host's
+    /// fault, and transient. Callers nack (ingest) or retry later (relay).
+    #[error("inbox database unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    #[error("inbox database error: {0}")]
+    Database(#[source] sqlx::Error),
+    /// The caller's lease is gone: the entry expired and was claimed again, or a
+    /// person changed it. The caller's outcome is discarded.
+    #[error("lease on entry {id} was lost; the outcome of this attempt is discarded")]
+    LeaseLost { id: i64 },
+    #[error("inbox schema migration {version} failed: {source}")]
+    Migration { version: i64, source: sqlx::Error },
+    #[error("unsupported store url `{0}`: use sqlite://PATH or postgres://…")]
+    UnsupportedUrl(String),
+    #[error("stored entry {id} is unreadable: {reason}")]
+    Corrupt { id: i64, reason: String },
+}
+
+impl StoreError {
+    /// Whether trying again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if is_unavailable(&e) { StoreError::Unavailable(e) } else { StoreError::Database(e) }
+    }
+}
+
+/// Classifies by error kind and SQLSTATE / SQLite result code, never by message text.
+fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => {
+                let code = code.as_ref();
+                // PostgreSQL: connection exceptions (08), admin shutdown / cannot
+                // connect now (57P0x), serialization failure and deadlock (40001, 40P01),
+                // insufficient resources (53). SQLite: BUSY (5), LOCKED (6), IOERR (10),
+                // and their extended codes (low byte).
+                code.starts_with("08")
+                    || code.starts_with("57P0")
+                    || code == "40001"
+                    || code == "40P01"
+                    || code.starts_with("53")
+                    || code.parse::<i32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 10))
+            }
+            None => false,
+        },
+        _ => false,
+    }
+}
+
+/// The inbox as the host uses it.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// `sqlite` or `postgres`.
+    fn backend(&self) -> &'static str;
+
+    /// Stores a message exactly once per `(route, dedup_key)`; see [`InsertOutcome`].
+    async fn insert(&self, entry: &NewEntry, now: Millis) -> Result<InsertOutcome, StoreError>;
+
+    /// Stores many messages in one transaction; the outcome of each, in order.
+    async fn insert_batch(&self, entries: &[NewEntry], now: Millis) -> Result<Vec<InsertOutcome>, StoreError>;
+
+    /// Takes up to `limit` due entries of a route under a lease, oldest first.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Claimed>, StoreError>;
+
+    /// Returns entries whose lease expired to OPEN, so any instance can claim them.
+    async fn release_expired(&self, route: &str, now: Millis) -> Result<u64, StoreError>;
+
+    /// Records the outcome of an attempt, fenced by the lease.
+    async fn settle(&self, id: i64, lease: &Lease, now: Millis, s: &Settlement) -> Result<(), StoreError>;
+
+    async fn get(&self, id: i64) -> Result<Option<Entry>, StoreError>;
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Entry>, StoreError>;
+
+    /// Makes a PARKED (or waiting OPEN) entry due now with a fresh attempt count.
+    /// Returns false when the entry is missing or in another state.
+    async fn requeue(&self, id: i64, now: Millis) -> Result<bool, StoreError>;
+
+    /// Parks an OPEN entry by hand. Returns false when missing or in another state.
+    async fn park(&self, id: i64, reason: &str, now: Millis) -> Result<bool, StoreError>;
+
+    /// Deletes DONE and IGNORED entries finished before `before`; never PARKED ones.
+    async fn purge_finished(&self, before: Millis, limit: u32) -> Result<u64, StoreError>;
+
+    async fn counts(&self) -> Result<Vec<RouteStatusCount>, StoreError>;
+
+    /// The database's clock.
+    async fn db_now(&self) -> Result<Millis, StoreError>;
+}
+
+/// Opens (and migrates) the store a URL names.
+pub async fn open(url: &str, max_connections: u32) -> Result<Arc<dyn Store>, StoreError> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(sqlite::SqliteStore::open(url, max_connections).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(postgres::PgStore::open(url, max_connections).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_string()))
+    }
+}
+
+/// The dedup key under which a conflicting message is kept.
+pub(crate) fn conflict_dedup_key(dedup_key: &str, digest: &str) -> String {
+    format!("{dedup_key}#conflict-{}", &digest[..16])
+}

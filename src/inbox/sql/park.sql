@@ -1,0 +1,2 @@
+UPDATE inbox_entry SET status = 'PARKED', last_error = $2, updated_at = $3
+WHERE id = $1 AND status = 'OPEN'

@@ -1,0 +1,14 @@
+UPDATE inbox_entry SET
+    status = $4,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = $5,
+    next_attempt_at = COALESCE($6, next_attempt_at),
+    last_error = COALESCE($7, last_error),
+    finished_at = $8,
+    correlation_key = COALESCE($9, correlation_key),
+    event_type = COALESCE($10, event_type),
+    schema_version = COALESCE($11, schema_version),
+    body = COALESCE($12, body),
+    attempts = CASE WHEN $13 THEN 0 ELSE attempts END
+WHERE id = $1 AND status = 'IN_PROGRESS' AND lease_owner = $2 AND lease_token = $3

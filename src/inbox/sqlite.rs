@@ -1,0 +1,74 @@
+//! The embedded default: one instance, one SQLite file in WAL mode.
+//!
+//! SQLite has one writer. Claims are a single `UPDATE … WHERE id IN (…) RETURNING`
+//! statement, which takes the write lock before it reads, so two claims can never
+//! see the same candidates; a busy timeout makes writers queue instead of failing.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+
+use super::StoreError;
+use super::sqlstore::store_impl;
+
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("sql/sqlite_0001_inbox.sql"))];
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // FULL: a committed row survives power loss, which is what the ack promises.
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await?;
+        let store = SqliteStore { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS inlet_schema (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")
+            .execute(&mut *tx)
+            .await?;
+        let current: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM inlet_schema").fetch_one(&mut *tx).await?;
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+            let fail = |source| StoreError::Migration { version: *version, source };
+            sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
+            sqlx::query("INSERT INTO inlet_schema (version, applied_at) VALUES ($1, CAST(unixepoch('subsec') * 1000 AS INTEGER))")
+                .bind(version)
+                .execute(&mut *tx)
+                .await
+                .map_err(fail)?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+store_impl! {
+    store: SqliteStore,
+    backend: "sqlite",
+    pool: SqlitePool,
+    conn: SqliteConnection,
+    row: SqliteRow,
+    claim_sql: concat!(
+        "UPDATE inbox_entry SET\n",
+        include_str!("sql/claim_set.sql"),
+        "WHERE id IN (\n",
+        include_str!("sql/claim_where.sql"),
+        ")\nRETURNING *"
+    ),
+    now_sql: "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+}

@@ -1,0 +1,274 @@
+//! The store body shared by both backends. sqlx's per-database types make a generic
+//! implementation heavy; a macro keeps one body and one set of queries instead.
+
+/// Implements [`super::Store`] for `$store` (a struct with a `pool: $pool` field),
+/// given the backend's claim statement, clock query and migrations.
+macro_rules! store_impl {
+    (
+        store: $store:ty,
+        backend: $backend:literal,
+        pool: $pool:ty,
+        conn: $conn:ty,
+        row: $row:ty,
+        claim_sql: $claim_sql:expr,
+        now_sql: $now_sql:expr,
+    ) => {
+        impl $store {
+            async fn insert_one(conn: &mut $conn, e: &$crate::inbox::NewEntry, now: $crate::clock::Millis)
+                -> Result<$crate::inbox::InsertOutcome, $crate::inbox::StoreError>
+            {
+                use $crate::inbox::{InsertOutcome, Status};
+                let digest = e.payload_digest();
+                if let Some(id) = Self::insert_row(conn, e, &e.dedup_key, &digest, None, e.status, e.last_error.as_deref(), now).await? {
+                    return Ok(InsertOutcome::Inserted { id });
+                }
+                let (existing, existing_digest): (i64, String) =
+                    sqlx::query_as("SELECT id, payload_digest FROM inbox_entry WHERE route = $1 AND dedup_key = $2")
+                        .bind(&e.route)
+                        .bind(&e.dedup_key)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                if existing_digest == digest {
+                    return Ok(InsertOutcome::Duplicate { id: existing });
+                }
+                let key = $crate::inbox::conflict_dedup_key(&e.dedup_key, &digest);
+                let reason = format!(
+                    "dedup key `{}` already belongs to entry {} with a different payload; kept here for a person to judge (requeue delivers it, purge drops it)",
+                    e.dedup_key, existing
+                );
+                let entry = match Self::insert_row(conn, e, &key, &digest, Some(existing), Status::Parked, Some(&reason), now).await? {
+                    Some(id) => id,
+                    None => sqlx::query_scalar("SELECT id FROM inbox_entry WHERE route = $1 AND dedup_key = $2")
+                        .bind(&e.route)
+                        .bind(&key)
+                        .fetch_one(&mut *conn)
+                        .await?,
+                };
+                Ok(InsertOutcome::Conflict { existing, entry })
+            }
+
+            #[allow(clippy::too_many_arguments)]
+            async fn insert_row(
+                conn: &mut $conn,
+                e: &$crate::inbox::NewEntry,
+                dedup_key: &str,
+                digest: &str,
+                conflict_of: Option<i64>,
+                status: $crate::inbox::Status,
+                last_error: Option<&str>,
+                now: $crate::clock::Millis,
+            ) -> Result<Option<i64>, $crate::inbox::StoreError> {
+                let d = e.decoded.as_ref();
+                let finished = matches!(status, $crate::inbox::Status::Done | $crate::inbox::Status::Ignored).then_some(now);
+                let attributes = serde_json::to_string(&e.attributes).expect("string pairs serialize");
+                Ok(sqlx::query_scalar(include_str!("sql/insert.sql"))
+                    .bind(&e.route)
+                    .bind(dedup_key)
+                    .bind(d.map(|d| d.correlation_key.as_str()))
+                    .bind(d.map(|d| d.event_type.as_str()))
+                    .bind(d.and_then(|d| d.schema_version.as_deref()))
+                    .bind(d.map(|d| d.body.as_slice()))
+                    .bind(e.raw_data.as_slice())
+                    .bind(attributes)
+                    .bind(&e.message_id)
+                    .bind(e.publish_time.as_deref())
+                    .bind(e.delivery_attempt)
+                    .bind(digest)
+                    .bind(conflict_of)
+                    .bind(status.as_str())
+                    .bind(now)
+                    .bind(last_error)
+                    .bind(finished)
+                    .fetch_optional(&mut *conn)
+                    .await?)
+            }
+
+            fn entry_from_row(row: &$row) -> Result<$crate::inbox::Entry, $crate::inbox::StoreError> {
+                use sqlx::Row;
+                use $crate::inbox::StoreError;
+                let id: i64 = row.try_get("id")?;
+                let corrupt = |reason: String| StoreError::Corrupt { id, reason };
+                let status: String = row.try_get("status")?;
+                let attributes: String = row.try_get("attributes")?;
+                Ok($crate::inbox::Entry {
+                    id,
+                    route: row.try_get("route")?,
+                    dedup_key: row.try_get("dedup_key")?,
+                    correlation_key: row.try_get("correlation_key")?,
+                    event_type: row.try_get("event_type")?,
+                    schema_version: row.try_get("schema_version")?,
+                    body: row.try_get("body")?,
+                    raw_data: row.try_get("raw_data")?,
+                    attributes: serde_json::from_str(&attributes).map_err(|e| corrupt(format!("attributes: {e}")))?,
+                    message_id: row.try_get("message_id")?,
+                    publish_time: row.try_get("publish_time")?,
+                    delivery_attempt: row.try_get("delivery_attempt")?,
+                    payload_digest: row.try_get("payload_digest")?,
+                    conflict_of: row.try_get("conflict_of")?,
+                    status: status.parse().map_err(corrupt)?,
+                    attempts: row.try_get("attempts")?,
+                    next_attempt_at: row.try_get("next_attempt_at")?,
+                    lease_owner: row.try_get("lease_owner")?,
+                    lease_token: row.try_get("lease_token")?,
+                    lease_expires_at: row.try_get("lease_expires_at")?,
+                    last_error: row.try_get("last_error")?,
+                    received_at: row.try_get("received_at")?,
+                    updated_at: row.try_get("updated_at")?,
+                    finished_at: row.try_get("finished_at")?,
+                })
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::inbox::Store for $store {
+            fn backend(&self) -> &'static str {
+                $backend
+            }
+
+            async fn insert(&self, e: &$crate::inbox::NewEntry, now: $crate::clock::Millis)
+                -> Result<$crate::inbox::InsertOutcome, $crate::inbox::StoreError>
+            {
+                let mut conn = self.pool.acquire().await?;
+                Self::insert_one(&mut conn, e, now).await
+            }
+
+            async fn insert_batch(&self, entries: &[$crate::inbox::NewEntry], now: $crate::clock::Millis)
+                -> Result<Vec<$crate::inbox::InsertOutcome>, $crate::inbox::StoreError>
+            {
+                let mut tx = self.pool.begin().await?;
+                let mut out = Vec::with_capacity(entries.len());
+                for e in entries {
+                    out.push(Self::insert_one(&mut tx, e, now).await?);
+                }
+                tx.commit().await?;
+                Ok(out)
+            }
+
+            async fn claim(&self, req: &$crate::inbox::ClaimRequest<'_>)
+                -> Result<Vec<$crate::inbox::Claimed>, $crate::inbox::StoreError>
+            {
+                let rows = sqlx::query($claim_sql)
+                    .bind(req.route)
+                    .bind(req.now)
+                    .bind(req.ordered)
+                    .bind(req.parked_blocks)
+                    .bind(i64::from(req.limit))
+                    .bind(req.owner)
+                    .bind(req.lease_ms)
+                    .fetch_all(&self.pool)
+                    .await?;
+                let mut claimed = rows
+                    .iter()
+                    .map(|row| {
+                        let entry = Self::entry_from_row(row)?;
+                        let lease = $crate::inbox::Lease {
+                            owner: req.owner.to_string(),
+                            token: entry.lease_token,
+                            expires_at: entry.lease_expires_at.unwrap_or(req.now + req.lease_ms),
+                        };
+                        Ok($crate::inbox::Claimed { entry, lease })
+                    })
+                    .collect::<Result<Vec<_>, $crate::inbox::StoreError>>()?;
+                claimed.sort_by_key(|c| c.entry.id);
+                Ok(claimed)
+            }
+
+            async fn release_expired(&self, route: &str, now: $crate::clock::Millis) -> Result<u64, $crate::inbox::StoreError> {
+                let r = sqlx::query(include_str!("sql/release_expired.sql")).bind(route).bind(now).execute(&self.pool).await?;
+                Ok(r.rows_affected())
+            }
+
+            async fn settle(
+                &self,
+                id: i64,
+                lease: &$crate::inbox::Lease,
+                now: $crate::clock::Millis,
+                s: &$crate::inbox::Settlement,
+            ) -> Result<(), $crate::inbox::StoreError> {
+                use $crate::inbox::{Settlement, Status};
+                let none = None::<&str>;
+                let (status, next, error, finished, decoded, reset) = match s {
+                    Settlement::Done => (Status::Done, None, none, Some(now), None, false),
+                    Settlement::Ignored { reason } => (Status::Ignored, None, Some(reason.as_str()), Some(now), None, false),
+                    Settlement::Retry { at, error } => (Status::Open, Some(*at), Some(error.as_str()), None, None, false),
+                    Settlement::Parked { error } => (Status::Parked, None, Some(error.as_str()), None, None, false),
+                    Settlement::Decoded(d) => (Status::Open, Some(now), none, None, Some(d), true),
+                };
+                let r = sqlx::query(include_str!("sql/settle.sql"))
+                    .bind(id)
+                    .bind(&lease.owner)
+                    .bind(lease.token)
+                    .bind(status.as_str())
+                    .bind(now)
+                    .bind(next)
+                    .bind(error)
+                    .bind(finished)
+                    .bind(decoded.map(|d| d.correlation_key.as_str()))
+                    .bind(decoded.map(|d| d.event_type.as_str()))
+                    .bind(decoded.and_then(|d| d.schema_version.as_deref()))
+                    .bind(decoded.map(|d| d.body.as_slice()))
+                    .bind(reset)
+                    .execute(&self.pool)
+                    .await?;
+                if r.rows_affected() == 0 {
+                    return Err($crate::inbox::StoreError::LeaseLost { id });
+                }
+                Ok(())
+            }
+
+            async fn get(&self, id: i64) -> Result<Option<$crate::inbox::Entry>, $crate::inbox::StoreError> {
+                let row = sqlx::query("SELECT * FROM inbox_entry WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+                row.as_ref().map(Self::entry_from_row).transpose()
+            }
+
+            async fn list(&self, f: &$crate::inbox::ListFilter) -> Result<Vec<$crate::inbox::Entry>, $crate::inbox::StoreError> {
+                let rows = sqlx::query(include_str!("sql/list.sql"))
+                    .bind(f.route.as_deref())
+                    .bind(f.status.map(|s| s.as_str()))
+                    .bind(f.correlation_key.as_deref())
+                    .bind(f.after_id.unwrap_or(0))
+                    .bind(i64::from(if f.limit == 0 { 100 } else { f.limit }))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(Self::entry_from_row).collect()
+            }
+
+            async fn requeue(&self, id: i64, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
+                let r = sqlx::query(include_str!("sql/requeue.sql")).bind(id).bind(now).execute(&self.pool).await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn park(&self, id: i64, reason: &str, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
+                let r = sqlx::query(include_str!("sql/park.sql")).bind(id).bind(reason).bind(now).execute(&self.pool).await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn purge_finished(&self, before: $crate::clock::Millis, limit: u32) -> Result<u64, $crate::inbox::StoreError> {
+                let r = sqlx::query(include_str!("sql/purge.sql")).bind(before).bind(i64::from(limit)).execute(&self.pool).await?;
+                Ok(r.rows_affected())
+            }
+
+            async fn counts(&self) -> Result<Vec<$crate::inbox::RouteStatusCount>, $crate::inbox::StoreError> {
+                use sqlx::Row;
+                let rows = sqlx::query(include_str!("sql/counts.sql")).fetch_all(&self.pool).await?;
+                rows.iter()
+                    .map(|row| {
+                        let status: String = row.try_get("status")?;
+                        Ok($crate::inbox::RouteStatusCount {
+                            route: row.try_get("route")?,
+                            status: status.parse().map_err(|reason| $crate::inbox::StoreError::Corrupt { id: 0, reason })?,
+                            count: row.try_get("n")?,
+                            oldest_received_at: row.try_get("oldest")?,
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn db_now(&self) -> Result<$crate::clock::Millis, $crate::inbox::StoreError> {
+                Ok(sqlx::query_scalar($now_sql).fetch_one(&self.pool).await?)
+            }
+        }
+    };
+}
+
+pub(crate) use store_impl;

@@ -1,0 +1,125 @@
+//! The receiver's half: decode a broker message with the route's plugin and store it.
+//! Whatever the plugin makes of the message — an event, an "ignore", a decode error,
+//! a trap — ends as a committed row; only a store failure is returned, and that
+//! means nack. This is the one place every source goes through (invariants 1–3).
+
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::inbox::{Decoded, InsertOutcome, NewEntry, Status, Store, StoreError};
+use crate::plugin::wit;
+use crate::routing::Route;
+use crate::telemetry::Metrics;
+
+/// A message as a source received it.
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    pub data: Vec<u8>,
+    pub attributes: Vec<(String, String)>,
+    pub message_id: String,
+    pub publish_time: Option<String>,
+    pub delivery_attempt: Option<u32>,
+}
+
+pub struct Ingest {
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Ingest {
+    /// Decodes and stores one message. `Ok` means the row is committed (or was
+    /// already there) and the broker may be acked; `Err` means nack.
+    pub async fn accept(&self, route: &Route, msg: Incoming) -> Result<InsertOutcome, StoreError> {
+        let entry = self.decode(route, msg).await;
+        let result = self.store.insert(&entry, self.clock.now()).await;
+        self.record(route, &entry, &result);
+        if matches!(result, Ok(InsertOutcome::Inserted { .. })) && entry.status == Status::Open {
+            route.stored.notify_one();
+        }
+        result
+    }
+
+    /// Runs the plugin's `decode` and turns its answer into the row to store.
+    pub async fn decode(&self, route: &Route, msg: Incoming) -> NewEntry {
+        let wit_msg = wit::Message {
+            data: msg.data.clone(),
+            attributes: msg.attributes.clone(),
+            message_id: msg.message_id.clone(),
+            publish_time: msg.publish_time.clone(),
+            delivery_attempt: msg.delivery_attempt,
+        };
+        let mut entry = NewEntry {
+            route: route.name().to_string(),
+            dedup_key: msg.message_id.clone(),
+            decoded: None,
+            raw_data: msg.data,
+            attributes: msg.attributes,
+            message_id: msg.message_id,
+            publish_time: msg.publish_time,
+            delivery_attempt: msg.delivery_attempt.map(|a| a.min(i32::MAX as u32) as i32),
+            status: Status::Parked,
+            last_error: None,
+        };
+        match route.plugin.decode(wit_msg).await {
+            Ok(Ok(wit::Decoded::Event(ev))) => {
+                if let Some(key) = ev.dedup_key.filter(|k| !k.is_empty()) {
+                    entry.dedup_key = key;
+                }
+                entry.decoded = Some(Decoded {
+                    event_type: ev.event_type,
+                    correlation_key: ev.correlation_key,
+                    schema_version: ev.schema_version,
+                    body: ev.body,
+                });
+                entry.status = Status::Open;
+            }
+            Ok(Ok(wit::Decoded::Ignore(reason))) => {
+                entry.status = Status::Ignored;
+                entry.last_error = Some(format!("ignored by the plugin: {reason}"));
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(route = route.name(), message_id = %entry.message_id, error = %e.message, "message could not be decoded; parking it");
+                entry.last_error = Some(format!("decode failed: {}", e.message));
+            }
+            Err(fault) => {
+                tracing::error!(route = route.name(), message_id = %entry.message_id, %fault, "plugin failed during decode; parking the message");
+                self.metrics.plugin_faults.get_or_create(&fault_labels(route.name(), "decode", fault.kind())).inc();
+                entry.last_error = Some(format!("plugin fault during decode: {fault}"));
+            }
+        }
+        entry
+    }
+
+    fn record(&self, route: &Route, entry: &NewEntry, result: &Result<InsertOutcome, StoreError>) {
+        let outcome = match result {
+            Ok(InsertOutcome::Inserted { .. }) => match entry.status {
+                Status::Parked => "parked",
+                Status::Ignored => "ignored",
+                _ => "inserted",
+            },
+            Ok(InsertOutcome::Duplicate { .. }) => "duplicate",
+            Ok(InsertOutcome::Conflict { existing, entry: conflict }) => {
+                tracing::warn!(
+                    route = route.name(),
+                    dedup_key = %entry.dedup_key,
+                    existing,
+                    conflict_entry = conflict,
+                    "a different payload arrived under a known dedup key; parked it as its own entry"
+                );
+                self.metrics.dedup_conflicts.get_or_create(&Metrics::route(route.name())).inc();
+                "conflict"
+            }
+            Err(error) => {
+                tracing::error!(route = route.name(), message_id = %entry.message_id, %error, "could not store the message; it will be redelivered");
+                self.metrics.ingest_failures.get_or_create(&Metrics::route(route.name())).inc();
+                return;
+            }
+        };
+        self.metrics.ingested.get_or_create(&Metrics::outcome(route.name(), outcome)).inc();
+    }
+}
+
+pub fn fault_labels(route: &str, call: &'static str, kind: &'static str) -> crate::telemetry::PluginFaultLabels {
+    crate::telemetry::PluginFaultLabels { route: route.to_string(), call, kind }
+}

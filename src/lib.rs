@@ -1,0 +1,27 @@
+//! Inlet: a WebAssembly-pluggable event routing engine.
+//!
+//! ```text
+//! source ──► ingest ──► plugin.decode ──► inbox.insert (commit) ──► ack
+//!                          (malformed / plugin fault ─► insert PARKED ─► ack)
+//!                          (insert fails ─► nack: the broker redelivers)
+//!
+//! relay:  inbox.claim ─► plugin.render ─► target.deliver ─► plugin.classify
+//!             ─► inbox.settle(done | retry | not-yet | park | ignore)
+//! ```
+//!
+//! The inbox is the only hand-over between the two halves: the receiver never
+//! delivers and the relay never acks. See `ARCHITECTURE.md` for the code map.
+
+pub mod admin;
+pub mod app;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod inbox;
+pub mod ingest;
+pub mod plugin;
+pub mod relay;
+pub mod routing;
+pub mod source;
+pub mod target;
+pub mod telemetry;

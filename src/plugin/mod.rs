@@ -1,0 +1,286 @@
+//! The plugin host: loads WebAssembly components that implement the `inlet:plugin`
+//! world and calls them inside a sandbox.
+//!
+//! One [`wasmtime::Engine`] for the process; per plugin a pre-instantiated
+//! component (`RouterPre`, type-checked at load) and a small pool of warm instances.
+//! Every call runs under an epoch deadline and a memory cap, on a blocking thread.
+//! An instance that trapped or hit a limit is discarded; a healthy one is reused
+//! for up to [`MAX_USES`] calls, because instantiating per call costs about five
+//! times a warm call.
+//!
+//! Plugins get WASI only because Rust's standard library imports it: no preopened
+//! directories, no environment, no sockets; stderr goes to a small in-memory pipe
+//! whose contents explain a panic.
+
+mod bindings;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Engine, Store, Trap};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+pub use bindings::types as wit;
+use bindings::{Router, RouterPre};
+
+use crate::config::PluginLimits;
+
+/// Calls a warm instance serves before it is replaced.
+pub const MAX_USES: u32 = 10_000;
+/// Warm instances kept per plugin.
+const POOL_SIZE: usize = 16;
+/// Epoch tick; call deadlines are rounded up to it.
+const TICK: Duration = Duration::from_millis(5);
+/// Bytes of guest stderr kept per instance (the start of a panic message).
+const STDERR_CAPACITY: usize = 16 * 1024;
+/// Largest body or request a plugin may return.
+pub const MAX_OUTPUT_BYTES: usize = 8 << 20;
+
+/// A failure that is the plugin's fault. The entry is parked (decode, render) or the
+/// attempt counts as failed (classify); the host carries on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PluginFault {
+    #[error("plugin exceeded its call time limit of {0:?}")]
+    Timeout(Duration),
+    #[error("plugin exceeded its memory limit of {0} bytes")]
+    OutOfMemory(usize),
+    #[error("plugin trapped: {message}{}", stderr_suffix(.stderr))]
+    Trap { message: String, stderr: String },
+    #[error("plugin returned {size} bytes, more than the {limit} allowed")]
+    OversizedOutput { size: usize, limit: usize },
+    #[error("plugin could not be instantiated: {0}")]
+    Instantiate(String),
+}
+
+impl PluginFault {
+    /// A short, bounded label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PluginFault::Timeout(_) => "timeout",
+            PluginFault::OutOfMemory(_) => "out_of_memory",
+            PluginFault::Trap { .. } => "trap",
+            PluginFault::OversizedOutput { .. } => "oversized_output",
+            PluginFault::Instantiate(_) => "instantiate",
+        }
+    }
+}
+
+fn stderr_suffix(stderr: &str) -> String {
+    let s = stderr.trim();
+    if s.is_empty() { String::new() } else { format!("; plugin stderr: {s}") }
+}
+
+/// Why a plugin could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginLoadError {
+    #[error("cannot read plugin `{path}`: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("`{path}` is not a valid WebAssembly component: {reason}")]
+    Compile { path: PathBuf, reason: String },
+    #[error("`{path}` does not implement the inlet:plugin/router world: {reason}")]
+    Contract { path: PathBuf, reason: String },
+}
+
+/// The process-wide engine, with a thread that advances its epoch every [`TICK`].
+pub fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let mut config = wasmtime::Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config).expect("the wasmtime configuration is valid");
+        let ticker = engine.weak();
+        std::thread::Builder::new()
+            .name("inlet-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = ticker.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(TICK);
+                }
+            })
+            .expect("spawn the epoch thread");
+        engine
+    })
+}
+
+/// Per-store state: the (empty) WASI context and the memory limiter.
+struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: Limiter,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+/// Caps linear memory and remembers whether the cap was hit, so a failed call can
+/// be reported as out-of-memory rather than a bare trap.
+struct Limiter {
+    memory_bytes: usize,
+    hit: bool,
+}
+
+impl wasmtime::ResourceLimiter for Limiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes {
+            self.hit = true;
+            return Err(wasmtime::Error::msg(format!("memory limit of {} bytes reached", self.memory_bytes)));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+struct Warm {
+    store: Store<HostState>,
+    router: Router,
+    stderr: MemoryOutputPipe,
+    uses: u32,
+}
+
+/// A loaded plugin, shared by every worker of its route.
+pub struct Plugin {
+    path: PathBuf,
+    pre: RouterPre<HostState>,
+    limits: PluginLimits,
+    warm: Mutex<Vec<Warm>>,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin").field("path", &self.path).field("limits", &self.limits).finish()
+    }
+}
+
+impl Plugin {
+    /// Compiles and type-checks a component. Slow (tens of milliseconds): do it at
+    /// start-up or on reload, never per message.
+    pub fn load(path: &Path, limits: PluginLimits) -> Result<Arc<Plugin>, PluginLoadError> {
+        let bytes = std::fs::read(path).map_err(|source| PluginLoadError::Read { path: path.to_path_buf(), source })?;
+        Self::from_bytes(path, &bytes, limits)
+    }
+
+    pub fn from_bytes(path: &Path, bytes: &[u8], limits: PluginLimits) -> Result<Arc<Plugin>, PluginLoadError> {
+        let engine = engine();
+        let component = Component::new(engine, bytes)
+            .map_err(|e| PluginLoadError::Compile { path: path.to_path_buf(), reason: format!("{e:#}") })?;
+        let mut linker = Linker::<HostState>::new(engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).expect("WASI links into a fresh linker");
+        let contract = |e: wasmtime::Error| PluginLoadError::Contract { path: path.to_path_buf(), reason: format!("{e:#}") };
+        let instance_pre = linker.instantiate_pre(&component).map_err(contract)?;
+        let pre = RouterPre::new(instance_pre).map_err(contract)?;
+        Ok(Arc::new(Plugin { path: path.to_path_buf(), pre, limits, warm: Mutex::new(Vec::new()) }))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn limits(&self) -> &PluginLimits {
+        &self.limits
+    }
+
+    fn instantiate(&self) -> Result<Warm, PluginFault> {
+        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let wasi = WasiCtx::builder().stderr(stderr.clone()).build();
+        let limiter = Limiter { memory_bytes: self.limits.memory_bytes, hit: false };
+        let mut store = Store::new(engine(), HostState { wasi, table: ResourceTable::new(), limiter });
+        store.limiter(|s| &mut s.limiter);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(self.deadline_ticks());
+        let router = self.pre.instantiate(&mut store).map_err(|e| self.fault(e, &store, &stderr))?;
+        Ok(Warm { store, router, stderr, uses: 0 })
+    }
+
+    fn deadline_ticks(&self) -> u64 {
+        (self.limits.call_timeout.as_micros() / TICK.as_micros()).max(1) as u64 + 1
+    }
+
+    /// Turns a failed call into the fault it was.
+    fn fault(&self, e: wasmtime::Error, store: &Store<HostState>, stderr: &MemoryOutputPipe) -> PluginFault {
+        if store.data().limiter.hit {
+            return PluginFault::OutOfMemory(self.limits.memory_bytes);
+        }
+        if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+            return PluginFault::Timeout(self.limits.call_timeout);
+        }
+        let stderr = String::from_utf8_lossy(&stderr.contents()).into_owned();
+        PluginFault::Trap { message: format!("{e:#}"), stderr }
+    }
+
+    /// Runs `f` on a warm instance under the call limits. Blocking: call it from a
+    /// blocking thread.
+    fn call_blocking<R>(&self, f: impl FnOnce(&Router, &mut Store<HostState>) -> wasmtime::Result<R>) -> Result<R, PluginFault> {
+        let taken = self.warm.lock().expect("plugin pool lock").pop();
+        let mut warm = match taken {
+            Some(w) => w,
+            None => self.instantiate()?,
+        };
+        warm.store.set_epoch_deadline(self.deadline_ticks());
+        match f(&warm.router, &mut warm.store) {
+            Ok(r) => {
+                warm.uses += 1;
+                if warm.uses < MAX_USES {
+                    let mut pool = self.warm.lock().expect("plugin pool lock");
+                    if pool.len() < POOL_SIZE {
+                        pool.push(warm);
+                    }
+                }
+                Ok(r)
+            }
+            // After any trap the instance is unusable: drop it, the next call
+            // instantiates afresh from the pre-instantiated component.
+            Err(e) => Err(self.fault(e, &warm.store, &warm.stderr)),
+        }
+    }
+
+    async fn call<R: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Router, &mut Store<HostState>) -> wasmtime::Result<R> + Send + 'static,
+    ) -> Result<R, PluginFault> {
+        let this = Arc::clone(self);
+        match tokio::task::spawn_blocking(move || this.call_blocking(f)).await {
+            Ok(r) => r,
+            Err(join) => Err(PluginFault::Trap { message: format!("plugin call thread failed: {join}"), stderr: String::new() }),
+        }
+    }
+
+    /// `decode`: the plugin's reading of a broker message. The outer error is the
+    /// plugin's fault; the inner one its verdict that the message is malformed.
+    pub async fn decode(self: &Arc<Self>, msg: wit::Message) -> Result<Result<wit::Decoded, wit::DecodeError>, PluginFault> {
+        let out = self.call(move |r, s| r.call_decode(s, &msg)).await?;
+        if let Ok(wit::Decoded::Event(ev)) = &out {
+            check_size(ev.body.len())?;
+        }
+        Ok(out)
+    }
+
+    pub async fn render(self: &Arc<Self>, ev: wit::Event) -> Result<Result<wit::Request, String>, PluginFault> {
+        let out = self.call(move |r, s| r.call_render(s, &ev)).await?;
+        if let Ok(req) = &out {
+            check_size(req.body.len() + req.path.len() + req.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>())?;
+        }
+        Ok(out)
+    }
+
+    pub async fn classify(self: &Arc<Self>, ev: wit::Event, outcome: wit::Outcome) -> Result<wit::Disposition, PluginFault> {
+        self.call(move |r, s| r.call_classify(s, &ev, &outcome)).await
+    }
+}
+
+fn check_size(size: usize) -> Result<(), PluginFault> {
+    if size > MAX_OUTPUT_BYTES {
+        return Err(PluginFault::OversizedOutput { size, limit: MAX_OUTPUT_BYTES });
+    }
+    Ok(())
+}

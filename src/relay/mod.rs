@@ -1,0 +1,208 @@
+//! The relay: per route, claim due entries under a lease, deliver them through the
+//! plugin and the target, and settle each by its disposition.
+//!
+//! Per-key order comes from the claim itself (an entry is claimable only when its
+//! key has no older unresolved entry and nothing in flight), so any number of
+//! workers and instances can run. The relay never acks: it only reads the inbox.
+
+pub mod policy;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::clock::{Clock, Millis};
+use crate::config::{Ordering, ParkedPolicy};
+use crate::inbox::{ClaimRequest, Claimed, Decoded, Settlement, Store, StoreError};
+use crate::ingest::fault_labels;
+use crate::plugin::wit;
+use crate::routing::Route;
+use crate::telemetry::Metrics;
+use policy::{Decision, Disposition};
+
+/// How the relay of one route runs.
+#[derive(Debug, Clone)]
+pub struct RelayOptions {
+    /// This instance's name in leases.
+    pub owner: String,
+    /// How often to look for due entries when nothing wakes the relay.
+    pub poll: Duration,
+}
+
+pub struct Relay {
+    pub route: Arc<Route>,
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
+    pub options: RelayOptions,
+}
+
+impl Relay {
+    /// Runs until `shutdown` turns true, then lets in-flight attempts finish.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let route = self.route.name().to_string();
+        let concurrency = self.route.config.concurrency;
+        let mut in_flight: JoinSet<()> = JoinSet::new();
+        let mut store_down_since: Option<Instant> = None;
+        tracing::info!(route, concurrency, owner = %self.options.owner, "relay started");
+        while !*shutdown.borrow() {
+            let free = concurrency - in_flight.len();
+            let mut claimed_any = false;
+            if free > 0 {
+                match self.claim(free as u32).await {
+                    Ok(claimed) => {
+                        if let Some(since) = store_down_since.take() {
+                            tracing::info!(route, down_for = ?since.elapsed(), "inbox reachable again; relay resumes");
+                        }
+                        claimed_any = !claimed.is_empty();
+                        for c in claimed {
+                            let relay = Arc::clone(&self);
+                            in_flight.spawn(async move { relay.attempt(c).await });
+                        }
+                    }
+                    Err(error) => {
+                        if store_down_since.is_none() {
+                            tracing::error!(route, %error, "relay cannot claim entries; retrying");
+                            store_down_since = Some(Instant::now());
+                        }
+                    }
+                }
+            }
+            // A full batch may have more behind it: claim again at once if there is room.
+            if claimed_any && in_flight.len() < concurrency {
+                continue;
+            }
+            tokio::select! {
+                _ = self.route.stored.notified() => {}
+                Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+                _ = tokio::time::sleep(self.options.poll) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        tracing::info!(route, in_flight = in_flight.len(), "relay stopping; letting in-flight attempts finish");
+        while in_flight.join_next().await.is_some() {}
+    }
+
+    async fn claim(&self, limit: u32) -> Result<Vec<Claimed>, StoreError> {
+        let cfg = &self.route.config;
+        let now = self.clock.now();
+        let released = self.store.release_expired(self.route.name(), now).await?;
+        if released > 0 {
+            tracing::warn!(route = self.route.name(), released, "took back entries whose lease expired");
+        }
+        self.store
+            .claim(&ClaimRequest {
+                route: self.route.name(),
+                owner: &self.options.owner,
+                limit,
+                now,
+                lease_ms: cfg.lease.as_millis() as Millis,
+                ordered: cfg.ordering == Ordering::PerKey,
+                parked_blocks: cfg.parked == ParkedPolicy::BlockKey,
+            })
+            .await
+    }
+
+    /// One attempt at one claimed entry, ending in exactly one settle.
+    pub async fn attempt(&self, c: Claimed) {
+        let route = self.route.name();
+        let id = c.entry.id;
+        let settlement = match c.entry.decoded() {
+            None => self.redecode(&c).await,
+            Some(decoded) => {
+                let disposition = self.deliver(&c, decoded).await;
+                self.metrics.attempts.get_or_create(&Metrics::outcome(route, disposition.label())).inc();
+                let decision = Decision {
+                    retry: &self.route.config.retry,
+                    not_yet: &self.route.config.not_yet,
+                    attempts: c.entry.attempts.max(1) as u32,
+                    received_at: c.entry.received_at,
+                    now: self.clock.now(),
+                };
+                decision.settle(disposition, &mut fastrand::Rng::new())
+            }
+        };
+        if let Settlement::Parked { error } = &settlement {
+            tracing::warn!(route, id, key = c.entry.correlation_key.as_deref().unwrap_or(""), error, "entry parked");
+            self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
+        }
+        match self.store.settle(id, &c.lease, self.clock.now(), &settlement).await {
+            Ok(()) => tracing::debug!(route, id, ?settlement, "entry settled"),
+            Err(StoreError::LeaseLost { .. }) => {
+                tracing::warn!(route, id, "lease lost before the attempt was settled; another worker owns the entry now");
+                self.metrics.lease_lost.get_or_create(&Metrics::route(route)).inc();
+            }
+            Err(error) => {
+                tracing::error!(route, id, %error, "could not settle the attempt; the entry is retried when its lease expires");
+            }
+        }
+    }
+
+    /// Render, send, classify.
+    async fn deliver(&self, c: &Claimed, decoded: Decoded) -> Disposition {
+        let route = self.route.name();
+        let event = wit::Event {
+            event_type: decoded.event_type,
+            correlation_key: decoded.correlation_key,
+            dedup_key: Some(c.entry.dedup_key.clone()),
+            body: decoded.body,
+            schema_version: decoded.schema_version,
+        };
+        let request = match self.route.plugin.render(event.clone()).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(reason)) => return Disposition::Park { reason: format!("plugin could not render the request: {reason}") },
+            Err(fault) => {
+                self.metrics.plugin_faults.get_or_create(&fault_labels(route, "render", fault.kind())).inc();
+                return Disposition::Retry { error: format!("plugin fault during render: {fault}"), hint: None };
+            }
+        };
+        // The lease must outlive the request; if it cannot, do not send.
+        let remaining = c.lease.expires_at - self.clock.now();
+        if remaining < self.route.config.target.timeout().as_millis() as Millis {
+            return Disposition::Retry { error: "lease too short to deliver within the target timeout".into(), hint: Some(Duration::ZERO) };
+        }
+        let started = Instant::now();
+        let outcome = self.route.target.deliver(&request, &c.entry.dedup_key).await;
+        self.metrics.delivery_seconds.get_or_create(&Metrics::route(route)).observe(started.elapsed().as_secs_f64());
+        let described = crate::target::describe(&outcome);
+        match self.route.plugin.classify(event, outcome).await {
+            Ok(wit::Disposition::Done) => Disposition::Done,
+            Ok(wit::Disposition::Retry(hint)) => Disposition::Retry { error: described, hint: hint.map(Duration::from_millis) },
+            Ok(wit::Disposition::NotYet(reason)) => Disposition::NotYet { reason: format!("{reason} ({described})") },
+            Ok(wit::Disposition::Park(reason)) => Disposition::Park { reason: format!("{reason} ({described})") },
+            Ok(wit::Disposition::Ignore(reason)) => Disposition::Ignore { reason },
+            Err(fault) => {
+                self.metrics.plugin_faults.get_or_create(&fault_labels(route, "classify", fault.kind())).inc();
+                Disposition::Retry { error: format!("plugin fault during classify: {fault} (after {described})"), hint: None }
+            }
+        }
+    }
+
+    /// A requeued entry that was parked before it could be decoded: decode it now with
+    /// the plugin as it is today. On success it goes back to OPEN, so ordering applies.
+    async fn redecode(&self, c: &Claimed) -> Settlement {
+        let msg = wit::Message {
+            data: c.entry.raw_data.clone(),
+            attributes: c.entry.attributes.clone(),
+            message_id: c.entry.message_id.clone(),
+            publish_time: c.entry.publish_time.clone(),
+            delivery_attempt: c.entry.delivery_attempt.map(|a| a.max(0) as u32),
+        };
+        match self.route.plugin.decode(msg).await {
+            Ok(Ok(wit::Decoded::Event(ev))) => Settlement::Decoded(Decoded {
+                event_type: ev.event_type,
+                correlation_key: ev.correlation_key,
+                schema_version: ev.schema_version,
+                body: ev.body,
+            }),
+            Ok(Ok(wit::Decoded::Ignore(reason))) => Settlement::Ignored { reason: format!("ignored by the plugin: {reason}") },
+            Ok(Err(e)) => Settlement::Parked { error: format!("decode failed: {}", e.message) },
+            Err(fault) => {
+                self.metrics.plugin_faults.get_or_create(&fault_labels(self.route.name(), "decode", fault.kind())).inc();
+                Settlement::Parked { error: format!("plugin fault during decode: {fault}") }
+            }
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! Sources: where messages come from. Each hands messages to [`crate::ingest`] and
+//! acks only what it returned `Ok` for.
+
+pub mod push;

@@ -1,0 +1,149 @@
+//! Targets: where the relay delivers a rendered request. The plugin shapes the
+//! request; the host adds the base URL, static headers, the idempotency key and the
+//! timeout, and turns whatever happened into an [`wit::Outcome`] for `classify`.
+
+use std::time::Duration;
+
+use crate::config::TargetConfig;
+use crate::plugin::wit;
+
+/// Bytes of a response body kept for `classify`.
+const MAX_RESPONSE_BYTES: usize = 256 * 1024;
+
+pub enum Target {
+    Http(HttpTarget),
+    Log { route: String },
+}
+
+pub struct HttpTarget {
+    client: reqwest::Client,
+    base: String,
+    timeout: Duration,
+    headers: Vec<(String, String)>,
+}
+
+impl Target {
+    pub fn new(route: &str, config: &TargetConfig, client: &reqwest::Client) -> Target {
+        match config {
+            TargetConfig::Log => Target::Log { route: route.to_string() },
+            TargetConfig::Http(h) => Target::Http(HttpTarget {
+                client: client.clone(),
+                base: h.url.clone(),
+                timeout: h.timeout,
+                headers: h.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            }),
+        }
+    }
+
+    /// A client with keep-alive pooling, shared by every HTTP target of a process.
+    pub fn client() -> reqwest::Client {
+        reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(64)
+            .tcp_nodelay(true)
+            .build()
+            .expect("the HTTP client configuration is valid")
+    }
+
+    pub async fn deliver(&self, req: &wit::Request, idempotency_key: &str) -> wit::Outcome {
+        match self {
+            Target::Log { route } => {
+                tracing::info!(
+                    route = %route,
+                    method = %req.method,
+                    path = %req.path,
+                    idempotency_key,
+                    body = %String::from_utf8_lossy(&req.body),
+                    "log target received a delivery"
+                );
+                wit::Outcome::Response(wit::Response { status: 204, headers: vec![], body: vec![] })
+            }
+            Target::Http(h) => h.deliver(req, idempotency_key).await,
+        }
+    }
+}
+
+impl HttpTarget {
+    async fn deliver(&self, req: &wit::Request, idempotency_key: &str) -> wit::Outcome {
+        let method = match reqwest::Method::from_bytes(req.method.as_bytes()) {
+            Ok(m) => m,
+            Err(_) => return transport(wit::TransportErrorKind::Other, format!("plugin rendered an invalid method `{}`", req.method)),
+        };
+        let path = if req.path.starts_with('/') || req.path.is_empty() { req.path.clone() } else { format!("/{}", req.path) };
+        let mut builder = self
+            .client
+            .request(method, format!("{}{}", self.base, path))
+            .timeout(self.timeout)
+            .header("idempotency-key", idempotency_key)
+            .body(req.body.clone());
+        for (k, v) in self.headers.iter().chain(req.headers.iter()) {
+            builder = builder.header(k.as_str(), v.as_str());
+        }
+        let mut response = match builder.send().await {
+            Ok(r) => r,
+            Err(e) => return transport_error(e),
+        };
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect();
+        let mut body = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    let room = MAX_RESPONSE_BYTES - body.len();
+                    body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                    if body.len() >= MAX_RESPONSE_BYTES {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => return transport_error(e),
+            }
+        }
+        wit::Outcome::Response(wit::Response { status, headers, body })
+    }
+}
+
+fn transport(kind: wit::TransportErrorKind, message: String) -> wit::Outcome {
+    wit::Outcome::TransportError(wit::TransportError { kind, message })
+}
+
+fn transport_error(e: reqwest::Error) -> wit::Outcome {
+    let kind = if e.is_timeout() {
+        wit::TransportErrorKind::Timeout
+    } else if e.is_connect() {
+        wit::TransportErrorKind::Connect
+    } else {
+        wit::TransportErrorKind::Other
+    };
+    // The error's source chain says why (refused, reset, …); keep all of it.
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        source = s.source();
+    }
+    transport(kind, message)
+}
+
+/// A one-line description of an outcome for `last_error`.
+pub fn describe(outcome: &wit::Outcome) -> String {
+    match outcome {
+        wit::Outcome::Response(r) => {
+            let body = String::from_utf8_lossy(&r.body[..r.body.len().min(300)]).into_owned();
+            if body.is_empty() { format!("target answered {}", r.status) } else { format!("target answered {}: {body}", r.status) }
+        }
+        wit::Outcome::TransportError(t) => {
+            let kind = match t.kind {
+                wit::TransportErrorKind::Timeout => "timeout",
+                wit::TransportErrorKind::Connect => "connect",
+                wit::TransportErrorKind::Other => "transport",
+            };
+            format!("{kind} error reaching the target: {}", t.message)
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Metrics (every name in one place, labels bounded: route, status, kind — never an
+//! id) and the `tracing` subscriber.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteOutcome {
+    pub route: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteStatus {
+    pub route: String,
+    pub status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginFaultLabels {
+    pub route: String,
+    pub call: &'static str,
+    pub kind: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    /// Messages taken in, by outcome: inserted, duplicate, conflict, parked, ignored.
+    pub ingested: Family<RouteOutcome, Counter>,
+    /// Messages refused (nacked) because the inbox could not store them.
+    pub ingest_failures: Family<RouteLabel, Counter>,
+    /// A different payload under a known dedup key.
+    pub dedup_conflicts: Family<RouteLabel, Counter>,
+    /// Delivery attempts by disposition: done, retry, not_yet, park, ignore.
+    pub attempts: Family<RouteOutcome, Counter>,
+    /// Entries that ended PARKED during relay (alarm on this).
+    pub parked: Family<RouteLabel, Counter>,
+    pub plugin_faults: Family<PluginFaultLabels, Counter>,
+    /// Outcomes discarded because the worker's lease was gone.
+    pub lease_lost: Family<RouteLabel, Counter>,
+    /// Time from sending a request to the target to its answer.
+    pub delivery_seconds: Family<RouteLabel, Histogram>,
+    /// Unresolved entries by state, refreshed periodically from the inbox.
+    pub entries: Family<RouteStatus, Gauge>,
+    /// Age of the oldest OPEN entry.
+    pub oldest_open_age_seconds: Family<RouteLabel, Gauge<f64, AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("inlet");
+        let m = Metrics {
+            ingested: Family::default(),
+            ingest_failures: Family::default(),
+            dedup_conflicts: Family::default(),
+            attempts: Family::default(),
+            parked: Family::default(),
+            plugin_faults: Family::default(),
+            lease_lost: Family::default(),
+            delivery_seconds: Family::new_with_constructor(|| {
+                Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+            }),
+            entries: Family::default(),
+            oldest_open_age_seconds: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("ingested", "Messages taken in, by outcome", m.ingested.clone());
+        registry.register("ingest_failures", "Messages nacked because the inbox could not store them", m.ingest_failures.clone());
+        registry.register("dedup_conflicts", "Different payloads arriving under a known dedup key", m.dedup_conflicts.clone());
+        registry.register("delivery_attempts", "Delivery attempts by disposition", m.attempts.clone());
+        registry.register("parked", "Entries parked by the relay", m.parked.clone());
+        registry.register("plugin_faults", "Plugin calls that trapped or broke a limit", m.plugin_faults.clone());
+        registry.register("lease_lost", "Attempt outcomes discarded because the lease was lost", m.lease_lost.clone());
+        registry.register("delivery_duration_seconds", "Target response time", m.delivery_seconds.clone());
+        registry.register("inbox_entries", "Unresolved inbox entries by status", m.entries.clone());
+        registry.register("inbox_oldest_open_age_seconds", "Age of the oldest open entry", m.oldest_open_age_seconds.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+
+    pub fn route(route: &str) -> RouteLabel {
+        RouteLabel { route: route.to_string() }
+    }
+
+    pub fn outcome(route: &str, outcome: &'static str) -> RouteOutcome {
+        RouteOutcome { route: route.to_string(), outcome }
+    }
+}
+
+/// Installs the log subscriber: `RUST_LOG` filters (default `info`), `INLET_LOG=json`
+/// is not offered yet; logs go to stderr.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

@@ -1,0 +1,737 @@
+//! Support code shared by the integration tests (`mod common;`).
+//!
+//! Real services, really started: [`TestPg`] gives every test its own fresh PostgreSQL
+//! database, [`FakeCamunda`] is a real HTTP server playing Camunda 7's message
+//! correlation endpoint, [`plugin_path`] points at the real compiled plugins. A test that
+//! needs a service it cannot reach fails loudly; nothing is skipped.
+//!
+//! Waiting is done only through [`wait_until`] / [`wait_for`]: poll with a deadline,
+//! never a fixed sleep.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use sqlx::Connection as _;
+
+// ---------------------------------------------------------------------------------------
+// PostgreSQL
+// ---------------------------------------------------------------------------------------
+
+/// Admin connection used to create and drop the per-test databases. Trust auth as the
+/// `postgres` superuser on the local cluster (see `scripts/ensure-postgres`).
+pub const DEFAULT_PG_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Prefix of every database made by [`TestPg`]; the full name is
+/// `inlet_t_<pid>_<counter>_<random>`.
+const TEST_DB_PREFIX: &str = "inlet_t_";
+
+/// How long to wait for the admin connection before declaring PostgreSQL unreachable.
+const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The admin URL: `INLET_TEST_PG_ADMIN_URL` if set, else [`DEFAULT_PG_ADMIN_URL`].
+pub fn pg_admin_url() -> String {
+    std::env::var("INLET_TEST_PG_ADMIN_URL")
+        .ok()
+        .filter(|url| !url.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_PG_ADMIN_URL.to_owned())
+}
+
+/// A fresh, empty PostgreSQL database for one test, dropped (with `FORCE`) when this
+/// value is dropped. Set `INLET_TEST_KEEP_DB=1` to keep it for inspection.
+pub struct TestPg {
+    /// Connection URL of the fresh database.
+    pub url: String,
+    name: String,
+    admin_url: String,
+}
+
+impl TestPg {
+    /// Creates a fresh database on the cluster named by [`pg_admin_url`].
+    ///
+    /// Panics with a loud message if PostgreSQL cannot be reached.
+    pub async fn new() -> TestPg {
+        Self::with_admin_url(&pg_admin_url()).await
+    }
+
+    /// Creates a fresh database through the given admin (superuser) URL.
+    pub async fn with_admin_url(admin_url: &str) -> TestPg {
+        let mut admin = connect_admin(admin_url).await;
+        sweep_stale_databases(&mut admin).await;
+
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "{TEST_DB_PREFIX}{}_{}_{:08x}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            fastrand::u32(..)
+        );
+        let create = format!("CREATE DATABASE \"{name}\"");
+        // Concurrent CREATE DATABASE can briefly collide on the template database
+        // (SQLSTATE 55006, object_in_use): retry a few times.
+        let mut tries = 0;
+        loop {
+            match sqlx::raw_sql(&create).execute(&mut admin).await {
+                Ok(_) => break,
+                Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some("55006") && tries < 50 =>
+                {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("TestPg: cannot create database {name} via {admin_url}: {e}"),
+            }
+        }
+        let _ = admin.close().await;
+
+        let url = url_with_database(admin_url, &name);
+        TestPg {
+            url,
+            name,
+            admin_url: admin_url.to_owned(),
+        }
+    }
+
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Opens a plain connection to the test database.
+    pub async fn connect(&self) -> sqlx::PgConnection {
+        sqlx::PgConnection::connect(&self.url)
+            .await
+            .unwrap_or_else(|e| panic!("TestPg: cannot connect to {}: {e}", self.url))
+    }
+}
+
+impl Drop for TestPg {
+    fn drop(&mut self) {
+        if std::env::var_os("INLET_TEST_KEEP_DB").is_some_and(|v| !v.is_empty() && v != "0") {
+            eprintln!(
+                "TestPg: keeping database {} (INLET_TEST_KEEP_DB is set)",
+                self.url
+            );
+            return;
+        }
+        let admin_url = self.admin_url.clone();
+        let name = self.name.clone();
+        // Drop may run inside a tokio runtime (where block_on is forbidden) or outside
+        // one: a thread with its own small runtime works in both cases.
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let mut admin = tokio::time::timeout(
+                    PG_CONNECT_TIMEOUT,
+                    sqlx::PgConnection::connect(&admin_url),
+                )
+                .await
+                .map_err(|_| std::io::Error::other("timed out connecting"))?
+                .map_err(std::io::Error::other)?;
+                sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                    .execute(&mut admin)
+                    .await
+                    .map_err(std::io::Error::other)?;
+                let _ = admin.close().await;
+                Ok::<(), std::io::Error>(())
+            })
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("TestPg: could not drop database {}: {e}", self.name),
+            Err(_) => eprintln!("TestPg: dropping database {} panicked", self.name),
+        }
+    }
+}
+
+async fn connect_admin(admin_url: &str) -> sqlx::PgConnection {
+    let unreachable = |why: String| -> ! {
+        panic!(
+            "\n\n*** PostgreSQL is NOT reachable at {admin_url}: {why}\n\
+             *** The integration tests need a real PostgreSQL server (trust auth, superuser).\n\
+             *** Start it with `scripts/ensure-postgres`, or point INLET_TEST_PG_ADMIN_URL\n\
+             *** at a cluster you own. Tests are never skipped for a missing service.\n\n"
+        )
+    };
+    match tokio::time::timeout(PG_CONNECT_TIMEOUT, sqlx::PgConnection::connect(admin_url)).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => unreachable(e.to_string()),
+        Err(_) => unreachable(format!("no connection after {PG_CONNECT_TIMEOUT:?}")),
+    }
+}
+
+/// Once per test process: drop databases left behind by test processes that no longer
+/// exist (killed runs never reach `Drop`). No `FORCE`: a database still in use is kept.
+async fn sweep_stale_databases(admin: &mut sqlx::PgConnection) {
+    static SWEPT: AtomicBool = AtomicBool::new(false);
+    if SWEPT.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let names: Vec<String> = match sqlx::query_scalar(
+        "SELECT datname FROM pg_database WHERE datname LIKE 'inlet\\_t\\_%'",
+    )
+    .fetch_all(&mut *admin)
+    .await
+    {
+        Ok(names) => names,
+        Err(_) => return,
+    };
+    for name in names {
+        let Some(pid) = name
+            .strip_prefix(TEST_DB_PREFIX)
+            .and_then(|rest| rest.split('_').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\""))
+            .execute(&mut *admin)
+            .await;
+    }
+}
+
+/// Replaces the database in a `postgres://user@host:port/db?params` URL.
+fn url_with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let authority_end = base[scheme_end..]
+        .find('/')
+        .map(|i| scheme_end + i)
+        .unwrap_or(base.len());
+    let mut out = format!("{}/{database}", &base[..authority_end]);
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Plugins, ports, envelopes
+// ---------------------------------------------------------------------------------------
+
+/// Path of a compiled guest plugin, `plugins/dist/<name>.wasm` (cargo's file name: the
+/// crate name with `_`, e.g. `work_order`). Panics if it has not been built.
+pub fn plugin_path(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("plugins")
+        .join("dist")
+        .join(format!("{name}.wasm"));
+    if !path.is_file() {
+        panic!(
+            "plugin {name} not built: run scripts/build-plugins (looked for {})",
+            path.display()
+        );
+    }
+    path
+}
+
+/// A TCP port that was free a moment ago on 127.0.0.1 (bind to :0, read, release).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// A Google Pub/Sub push envelope, as POSTed by a push subscription. Both the camelCase
+/// and the snake_case spellings of the message fields are present, as Google sends them.
+pub fn push_envelope(
+    data: &[u8],
+    attributes: &[(&str, &str)],
+    message_id: &str,
+) -> serde_json::Value {
+    let attributes: serde_json::Map<String, serde_json::Value> = attributes
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), serde_json::Value::String((*v).to_owned())))
+        .collect();
+    let publish_time = rfc3339_now();
+    serde_json::json!({
+        "message": {
+            "data": base64::engine::general_purpose::STANDARD.encode(data),
+            "attributes": attributes,
+            "messageId": message_id,
+            "message_id": message_id,
+            "publishTime": publish_time,
+            "publish_time": publish_time,
+        },
+        "subscription": "projects/test/subscriptions/test",
+    })
+}
+
+/// Current UTC time as RFC 3339 with milliseconds, e.g. `2025-01-31T12:34:56.789Z`.
+fn rfc3339_now() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    let secs = now.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60,
+        now.subsec_millis()
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Waiting
+// ---------------------------------------------------------------------------------------
+
+/// How often [`wait_until`] and [`wait_for`] poll.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Polls `f` (at once, then every 20 ms) until it returns true; panics naming `what` if
+/// that has not happened within `timeout`. The only way tests wait for things.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    wait_for(what, timeout, || {
+        let fut = f();
+        async move { fut.await.then_some(()) }
+    })
+    .await
+}
+
+/// Like [`wait_until`], for a condition that yields a value: polls until `f` returns
+/// `Some` and returns the value.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut ticks = tokio::time::interval(POLL_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if let Some(value) = f().await {
+            return value;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fake Camunda 7
+// ---------------------------------------------------------------------------------------
+
+/// What [`FakeCamunda`] answers to one `POST /engine-rest/message`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// 204 No Content: correlated.
+    Ok,
+    /// 400: no process definition or execution matches (not there yet, or finished).
+    NoMatch,
+    /// 400: more than one execution matches the correlation keys.
+    SeveralMatch,
+    /// Any status with a small JSON error body (e.g. 500, 503).
+    Status(u16),
+}
+
+impl Reply {
+    /// The HTTP status this reply is sent with.
+    pub fn status(&self) -> u16 {
+        match self {
+            Reply::Ok => 204,
+            Reply::NoMatch | Reply::SeveralMatch => 400,
+            Reply::Status(code) => *code,
+        }
+    }
+
+    fn into_response(self, message_name: &str) -> Response {
+        let json = |status: u16, body: serde_json::Value| {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            (
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                body.to_string(),
+            )
+                .into_response()
+        };
+        match self {
+            Reply::Ok => StatusCode::NO_CONTENT.into_response(),
+            Reply::NoMatch => json(
+                400,
+                serde_json::json!({
+                    "type": "RestException",
+                    "message": format!(
+                        "Cannot correlate message '{message_name}': No process definition or execution matches the parameters"
+                    ),
+                }),
+            ),
+            Reply::SeveralMatch => json(
+                400,
+                serde_json::json!({
+                    "type": "RestException",
+                    "message": format!(
+                        "Cannot correlate a message with name '{message_name}' to a single execution. 2 executions match the correlation keys: CorrelationSet [businessKey=null, processInstanceId=null, processDefinitionId=null, correlationKeys=null, localCorrelationKeys=null, tenantId=null, isTenantIdSet=false, isExecutionsOnly=false]"
+                    ),
+                }),
+            ),
+            Reply::Status(code) => json(
+                code,
+                serde_json::json!({
+                    "type": "ProcessEngineException",
+                    "message": format!("fake camunda: scripted failure with status {code}"),
+                }),
+            ),
+        }
+    }
+}
+
+/// Decides the reply from the correlation key and the 1-based attempt number for that key.
+pub type Behaviour = Arc<dyn Fn(&str, usize) -> Reply + Send + Sync>;
+
+/// One request received by [`FakeCamunda`].
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    /// The correlation key: the value of the single entry of `correlationKeys` (strings
+    /// as-is, other JSON values printed); several entries are joined as sorted
+    /// `name=value` pairs with `&`; empty if there is none.
+    pub key: String,
+    /// `processVariables.completedItems.value`, or -1 if absent.
+    pub seq: i64,
+    /// The `Idempotency-Key` header.
+    pub idempotency_key: Option<String>,
+    /// When the request arrived.
+    pub at: Instant,
+    /// The request body (`Value::String` of the raw text if it was not JSON).
+    pub body: serde_json::Value,
+    /// 1-based attempt number for this key (what the behaviour was called with).
+    pub attempt: usize,
+    /// The status code it was answered with (0 for the instant while the behaviour is
+    /// still deciding).
+    pub status: u16,
+    /// Request headers, names lowercased.
+    pub headers: HashMap<String, String>,
+}
+
+struct CamundaState {
+    behaviour: Behaviour,
+    delay: Option<Duration>,
+    deliveries: Vec<Delivery>,
+    attempts: HashMap<String, usize>,
+    in_flight: HashMap<String, usize>,
+    max_in_flight_per_key: usize,
+    overlaps: Vec<String>,
+}
+
+type Shared = Arc<Mutex<CamundaState>>;
+
+/// A real HTTP server on 127.0.0.1 playing Camunda 7's `POST /engine-rest/message`.
+///
+/// Records every request in arrival order, answers as scripted by a [`Behaviour`], and
+/// watches per-key concurrency: two requests for one key in flight at once is recorded
+/// (see [`FakeCamunda::max_in_flight_per_key`]). The server stops when this is dropped.
+pub struct FakeCamunda {
+    addr: std::net::SocketAddr,
+    state: Shared,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl FakeCamunda {
+    /// Starts a fake that correlates everything (`Reply::Ok`).
+    pub async fn start() -> FakeCamunda {
+        Self::with_behaviour(|_, _| Reply::Ok).await
+    }
+
+    /// Starts a fake answering as `behaviour(key, attempt)` says.
+    pub async fn with_behaviour<F>(behaviour: F) -> FakeCamunda
+    where
+        F: Fn(&str, usize) -> Reply + Send + Sync + 'static,
+    {
+        let state: Shared = Arc::new(Mutex::new(CamundaState {
+            behaviour: Arc::new(behaviour),
+            delay: None,
+            deliveries: Vec::new(),
+            attempts: HashMap::new(),
+            in_flight: HashMap::new(),
+            max_in_flight_per_key: 0,
+            overlaps: Vec::new(),
+        }));
+        let app = axum::Router::new()
+            .route("/engine-rest/message", axum::routing::post(correlate))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fake camunda");
+        let addr = listener.local_addr().expect("fake camunda address");
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .await
+                .expect("fake camunda server");
+        });
+        FakeCamunda {
+            addr,
+            state,
+            server,
+        }
+    }
+
+    /// Delays every response by `delay` (after recording), to make overlaps likely.
+    pub fn with_delay(self, delay: Duration) -> FakeCamunda {
+        self.set_delay(Some(delay));
+        self
+    }
+
+    /// Changes the response delay from now on.
+    pub fn set_delay(&self, delay: Option<Duration>) {
+        self.lock().delay = delay;
+    }
+
+    /// Replaces the behaviour from now on (attempt counters are kept).
+    pub fn set_behaviour<F>(&self, behaviour: F)
+    where
+        F: Fn(&str, usize) -> Reply + Send + Sync + 'static,
+    {
+        self.lock().behaviour = Arc::new(behaviour);
+    }
+
+    /// Base URL, e.g. `http://127.0.0.1:PORT` (Camunda's REST API is under `/engine-rest`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Full URL of the message endpoint.
+    pub fn message_url(&self) -> String {
+        format!("{}/engine-rest/message", self.url())
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.lock().deliveries.clone()
+    }
+
+    /// The requests for one correlation key, in arrival order.
+    pub fn deliveries_for(&self, key: &str) -> Vec<Delivery> {
+        self.lock()
+            .deliveries
+            .iter()
+            .filter(|d| d.key == key)
+            .cloned()
+            .collect()
+    }
+
+    /// Number of requests so far.
+    pub fn count(&self) -> usize {
+        self.lock().deliveries.len()
+    }
+
+    /// The `seq` (completedItems) of the requests for `key` that were answered 2xx, in
+    /// arrival order.
+    pub fn correlated_seqs(&self, key: &str) -> Vec<i64> {
+        self.lock()
+            .deliveries
+            .iter()
+            .filter(|d| d.key == key && (200..300).contains(&d.status))
+            .map(|d| d.seq)
+            .collect()
+    }
+
+    /// The most requests ever in flight at once for one key (1 means per-key order held;
+    /// 0 means no request yet).
+    pub fn max_in_flight_per_key(&self) -> usize {
+        self.lock().max_in_flight_per_key
+    }
+
+    /// Keys that had a second request arrive while one was in flight (one per overlap).
+    pub fn overlaps(&self) -> Vec<String> {
+        self.lock().overlaps.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CamundaState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for FakeCamunda {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Marks a request in flight for its key until dropped (also when the client goes away
+/// and the handler is cancelled).
+struct InFlight {
+    state: Shared,
+    key: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = st.in_flight.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                st.in_flight.remove(&self.key);
+            }
+        }
+    }
+}
+
+async fn correlate(State(state): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let at = Instant::now();
+    let body: serde_json::Value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&body).into_owned()));
+    let key = correlation_key(&body);
+    let seq = body
+        .pointer("/processVariables/completedItems/value")
+        .and_then(|v| {
+            v.as_i64()
+                .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        })
+        .unwrap_or(-1);
+    let message_name = body
+        .get("messageName")
+        .and_then(|v| v.as_str())
+        .unwrap_or("")
+        .to_owned();
+    let header_map: HashMap<String, String> = headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let idempotency_key = header_map.get("idempotency-key").cloned();
+    let json_content = header_map.get("content-type").is_some_and(|ct| {
+        ct.trim_start()
+            .to_ascii_lowercase()
+            .starts_with("application/json")
+    });
+
+    let (reply, delay, index, _guard) = {
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        let in_flight = st.in_flight.entry(key.clone()).or_insert(0);
+        *in_flight += 1;
+        let now_in_flight = *in_flight;
+        if now_in_flight > 1 {
+            st.overlaps.push(key.clone());
+        }
+        st.max_in_flight_per_key = st.max_in_flight_per_key.max(now_in_flight);
+        let guard = InFlight {
+            state: state.clone(),
+            key: key.clone(),
+        };
+
+        let attempt = {
+            let n = st.attempts.entry(key.clone()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        // Camunda rejects anything but JSON (415) and bodies without a message name (400)
+        // before correlating; those do not reach the behaviour.
+        let reply = if !json_content {
+            Err((415, "fake camunda: Content-Type must be application/json"))
+        } else if message_name.is_empty() {
+            Err((
+                400,
+                "fake camunda: body is not a JSON object with a messageName",
+            ))
+        } else {
+            Ok((st.behaviour.clone(), attempt))
+        };
+        let status = match &reply {
+            Err((code, _)) => *code,
+            Ok(_) => 0, // filled in below, outside the lock
+        };
+        let index = st.deliveries.len();
+        st.deliveries.push(Delivery {
+            key: key.clone(),
+            seq,
+            idempotency_key,
+            at,
+            body: body.clone(),
+            attempt,
+            status,
+            headers: header_map,
+        });
+        (reply, st.delay, index, guard)
+    };
+
+    let response = match reply {
+        Err((code, message)) => {
+            let status = StatusCode::from_u16(code).expect("valid status");
+            let body = serde_json::json!({ "type": "InvalidRequestException", "message": message });
+            (
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                body.to_string(),
+            )
+                .into_response()
+        }
+        Ok((behaviour, attempt)) => {
+            // Call the behaviour outside the lock: it may itself inspect the fake.
+            let reply = behaviour(&key, attempt);
+            {
+                let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+                st.deliveries[index].status = reply.status();
+            }
+            reply.into_response(&message_name)
+        }
+    };
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
+    response
+}
+
+fn correlation_key(body: &serde_json::Value) -> String {
+    let Some(keys) = body.get("correlationKeys").and_then(|v| v.as_object()) else {
+        return String::new();
+    };
+    let value_text = |v: &serde_json::Value| {
+        let v = v.get("value").unwrap_or(v);
+        match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }
+    };
+    if keys.len() == 1 {
+        let (_, v) = keys.iter().next().expect("one key");
+        return value_text(v);
+    }
+    let mut pairs: Vec<String> = keys
+        .iter()
+        .map(|(k, v)| format!("{k}={}", value_text(v)))
+        .collect();
+    pairs.sort();
+    pairs.join("&")
+}
