@@ -239,15 +239,15 @@ pub enum StoreError {
     /// The database could not be reached or did not answer in time: the host's
     /// fault, and transient. Callers nack (ingest) or retry later (relay).
     #[error("inbox database unavailable: {0}")]
-    Unavailable(#[source] sqlx::Error),
+    Unavailable(sqlx::Error),
     #[error("inbox database error: {0}")]
-    Database(#[source] sqlx::Error),
+    Database(sqlx::Error),
     /// The caller's lease is gone: the entry expired and was claimed again, or a
     /// person changed it. The caller's outcome is discarded.
     #[error("lease on entry {id} was lost; the outcome of this attempt is discarded")]
     LeaseLost { id: i64 },
-    #[error("inbox schema migration {version} failed: {source}")]
-    Migration { version: i64, source: sqlx::Error },
+    #[error("inbox schema migration {version} failed: {error}")]
+    Migration { version: i64, error: sqlx::Error },
     #[error("unsupported store url `{0}`: use sqlite://PATH or postgres://…")]
     UnsupportedUrl(String),
     #[error("stored entry {id} is unreadable: {reason}")]

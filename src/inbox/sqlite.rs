@@ -20,7 +20,12 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let options = SqliteConnectOptions::from_str(url)?
+        let options = SqliteConnectOptions::from_str(url)?;
+        // A fresh setup has no folder for the file yet.
+        if let Some(dir) = options.get_filename().parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::Unavailable(sqlx::Error::Io(e)))?;
+        }
+        let options = options
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             // FULL: a committed row survives power loss, which is what the ack promises.
@@ -44,7 +49,7 @@ impl SqliteStore {
             .await?;
         let current: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM inlet_schema").fetch_one(&mut *tx).await?;
         for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
-            let fail = |source| StoreError::Migration { version: *version, source };
+            let fail = |error| StoreError::Migration { version: *version, error };
             sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
             sqlx::query("INSERT INTO inlet_schema (version, applied_at) VALUES ($1, CAST(unixepoch('subsec') * 1000 AS INTEGER))")
                 .bind(version)

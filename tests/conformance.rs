@@ -1,0 +1,354 @@
+//! One conformance suite for every inbox store: each test runs against SQLite (a
+//! fresh file) and PostgreSQL (a fresh database), and both must behave the same.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use inlet::clock::Millis;
+use inlet::inbox::{
+    self, ClaimRequest, Claimed, Decoded, InsertOutcome, ListFilter, NewEntry, Settlement, Status, Store, StoreError,
+};
+
+const T0: Millis = 1_800_000_000_000;
+const LEASE: i64 = 30_000;
+
+enum Guard {
+    Sqlite(#[allow(dead_code)] tempfile::TempDir),
+    Pg(#[allow(dead_code)] common::TestPg),
+}
+
+async fn sqlite() -> (Arc<dyn Store>, Guard) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    (inbox::open(&url, 4).await.expect("open sqlite"), Guard::Sqlite(dir))
+}
+
+async fn postgres() -> (Arc<dyn Store>, Guard) {
+    let pg = common::TestPg::new().await;
+    (inbox::open(&pg.url, 8).await.expect("open postgres"), Guard::Pg(pg))
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod on_sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let (store, _guard) = super::sqlite().await;
+                    super::$name(store).await;
+                }
+            )*
+        }
+        mod on_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let (store, _guard) = super::postgres().await;
+                    super::$name(store).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    insert_is_idempotent_and_conflicts_are_kept,
+    claim_takes_one_entry_per_key_in_order,
+    parked_entry_blocks_its_key_unless_the_route_lets_it_pass,
+    unordered_route_claims_every_due_entry,
+    retry_waits_until_due,
+    expired_lease_is_taken_over_and_the_old_owner_is_fenced,
+    requeue_only_touches_parked_or_open_entries,
+    entry_parked_before_decoding_is_decoded_on_requeue,
+    purge_removes_finished_entries_but_never_parked_ones,
+    concurrent_claimers_never_hold_one_key_twice,
+    counts_report_unresolved_entries,
+);
+
+fn entry(route: &str, key: &str, dedup: &str, payload: &str) -> NewEntry {
+    NewEntry {
+        route: route.into(),
+        dedup_key: dedup.into(),
+        decoded: Some(Decoded {
+            event_type: "test".into(),
+            correlation_key: key.into(),
+            schema_version: None,
+            body: payload.as_bytes().to_vec(),
+        }),
+        raw_data: payload.as_bytes().to_vec(),
+        attributes: vec![("a".into(), "1".into())],
+        message_id: format!("msg-{dedup}"),
+        publish_time: None,
+        delivery_attempt: Some(1),
+        status: Status::Open,
+        last_error: None,
+    }
+}
+
+fn undecodable(route: &str, dedup: &str, payload: &[u8]) -> NewEntry {
+    NewEntry {
+        decoded: None,
+        raw_data: payload.to_vec(),
+        status: Status::Parked,
+        last_error: Some("decode failed: garbage".into()),
+        ..entry(route, "", dedup, "")
+    }
+}
+
+fn req<'a>(route: &'a str, owner: &'a str, now: Millis, limit: u32) -> ClaimRequest<'a> {
+    ClaimRequest { route, owner, limit, now, lease_ms: LEASE, ordered: true, parked_blocks: true }
+}
+
+fn ids(claimed: &[Claimed]) -> Vec<i64> {
+    claimed.iter().map(|c| c.entry.id).collect()
+}
+
+async fn insert(store: &Arc<dyn Store>, e: NewEntry) -> i64 {
+    match store.insert(&e, T0).await.expect("insert") {
+        InsertOutcome::Inserted { id } => id,
+        other => panic!("expected a new entry, got {other:?}"),
+    }
+}
+
+async fn insert_is_idempotent_and_conflicts_are_kept(store: Arc<dyn Store>) {
+    let first = store.insert(&entry("r", "k", "evt-1", "payload"), T0).await.unwrap();
+    let InsertOutcome::Inserted { id } = first else { panic!("first insert: {first:?}") };
+
+    let again = store.insert(&entry("r", "k", "evt-1", "payload"), T0 + 1).await.unwrap();
+    assert_eq!(again, InsertOutcome::Duplicate { id }, "the same payload again is a redelivery");
+
+    let other_route = store.insert(&entry("r2", "k", "evt-1", "payload"), T0).await.unwrap();
+    assert!(matches!(other_route, InsertOutcome::Inserted { .. }), "dedup keys are per route");
+
+    let conflict = store.insert(&entry("r", "k", "evt-1", "a different payload"), T0 + 2).await.unwrap();
+    let InsertOutcome::Conflict { existing, entry: cid } = conflict else { panic!("conflict expected: {conflict:?}") };
+    assert_eq!(existing, id);
+    let c = store.get(cid).await.unwrap().expect("conflict entry stored");
+    assert_eq!(c.status, Status::Parked);
+    assert_eq!(c.conflict_of, Some(id));
+    assert_eq!(c.raw_data, b"a different payload");
+    assert!(c.last_error.as_deref().unwrap().contains("different payload"), "{:?}", c.last_error);
+
+    // The conflicting message redelivered is not a second conflict.
+    let again = store.insert(&entry("r", "k", "evt-1", "a different payload"), T0 + 3).await.unwrap();
+    assert_eq!(again, InsertOutcome::Conflict { existing: id, entry: cid });
+    let all = store.list(&ListFilter { route: Some("r".into()), limit: 100, ..Default::default() }).await.unwrap();
+    assert_eq!(all.len(), 2);
+
+    let stored = store.get(id).await.unwrap().unwrap();
+    assert_eq!(stored.attributes, vec![("a".to_string(), "1".to_string())]);
+    assert_eq!(stored.payload_digest, inbox::digest_hex(b"payload"));
+    assert_eq!((stored.received_at, stored.next_attempt_at, stored.attempts), (T0, T0, 0));
+
+    // A batch commits together and reports each message.
+    let batch = store
+        .insert_batch(&[entry("r", "k2", "evt-2", "x"), entry("r", "k", "evt-1", "payload")], T0)
+        .await
+        .unwrap();
+    assert!(matches!(batch[0], InsertOutcome::Inserted { .. }));
+    assert_eq!(batch[1], InsertOutcome::Duplicate { id });
+}
+
+async fn claim_takes_one_entry_per_key_in_order(store: Arc<dyn Store>) {
+    let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
+    let a2 = insert(&store, entry("r", "a", "2", "a2")).await;
+    let b1 = insert(&store, entry("r", "b", "3", "b1")).await;
+    let a3 = insert(&store, entry("r", "a", "4", "a3")).await;
+
+    let first = store.claim(&req("r", "w1", T0, 10)).await.unwrap();
+    assert_eq!(ids(&first), vec![a1, b1], "only the oldest entry of each key");
+    assert!(first.iter().all(|c| c.entry.status == Status::InProgress && c.entry.attempts == 1));
+    assert_eq!(first[0].lease.expires_at, T0 + LEASE);
+
+    assert!(store.claim(&req("r", "w2", T0, 10)).await.unwrap().is_empty(), "keys in flight are blocked");
+
+    store.settle(a1, &first[0].lease, T0 + 5, &Settlement::Done).await.unwrap();
+    let second = store.claim(&req("r", "w2", T0 + 5, 10)).await.unwrap();
+    assert_eq!(ids(&second), vec![a2]);
+    store.settle(a2, &second[0].lease, T0 + 6, &Settlement::Done).await.unwrap();
+    let third = store.claim(&req("r", "w2", T0 + 6, 10)).await.unwrap();
+    assert_eq!(ids(&third), vec![a3]);
+
+    let done = store.get(a1).await.unwrap().unwrap();
+    assert_eq!(done.status, Status::Done);
+    assert_eq!(done.finished_at, Some(T0 + 5));
+    assert_eq!(done.lease_owner, None);
+    assert!(store.claim(&req("other-route", "w1", T0 + 6, 10)).await.unwrap().is_empty());
+}
+
+async fn parked_entry_blocks_its_key_unless_the_route_lets_it_pass(store: Arc<dyn Store>) {
+    let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
+    let a2 = insert(&store, entry("r", "a", "2", "a2")).await;
+    let c = store.claim(&req("r", "w", T0, 10)).await.unwrap();
+    store.settle(a1, &c[0].lease, T0, &Settlement::Parked { error: "two executions match".into() }).await.unwrap();
+
+    assert!(store.claim(&req("r", "w", T0, 10)).await.unwrap().is_empty(), "parked blocks its key by default");
+    let pass = ClaimRequest { parked_blocks: false, ..req("r", "w", T0, 10) };
+    let c = store.claim(&pass).await.unwrap();
+    assert_eq!(ids(&c), vec![a2], "with `parked = pass` later entries go on");
+    // Requeueing the parked one while a later one is in flight must not put two in flight.
+    assert!(store.requeue(a1, T0).await.unwrap());
+    assert!(store.claim(&pass).await.unwrap().is_empty(), "a key with an entry in flight is blocked");
+    store.settle(a2, &c[0].lease, T0, &Settlement::Done).await.unwrap();
+    assert_eq!(ids(&store.claim(&pass).await.unwrap()), vec![a1]);
+    let parked = store.get(a1).await.unwrap().unwrap();
+    assert_eq!(parked.last_error.as_deref(), Some("two executions match"), "the last error is kept");
+}
+
+async fn unordered_route_claims_every_due_entry(store: Arc<dyn Store>) {
+    let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
+    let a2 = insert(&store, entry("r", "a", "2", "a2")).await;
+    let c = store.claim(&ClaimRequest { ordered: false, ..req("r", "w", T0, 10) }).await.unwrap();
+    assert_eq!(ids(&c), vec![a1, a2]);
+}
+
+async fn retry_waits_until_due(store: Arc<dyn Store>) {
+    let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
+    let c = store.claim(&req("r", "w", T0, 10)).await.unwrap();
+    store.settle(a1, &c[0].lease, T0 + 10, &Settlement::Retry { at: T0 + 1_000, error: "503".into() }).await.unwrap();
+    let e = store.get(a1).await.unwrap().unwrap();
+    assert_eq!((e.status, e.next_attempt_at, e.last_error.as_deref()), (Status::Open, T0 + 1_000, Some("503")));
+    assert!(store.claim(&req("r", "w", T0 + 999, 10)).await.unwrap().is_empty(), "not due yet");
+    let c = store.claim(&req("r", "w", T0 + 1_000, 10)).await.unwrap();
+    assert_eq!(ids(&c), vec![a1]);
+    assert_eq!(c[0].entry.attempts, 2);
+}
+
+/// Invariant 6: a worker whose lease expired cannot overwrite the outcome recorded by
+/// the worker that took the entry over.
+async fn expired_lease_is_taken_over_and_the_old_owner_is_fenced(store: Arc<dyn Store>) {
+    let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
+    let old = store.claim(&req("r", "slow", T0, 10)).await.unwrap().remove(0);
+
+    assert_eq!(store.release_expired("r", T0 + LEASE - 1).await.unwrap(), 0, "lease still valid");
+    assert_eq!(store.release_expired("r", T0 + LEASE).await.unwrap(), 1);
+    let new = store.claim(&req("r", "fast", T0 + LEASE, 10)).await.unwrap().remove(0);
+    assert_eq!(new.entry.id, a1);
+    assert!(new.lease.token > old.lease.token);
+    assert_eq!(new.entry.attempts, 2);
+
+    store.settle(a1, &new.lease, T0 + LEASE + 1, &Settlement::Done).await.unwrap();
+    let late = store.settle(a1, &old.lease, T0 + LEASE + 2, &Settlement::Parked { error: "late".into() }).await;
+    assert!(matches!(late, Err(StoreError::LeaseLost { id }) if id == a1), "{late:?}");
+    let e = store.get(a1).await.unwrap().unwrap();
+    assert_eq!(e.status, Status::Done, "the new owner's outcome stands");
+
+    // Same fencing while the new owner is still working: the old owner cannot settle.
+    let b1 = insert(&store, entry("r", "b", "2", "b1")).await;
+    let old = store.claim(&req("r", "slow", T0, 10)).await.unwrap().remove(0);
+    store.release_expired("r", T0 + LEASE).await.unwrap();
+    let new = store.claim(&req("r", "fast", T0 + LEASE, 10)).await.unwrap().remove(0);
+    assert!(matches!(store.settle(b1, &old.lease, T0 + LEASE, &Settlement::Done).await, Err(StoreError::LeaseLost { .. })));
+    assert_eq!(store.get(b1).await.unwrap().unwrap().status, Status::InProgress);
+    store.settle(b1, &new.lease, T0 + LEASE, &Settlement::Done).await.unwrap();
+}
+
+async fn requeue_only_touches_parked_or_open_entries(store: Arc<dyn Store>) {
+    let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
+    let c = store.claim(&req("r", "w", T0, 10)).await.unwrap().remove(0);
+    assert!(!store.requeue(a1, T0).await.unwrap(), "an entry in flight is not requeued");
+    store.settle(a1, &c.lease, T0, &Settlement::Parked { error: "x".into() }).await.unwrap();
+    assert!(store.requeue(a1, T0 + 50).await.unwrap());
+    let e = store.get(a1).await.unwrap().unwrap();
+    assert_eq!((e.status, e.attempts, e.next_attempt_at), (Status::Open, 0, T0 + 50));
+
+    assert!(store.park(a1, "by hand", T0 + 60).await.unwrap());
+    assert_eq!(store.get(a1).await.unwrap().unwrap().status, Status::Parked);
+    assert!(store.requeue(a1, T0 + 70).await.unwrap());
+    let c = store.claim(&req("r", "w", T0 + 70, 10)).await.unwrap().remove(0);
+    store.settle(a1, &c.lease, T0 + 71, &Settlement::Done).await.unwrap();
+    assert!(!store.requeue(a1, T0 + 80).await.unwrap(), "DONE entries are not requeued");
+    assert!(!store.requeue(9_999_999, T0).await.unwrap());
+}
+
+async fn entry_parked_before_decoding_is_decoded_on_requeue(store: Arc<dyn Store>) {
+    let raw = b"\x00\xffnot json";
+    let id = insert(&store, undecodable("r", "m-1", raw)).await;
+    let e = store.get(id).await.unwrap().unwrap();
+    assert_eq!((e.status, e.correlation_key.as_deref(), e.raw_data.as_slice()), (Status::Parked, None, &raw[..]));
+    assert!(e.decoded().is_none());
+
+    assert!(store.requeue(id, T0).await.unwrap());
+    let c = store.claim(&req("r", "w", T0, 10)).await.unwrap().remove(0);
+    let decoded = Decoded { event_type: "t".into(), correlation_key: "k".into(), schema_version: Some("2".into()), body: b"{}".to_vec() };
+    store.settle(id, &c.lease, T0 + 1, &Settlement::Decoded(decoded.clone())).await.unwrap();
+    let e = store.get(id).await.unwrap().unwrap();
+    assert_eq!((e.status, e.attempts, e.decoded()), (Status::Open, 0, Some(decoded)));
+    assert_eq!(e.raw_data, raw, "the raw payload stays as it arrived");
+}
+
+async fn purge_removes_finished_entries_but_never_parked_ones(store: Arc<dyn Store>) {
+    let done = insert(&store, entry("r", "a", "1", "a1")).await;
+    let parked = insert(&store, entry("r", "b", "2", "b1")).await;
+    let ignored = insert(&store, NewEntry { status: Status::Ignored, last_error: Some("not ours".into()), ..entry("r", "c", "3", "c1") }).await;
+    for c in store.claim(&req("r", "w", T0, 10)).await.unwrap() {
+        let s = if c.entry.id == done { Settlement::Done } else { Settlement::Parked { error: "p".into() } };
+        store.settle(c.entry.id, &c.lease, T0 + 10, &s).await.unwrap();
+    }
+    assert_eq!(store.purge_finished(T0 + 10, 100).await.unwrap(), 1, "only what finished before the cut-off… the ignored one");
+    assert!(store.get(ignored).await.unwrap().is_none());
+    assert_eq!(store.purge_finished(T0 + 1_000_000, 100).await.unwrap(), 1);
+    assert!(store.get(done).await.unwrap().is_none());
+    assert_eq!(store.get(parked).await.unwrap().unwrap().status, Status::Parked, "parked entries stay");
+}
+
+/// Invariant 4 under contention: several workers claiming at once never hold two
+/// entries of one key, and each key is delivered in inbox order.
+async fn concurrent_claimers_never_hold_one_key_twice(store: Arc<dyn Store>) {
+    const KEYS: usize = 12;
+    const PER_KEY: usize = 15;
+    let mut expected: HashMap<String, Vec<i64>> = HashMap::new();
+    for n in 0..PER_KEY {
+        for k in 0..KEYS {
+            let key = format!("k{k}");
+            let id = insert(&store, entry("r", &key, &format!("{k}-{n}"), "x")).await;
+            expected.entry(key).or_default().push(id);
+        }
+    }
+    let held: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let delivered: Arc<Mutex<HashMap<String, Vec<i64>>>> = Arc::default();
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        let (store, held, delivered) = (Arc::clone(&store), Arc::clone(&held), Arc::clone(&delivered));
+        workers.push(tokio::spawn(async move {
+            let owner = format!("w{w}");
+            let mut idle_rounds = 0;
+            while idle_rounds < 50 {
+                let claimed = store.claim(&req("r", &owner, T0, 3)).await.unwrap();
+                if claimed.is_empty() {
+                    idle_rounds += 1;
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                idle_rounds = 0;
+                for c in claimed {
+                    let key = c.entry.correlation_key.clone().unwrap();
+                    assert!(held.lock().unwrap().insert(key.clone()), "two workers hold key {key}");
+                    tokio::task::yield_now().await;
+                    delivered.lock().unwrap().entry(key.clone()).or_default().push(c.entry.id);
+                    held.lock().unwrap().remove(&key);
+                    store.settle(c.entry.id, &c.lease, T0, &Settlement::Done).await.unwrap();
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.expect("worker");
+    }
+    assert_eq!(*delivered.lock().unwrap(), expected);
+}
+
+async fn counts_report_unresolved_entries(store: Arc<dyn Store>) {
+    insert(&store, entry("r", "a", "1", "a1")).await;
+    insert(&store, entry("r", "a", "2", "a2")).await;
+    insert(&store, undecodable("r", "3", b"zz")).await;
+    let mut counts = store.counts().await.unwrap();
+    counts.sort_by_key(|c| c.status.as_str());
+    let summary: Vec<_> = counts.iter().map(|c| (c.route.as_str(), c.status, c.count, c.oldest_received_at)).collect();
+    assert_eq!(summary, vec![("r", Status::Open, 2, Some(T0)), ("r", Status::Parked, 1, Some(T0))]);
+    let now = store.db_now().await.unwrap();
+    let host = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    assert!((now - host).abs() < 5_000, "database clock {now} vs host {host}");
+}
