@@ -93,7 +93,8 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("install SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("install SIGTERM handler");
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
@@ -106,13 +107,18 @@ async fn shutdown_signal() {
 pub async fn start(config: &Config, options: Options) -> Result<Running, StartError> {
     let store = inbox::open(&config.store.url, config.store.max_connections).await?;
     let mut tasks = JoinSet::new();
+    let (shutdown, shutdown_rx) = watch::channel(false);
     let clock: Arc<dyn Clock> = match options.clock.clone() {
         Some(c) => c,
         None => {
             let c = DbClock::new(store.as_ref()).await?;
-            let calibration = c.spawn_calibration(Arc::clone(&store), Duration::from_secs(60));
+            let calibration = Arc::clone(&c).keep_calibrated(Arc::clone(&store), Duration::from_secs(60));
+            let mut rx = shutdown_rx.clone();
             tasks.spawn(async move {
-                let _ = calibration.await;
+                tokio::select! {
+                    _ = calibration => {}
+                    _ = rx.wait_for(|stop| *stop) => {}
+                }
             });
             c
         }
@@ -126,7 +132,6 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         clock,
         metrics,
     });
-    let (shutdown, shutdown_rx) = watch::channel(false);
 
     let addr = options.listen.unwrap_or(config.server.listen);
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })?;

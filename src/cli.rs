@@ -14,7 +14,11 @@ use crate::inbox::{self, Entry, ListFilter, Status, Store};
 use crate::routing::Routes;
 
 #[derive(Debug, Parser)]
-#[command(name = "inlet", version, about = "Pub/Sub in, transactional inbox, ordered relay out — extended by WebAssembly plugins")]
+#[command(
+    name = "inlet",
+    version,
+    about = "Pub/Sub in, transactional inbox, ordered relay out — extended by WebAssembly plugins"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -40,9 +44,7 @@ pub enum Command {
         retention: Duration,
     },
     /// Validate a routing file and load its plugins; exit 1 listing every error.
-    Check {
-        config: PathBuf,
-    },
+    Check { config: PathBuf },
     /// Inspect and repair the inbox (works whether or not Inlet is running).
     Inbox {
         /// The routing file whose store to open.
@@ -153,7 +155,8 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
     let clock = DbClock::new(store.as_ref()).await?;
     match command {
         InboxCommand::List { route, status, key, after, limit } => {
-            let entries = store.list(&ListFilter { route, status, correlation_key: key, after_id: after, limit }).await?;
+            let entries =
+                store.list(&ListFilter { route, status, correlation_key: key, after_id: after, limit }).await?;
             println!("{:>8}  {:<11}  {:<24}  {:<20}  {:>8}  LAST ERROR", "ID", "STATUS", "ROUTE", "KEY", "ATTEMPTS");
             for e in &entries {
                 println!("{}", list_line(e));
@@ -212,7 +215,9 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
             let now = clock.now();
             println!("{:<24}  {:<11}  {:>8}  OLDEST", "ROUTE", "STATUS", "COUNT");
             for c in store.counts().await? {
-                let age = c.oldest_received_at.map(|t| humantime::format_duration(Duration::from_secs(((now - t).max(0) / 1000) as u64)).to_string());
+                let age = c.oldest_received_at.map(|t| {
+                    humantime::format_duration(Duration::from_secs(((now - t).max(0) / 1000) as u64)).to_string()
+                });
                 println!("{:<24}  {:<11}  {:>8}  {}", c.route, c.status.as_str(), c.count, age.unwrap_or_default());
             }
             Ok(ExitCode::SUCCESS)
@@ -225,7 +230,13 @@ async fn all_parked_ids(store: &dyn Store, route: &str) -> anyhow::Result<Vec<i6
     let mut after = None;
     loop {
         let page = store
-            .list(&ListFilter { route: Some(route.to_string()), status: Some(Status::Parked), after_id: after, limit: 1000, ..Default::default() })
+            .list(&ListFilter {
+                route: Some(route.to_string()),
+                status: Some(Status::Parked),
+                after_id: after,
+                limit: 1000,
+                ..Default::default()
+            })
             .await?;
         let Some(last) = page.last() else { break };
         after = Some(last.id);

@@ -44,20 +44,19 @@ impl DbClock {
         Ok(offset)
     }
 
-    /// Recalibrates every `every` until the task is dropped.
-    pub fn spawn_calibration(self: &Arc<Self>, store: Arc<dyn Store>, every: Duration) -> tokio::task::JoinHandle<()> {
-        let clock = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
+    /// Recalibrates every `every`, forever; run it beside the instance.
+    pub async fn keep_calibrated(self: Arc<Self>, store: Arc<dyn Store>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
             tick.tick().await;
-            loop {
-                tick.tick().await;
-                match clock.calibrate(store.as_ref()).await {
-                    Ok(offset) => tracing::debug!(offset_ms = offset, "clock offset to the database measured"),
-                    Err(error) => tracing::warn!(%error, "could not measure the clock offset to the database; keeping the last one"),
+            match self.calibrate(store.as_ref()).await {
+                Ok(offset) => tracing::debug!(offset_ms = offset, "clock offset to the database measured"),
+                Err(error) => {
+                    tracing::warn!(%error, "could not measure the clock offset to the database; keeping the last one")
                 }
             }
-        })
+        }
     }
 }
 

@@ -82,15 +82,27 @@ impl Metrics {
             registry: Registry::default(),
         };
         registry.register("ingested", "Messages taken in, by outcome", m.ingested.clone());
-        registry.register("ingest_failures", "Messages nacked because the inbox could not store them", m.ingest_failures.clone());
-        registry.register("dedup_conflicts", "Different payloads arriving under a known dedup key", m.dedup_conflicts.clone());
+        registry.register(
+            "ingest_failures",
+            "Messages nacked because the inbox could not store them",
+            m.ingest_failures.clone(),
+        );
+        registry.register(
+            "dedup_conflicts",
+            "Different payloads arriving under a known dedup key",
+            m.dedup_conflicts.clone(),
+        );
         registry.register("delivery_attempts", "Delivery attempts by disposition", m.attempts.clone());
         registry.register("parked", "Entries parked by the relay", m.parked.clone());
         registry.register("plugin_faults", "Plugin calls that trapped or broke a limit", m.plugin_faults.clone());
         registry.register("lease_lost", "Attempt outcomes discarded because the lease was lost", m.lease_lost.clone());
         registry.register("delivery_duration_seconds", "Target response time", m.delivery_seconds.clone());
         registry.register("inbox_entries", "Unresolved inbox entries by status", m.entries.clone());
-        registry.register("inbox_oldest_open_age_seconds", "Age of the oldest open entry", m.oldest_open_age_seconds.clone());
+        registry.register(
+            "inbox_oldest_open_age_seconds",
+            "Age of the oldest open entry",
+            m.oldest_open_age_seconds.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -113,6 +125,7 @@ impl Metrics {
 /// Installs the log subscriber: `RUST_LOG` filters (default `info`), `INLET_LOG=json`
 /// is not offered yet; logs go to stderr.
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }

@@ -143,10 +143,8 @@ async fn insert_is_idempotent_and_conflicts_are_kept(store: Arc<dyn Store>) {
     assert_eq!((stored.received_at, stored.next_attempt_at, stored.attempts), (T0, T0, 0));
 
     // A batch commits together and reports each message.
-    let batch = store
-        .insert_batch(&[entry("r", "k2", "evt-2", "x"), entry("r", "k", "evt-1", "payload")], T0)
-        .await
-        .unwrap();
+    let batch =
+        store.insert_batch(&[entry("r", "k2", "evt-2", "x"), entry("r", "k", "evt-1", "payload")], T0).await.unwrap();
     assert!(matches!(batch[0], InsertOutcome::Inserted { .. }));
     assert_eq!(batch[1], InsertOutcome::Duplicate { id });
 }
@@ -240,7 +238,10 @@ async fn expired_lease_is_taken_over_and_the_old_owner_is_fenced(store: Arc<dyn 
     let old = store.claim(&req("r", "slow", T0, 10)).await.unwrap().remove(0);
     store.release_expired("r", T0 + LEASE).await.unwrap();
     let new = store.claim(&req("r", "fast", T0 + LEASE, 10)).await.unwrap().remove(0);
-    assert!(matches!(store.settle(b1, &old.lease, T0 + LEASE, &Settlement::Done).await, Err(StoreError::LeaseLost { .. })));
+    assert!(matches!(
+        store.settle(b1, &old.lease, T0 + LEASE, &Settlement::Done).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
     assert_eq!(store.get(b1).await.unwrap().unwrap().status, Status::InProgress);
     store.settle(b1, &new.lease, T0 + LEASE, &Settlement::Done).await.unwrap();
 }
@@ -272,7 +273,12 @@ async fn entry_parked_before_decoding_is_decoded_on_requeue(store: Arc<dyn Store
 
     assert!(store.requeue(id, T0).await.unwrap());
     let c = store.claim(&req("r", "w", T0, 10)).await.unwrap().remove(0);
-    let decoded = Decoded { event_type: "t".into(), correlation_key: "k".into(), schema_version: Some("2".into()), body: b"{}".to_vec() };
+    let decoded = Decoded {
+        event_type: "t".into(),
+        correlation_key: "k".into(),
+        schema_version: Some("2".into()),
+        body: b"{}".to_vec(),
+    };
     store.settle(id, &c.lease, T0 + 1, &Settlement::Decoded(decoded.clone())).await.unwrap();
     let e = store.get(id).await.unwrap().unwrap();
     assert_eq!((e.status, e.attempts, e.decoded()), (Status::Open, 0, Some(decoded)));
@@ -282,12 +288,20 @@ async fn entry_parked_before_decoding_is_decoded_on_requeue(store: Arc<dyn Store
 async fn purge_removes_finished_entries_but_never_parked_ones(store: Arc<dyn Store>) {
     let done = insert(&store, entry("r", "a", "1", "a1")).await;
     let parked = insert(&store, entry("r", "b", "2", "b1")).await;
-    let ignored = insert(&store, NewEntry { status: Status::Ignored, last_error: Some("not ours".into()), ..entry("r", "c", "3", "c1") }).await;
+    let ignored = insert(
+        &store,
+        NewEntry { status: Status::Ignored, last_error: Some("not ours".into()), ..entry("r", "c", "3", "c1") },
+    )
+    .await;
     for c in store.claim(&req("r", "w", T0, 10)).await.unwrap() {
         let s = if c.entry.id == done { Settlement::Done } else { Settlement::Parked { error: "p".into() } };
         store.settle(c.entry.id, &c.lease, T0 + 10, &s).await.unwrap();
     }
-    assert_eq!(store.purge_finished(T0 + 10, 100).await.unwrap(), 1, "only what finished before the cut-off… the ignored one");
+    assert_eq!(
+        store.purge_finished(T0 + 10, 100).await.unwrap(),
+        1,
+        "only what finished before the cut-off… the ignored one"
+    );
     assert!(store.get(ignored).await.unwrap().is_none());
     assert_eq!(store.purge_finished(T0 + 1_000_000, 100).await.unwrap(), 1);
     assert!(store.get(done).await.unwrap().is_none());

@@ -16,9 +16,7 @@ const WAIT: Duration = Duration::from_secs(10);
 // ----- TestPg ---------------------------------------------------------------------------
 
 async fn database_exists(name: &str) -> bool {
-    let mut admin = sqlx::PgConnection::connect(&common::pg_admin_url())
-        .await
-        .expect("admin connection");
+    let mut admin = sqlx::PgConnection::connect(&common::pg_admin_url()).await.expect("admin connection");
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_database WHERE datname = $1")
         .bind(name)
         .fetch_one(&mut admin)
@@ -32,57 +30,31 @@ async fn test_pg_creates_a_fresh_database_and_drops_it() {
     let a = TestPg::new().await;
     let b = TestPg::new().await;
     assert_ne!(a.name(), b.name(), "every TestPg is its own database");
-    assert!(
-        a.name()
-            .starts_with(&format!("inlet_t_{}_", std::process::id())),
-        "{}",
-        a.name()
-    );
+    assert!(a.name().starts_with(&format!("inlet_t_{}_", std::process::id())), "{}", a.name());
     assert!(a.url.ends_with(&format!("/{}", a.name())), "{}", a.url);
 
     let mut conn = a.connect().await;
-    let current: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
+    let current: String = sqlx::query_scalar("SELECT current_database()").fetch_one(&mut conn).await.unwrap();
     assert_eq!(current, a.name());
-    sqlx::query("CREATE TABLE t (id BIGINT PRIMARY KEY, v TEXT NOT NULL)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO t VALUES ($1, $2)")
-        .bind(1_i64)
-        .bind("x")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let v: String = sqlx::query_scalar("SELECT v FROM t WHERE id = 1")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
+    sqlx::query("CREATE TABLE t (id BIGINT PRIMARY KEY, v TEXT NOT NULL)").execute(&mut conn).await.unwrap();
+    sqlx::query("INSERT INTO t VALUES ($1, $2)").bind(1_i64).bind("x").execute(&mut conn).await.unwrap();
+    let v: String = sqlx::query_scalar("SELECT v FROM t WHERE id = 1").fetch_one(&mut conn).await.unwrap();
     assert_eq!(v, "x");
 
     // The other database is untouched by what happened in the first.
     let mut other = b.connect().await;
-    let tables: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
-            .fetch_one(&mut other)
-            .await
-            .unwrap();
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
     assert_eq!(tables, 0);
 
     // Dropping works even with a connection still open (WITH (FORCE)).
     let name = a.name().to_owned();
     assert!(database_exists(&name).await);
     drop(a);
-    assert!(
-        !database_exists(&name).await,
-        "database {name} should be gone after drop"
-    );
-    assert!(
-        conn.ping().await.is_err(),
-        "the open connection was terminated by the forced drop"
-    );
+    assert!(!database_exists(&name).await, "database {name} should be gone after drop");
+    assert!(conn.ping().await.is_err(), "the open connection was terminated by the forced drop");
     drop(other);
     drop(b);
 }
@@ -90,15 +62,8 @@ async fn test_pg_creates_a_fresh_database_and_drops_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_pg_works_with_a_pool_from_a_multi_threaded_runtime() {
     let pg = TestPg::new().await;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&pg.url)
-        .await
-        .unwrap();
-    let one: i32 = sqlx::query_scalar("SELECT 1")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&pg.url).await.unwrap();
+    let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&pool).await.unwrap();
     assert_eq!(one, 1);
     // Drop with the pool still open: the forced drop ends its connections.
     let name = pg.name().to_owned();
@@ -126,9 +91,7 @@ fn plugin_path_panics_for_a_missing_plugin() {
 fn push_envelope_has_the_google_shape() {
     let env = common::push_envelope(b"{\"a\":1}", &[("eventType", "done"), ("v", "2")], "m-1");
     let msg = &env["message"];
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(msg["data"].as_str().unwrap())
-        .unwrap();
+    let data = base64::engine::general_purpose::STANDARD.decode(msg["data"].as_str().unwrap()).unwrap();
     assert_eq!(data, b"{\"a\":1}");
     assert_eq!(msg["attributes"]["eventType"], "done");
     assert_eq!(msg["attributes"]["v"], "2");
@@ -136,10 +99,7 @@ fn push_envelope_has_the_google_shape() {
     assert_eq!(msg["message_id"], "m-1");
     let t = msg["publishTime"].as_str().unwrap();
     assert_eq!(msg["publish_time"], t);
-    assert!(
-        t.len() == 24 && t.ends_with('Z') && t.as_bytes()[10] == b'T',
-        "{t}"
-    );
+    assert!(t.len() == 24 && t.ends_with('Z') && t.as_bytes()[10] == b'T', "{t}");
     assert!(t[..4].parse::<i32>().unwrap() >= 2024, "{t}");
     assert_eq!(env["subscription"], "projects/test/subscriptions/test");
 }
@@ -168,10 +128,7 @@ async fn wait_until_returns_once_the_condition_holds() {
 #[tokio::test]
 #[should_panic(expected = "waiting for the impossible")]
 async fn wait_until_panics_naming_what_on_timeout() {
-    common::wait_until("the impossible", Duration::from_millis(100), || async {
-        false
-    })
-    .await;
+    common::wait_until("the impossible", Duration::from_millis(100), || async { false }).await;
 }
 
 // ----- FakeCamunda ----------------------------------------------------------------------
@@ -188,13 +145,7 @@ fn correlate_body(key: &str, completed_items: i64) -> String {
     .to_string()
 }
 
-async fn post(
-    client: &reqwest::Client,
-    fake: &FakeCamunda,
-    key: &str,
-    seq: i64,
-    idem: &str,
-) -> (u16, String) {
+async fn post(client: &reqwest::Client, fake: &FakeCamunda, key: &str, seq: i64, idem: &str) -> (u16, String) {
     let resp = client
         .post(format!("{}/engine-rest/message", fake.url()))
         .header("content-type", "application/json")
@@ -218,10 +169,7 @@ async fn fake_camunda_records_requests_and_replies_as_scripted() {
     })
     .await;
     assert!(fake.url().starts_with("http://127.0.0.1:"));
-    assert_eq!(
-        fake.message_url(),
-        format!("{}/engine-rest/message", fake.url())
-    );
+    assert_eq!(fake.message_url(), format!("{}/engine-rest/message", fake.url()));
     let client = reqwest::Client::new();
 
     let (s, body) = post(&client, &fake, "4711", 1, "idem-1").await;
@@ -257,49 +205,21 @@ async fn fake_camunda_records_requests_and_replies_as_scripted() {
 
     assert_eq!(fake.count(), 5);
     let all = fake.deliveries();
-    assert_eq!(
-        all.iter().map(|d| d.key.as_str()).collect::<Vec<_>>(),
-        ["4711", "4711", "4711", "4711", "42"]
-    );
-    assert_eq!(
-        all.iter().map(|d| d.status).collect::<Vec<_>>(),
-        [400, 400, 500, 204, 204]
-    );
+    assert_eq!(all.iter().map(|d| d.key.as_str()).collect::<Vec<_>>(), ["4711", "4711", "4711", "4711", "42"]);
+    assert_eq!(all.iter().map(|d| d.status).collect::<Vec<_>>(), [400, 400, 500, 204, 204]);
     assert!(all.windows(2).all(|w| w[0].at <= w[1].at), "arrival order");
     let k = fake.deliveries_for("4711");
-    assert_eq!(
-        k.iter().map(|d| d.attempt).collect::<Vec<_>>(),
-        [1, 2, 3, 4]
-    );
-    assert!(
-        k.iter()
-            .all(|d| d.seq == 1 && d.idempotency_key.as_deref() == Some("idem-1"))
-    );
+    assert_eq!(k.iter().map(|d| d.attempt).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert!(k.iter().all(|d| d.seq == 1 && d.idempotency_key.as_deref() == Some("idem-1")));
     assert_eq!(k[0].body["processVariables"]["note"]["value"], "hi");
-    assert_eq!(
-        k[0].headers.get("content-type").map(String::as_str),
-        Some("application/json")
-    );
+    assert_eq!(k[0].headers.get("content-type").map(String::as_str), Some("application/json"));
     let other = fake.deliveries_for("42");
-    assert_eq!(
-        (other[0].seq, other[0].idempotency_key.as_deref()),
-        (9, Some("idem-2"))
-    );
+    assert_eq!((other[0].seq, other[0].idempotency_key.as_deref()), (9, Some("idem-2")));
     assert_eq!(fake.correlated_seqs("4711"), [1]);
-    assert_eq!(
-        fake.max_in_flight_per_key(),
-        1,
-        "sequential requests never overlap"
-    );
+    assert_eq!(fake.max_in_flight_per_key(), 1, "sequential requests never overlap");
 
     // The behaviour can be replaced; attempt counters carry on.
-    fake.set_behaviour(|_, attempt| {
-        if attempt == 2 {
-            Reply::Status(503)
-        } else {
-            Reply::Ok
-        }
-    });
+    fake.set_behaviour(|_, attempt| if attempt == 2 { Reply::Status(503) } else { Reply::Ok });
     let (s, _) = post(&client, &fake, "42", 10, "idem-3").await;
     assert_eq!(s, 503);
     assert_eq!(fake.deliveries_for("42")[1].attempt, 2);
@@ -309,20 +229,10 @@ async fn fake_camunda_records_requests_and_replies_as_scripted() {
 async fn fake_camunda_rejects_non_json_and_missing_message_name() {
     let fake = FakeCamunda::start().await;
     let client = reqwest::Client::new();
-    let resp = client
-        .post(fake.message_url())
-        .body(correlate_body("1", 1))
-        .send()
-        .await
-        .unwrap();
+    let resp = client.post(fake.message_url()).body(correlate_body("1", 1)).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 415);
-    let resp = client
-        .post(fake.message_url())
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let resp =
+        client.post(fake.message_url()).header("content-type", "application/json").body("{}").send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 400);
     let statuses: Vec<u16> = fake.deliveries().iter().map(|d| d.status).collect();
     assert_eq!(statuses, [415, 400]);
@@ -331,25 +241,17 @@ async fn fake_camunda_rejects_non_json_and_missing_message_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fake_camunda_detects_two_requests_for_one_key_in_flight() {
-    let fake = FakeCamunda::start()
-        .await
-        .with_delay(Duration::from_millis(300));
+    let fake = FakeCamunda::start().await.with_delay(Duration::from_millis(300));
     let client = reqwest::Client::new();
 
     // Different keys at once: parallel across keys is allowed and not an overlap.
-    let (a, b) = tokio::join!(
-        post(&client, &fake, "A", 1, "a1"),
-        post(&client, &fake, "B", 1, "b1")
-    );
+    let (a, b) = tokio::join!(post(&client, &fake, "A", 1, "a1"), post(&client, &fake, "B", 1, "b1"));
     assert_eq!((a.0, b.0), (204, 204));
     assert_eq!(fake.max_in_flight_per_key(), 1);
     assert!(fake.overlaps().is_empty());
 
     // The same key twice at once: a violation of per-key order, and it is seen.
-    let (a, b) = tokio::join!(
-        post(&client, &fake, "A", 2, "a2"),
-        post(&client, &fake, "A", 3, "a3")
-    );
+    let (a, b) = tokio::join!(post(&client, &fake, "A", 2, "a2"), post(&client, &fake, "A", 3, "a3"));
     assert_eq!((a.0, b.0), (204, 204));
     assert_eq!(fake.max_in_flight_per_key(), 2);
     assert_eq!(fake.overlaps(), ["A"]);
@@ -360,9 +262,7 @@ async fn fake_camunda_detects_two_requests_for_one_key_in_flight() {
 async fn fake_camunda_stops_when_dropped() {
     let fake = FakeCamunda::start().await;
     let addr = fake.url().trim_start_matches("http://").to_owned();
-    tokio::net::TcpStream::connect(&addr)
-        .await
-        .expect("server is up");
+    tokio::net::TcpStream::connect(&addr).await.expect("server is up");
     drop(fake);
     common::wait_until("the fake camunda port to close", WAIT, || {
         let addr = addr.clone();

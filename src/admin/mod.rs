@@ -52,7 +52,13 @@ pub async fn list(State(s): State<Arc<Shared>>, Query(q): Query<ListQuery>) -> R
         Ok(s) => s,
         Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({ "error": e }))).into_response(),
     };
-    let filter = ListFilter { route: q.route, status, correlation_key: q.key, after_id: q.after, limit: q.limit.unwrap_or(100).min(1000) };
+    let filter = ListFilter {
+        route: q.route,
+        status,
+        correlation_key: q.key,
+        after_id: q.after,
+        limit: q.limit.unwrap_or(100).min(1000),
+    };
     match s.store.list(&filter).await {
         Ok(entries) => Json(json!({ "entries": entries.iter().map(entry_view).collect::<Vec<_>>() })).into_response(),
         Err(e) => store_error(e),
@@ -78,7 +84,10 @@ pub async fn requeue(State(s): State<Arc<Shared>>, Path(id): Path<i64>) -> Respo
             tracing::info!(id, "entry requeued through the admin API");
             Json(json!({ "requeued": id })).into_response()
         }
-        Ok(false) => (StatusCode::CONFLICT, Json(json!({ "error": format!("entry {id} is missing or not PARKED/OPEN") }))).into_response(),
+        Ok(false) => {
+            (StatusCode::CONFLICT, Json(json!({ "error": format!("entry {id} is missing or not PARKED/OPEN") })))
+                .into_response()
+        }
         Err(e) => store_error(e),
     }
 }
@@ -91,13 +100,15 @@ pub struct ParkBody {
 pub async fn park(State(s): State<Arc<Shared>>, Path(id): Path<i64>, Json(b): Json<ParkBody>) -> Response {
     match s.store.park(id, &format!("parked by hand: {}", b.reason), s.clock.now()).await {
         Ok(true) => Json(json!({ "parked": id })).into_response(),
-        Ok(false) => (StatusCode::CONFLICT, Json(json!({ "error": format!("entry {id} is missing or not OPEN") }))).into_response(),
+        Ok(false) => (StatusCode::CONFLICT, Json(json!({ "error": format!("entry {id} is missing or not OPEN") })))
+            .into_response(),
         Err(e) => store_error(e),
     }
 }
 
 pub async fn metrics(State(s): State<Arc<Shared>>) -> Response {
-    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render()).into_response()
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render())
+        .into_response()
 }
 
 pub async fn healthz() -> &'static str {

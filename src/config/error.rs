@@ -43,7 +43,13 @@ impl ConfigError {
         ConfigError { file: file.to_path_buf(), line: 0, column: 0, field: String::new(), kind }
     }
 
-    pub(super) fn at(file: &Path, text: &str, span: Range<usize>, field: impl Into<String>, kind: ConfigErrorKind) -> Self {
+    pub(super) fn at(
+        file: &Path,
+        text: &str,
+        span: Range<usize>,
+        field: impl Into<String>,
+        kind: ConfigErrorKind,
+    ) -> Self {
         let (line, column) = line_col(text, span.start);
         ConfigError { file: file.to_path_buf(), line, column, field: field.into(), kind }
     }

@@ -31,9 +31,8 @@ pub struct Config {
 impl Config {
     /// Reads and validates a routing file.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigErrors::single(ConfigError::whole_file(path, ConfigErrorKind::Read(e.to_string())))
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigErrors::single(ConfigError::whole_file(path, ConfigErrorKind::Read(e.to_string()))))?;
         Self::from_str(path, &text, &|name| std::env::var(name).ok())
     }
 

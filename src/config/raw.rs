@@ -14,23 +14,49 @@ use super::{Ordering, ParkedPolicy, RouteName};
 pub(super) fn parse(path: &Path, text: &str) -> Result<RawConfig, ConfigErrors> {
     toml::from_str::<RawConfig>(text).map_err(|e| {
         let span = e.span().unwrap_or(0..0);
-        // The error names the key path only when rendered without the input.
-        let mut bare = e.clone();
-        bare.set_input(None);
-        let rendered = bare.to_string();
-        let field = rendered
-            .lines()
-            .find_map(|l| l.strip_prefix("in `").and_then(|l| l.strip_suffix('`')))
-            .unwrap_or("")
-            .to_string();
-        ConfigErrors::single(ConfigError::at(
-            path,
-            text,
-            span,
-            field,
-            ConfigErrorKind::Parse(e.message().trim_end().to_string()),
-        ))
+        let message = e.message().trim_end().to_string();
+        let field = error_field(&e, text, span.start, &message);
+        ConfigErrors::single(ConfigError::at(path, text, span, field, ConfigErrorKind::Parse(message)))
     })
+}
+
+/// The dotted path of what a serde error points at, e.g. `route[1].target.timeout`.
+///
+/// toml names the key path (`route.target.timeout`) but not the index in an array
+/// of tables, so the route is found from the error's position instead. An unknown
+/// field is reported at the unknown key itself, so its name ends the path.
+fn error_field(e: &toml::de::Error, text: &str, offset: usize, message: &str) -> String {
+    // The error names the key path only when rendered without the input.
+    let mut bare = e.clone();
+    bare.set_input(None);
+    let rendered = bare.to_string();
+    let mut keys: Vec<String> = rendered
+        .lines()
+        .find_map(|l| l.strip_prefix("in `").and_then(|l| l.strip_suffix('`')))
+        .map(|p| p.split('.').map(str::to_string).collect())
+        .unwrap_or_default();
+    if let Some(unknown) = message.strip_prefix("unknown field `").and_then(|m| m.split('`').next()) {
+        keys.push(unknown.to_string());
+    }
+    if keys.first().is_some_and(|k| k == "route")
+        && let Some(i) = route_index(text, offset)
+    {
+        keys[0] = format!("route[{i}]");
+    }
+    keys.join(".")
+}
+
+/// Index of the `[[route]]` entry containing byte `offset`: the last one that starts
+/// at or before it. `None` when `route` is not an array of tables.
+fn route_index(text: &str, offset: usize) -> Option<usize> {
+    #[derive(Deserialize)]
+    struct Routes {
+        #[serde(default)]
+        route: Vec<Spanned<serde::de::IgnoredAny>>,
+    }
+    // A `[[route]]` entry's span covers its header; an inline table's, the whole table.
+    let routes = toml::from_str::<Routes>(text).ok()?;
+    routes.route.iter().rposition(|r| r.span().start <= offset)
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,7 +141,7 @@ pub(super) struct RawTarget {
     /// http: time allowed for one request (default `10s`).
     pub timeout: Option<Spanned<HumanDuration>>,
     /// http: headers added to every request, e.g. `{ authorization = "Bearer ${TOKEN}" }`.
-    pub headers: Option<BTreeMap<String, Spanned<String>>>,
+    pub headers: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]

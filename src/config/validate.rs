@@ -153,7 +153,11 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         if path.is_file() {
             Some(path)
         } else {
-            c.error(r.plugin.span(), at("plugin"), ConfigErrorKind::MissingPluginFile { path: path.display().to_string() })
+            c.error(
+                r.plugin.span(),
+                at("plugin"),
+                ConfigErrorKind::MissingPluginFile { path: path.display().to_string() },
+            )
         }
     });
 
@@ -164,11 +168,17 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
     let t = r.target.get_ref();
     let target = match t.kind.get_ref() {
         TargetKind::Log => {
-            for (field, present) in [("url", t.url.is_some()), ("timeout", t.timeout.is_some()), ("headers", t.headers.is_some())] {
-                if present {
+            // Reported at the stray field itself, which names it in the path too.
+            let stray = [
+                ("url", t.url.as_ref().map(|u| u.span())),
+                ("timeout", t.timeout.as_ref().map(|d| d.span())),
+                ("headers", t.headers.as_ref().map(|h| h.span())),
+            ];
+            for (field, span) in stray {
+                if let Some(span) = span {
                     c.error::<()>(
-                        r.target.span(),
-                        at("target"),
+                        span,
+                        at(&format!("target.{field}")),
                         ConfigErrorKind::FieldNotAllowed { field: field.into(), kind: "a log target" },
                     );
                 }
@@ -177,24 +187,36 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         }
         TargetKind::Http => {
             let url = match &t.url {
-                None => c.error(r.target.span(), at("target"), ConfigErrorKind::MissingField { field: "url", kind: "an http target" }),
+                None => c.error(
+                    r.target.span(),
+                    at("target"),
+                    ConfigErrorKind::MissingField { field: "url", kind: "an http target" },
+                ),
                 Some(u) => c.expand(u, &at("target.url")).and_then(|url| {
                     if url.starts_with("http://") || url.starts_with("https://") {
                         Some(url.trim_end_matches('/').to_string())
                     } else {
-                        c.error(u.span(), at("target.url"), ConfigErrorKind::Invalid(format!("`{url}` is not an http:// or https:// URL")))
+                        c.error(
+                            u.span(),
+                            at("target.url"),
+                            ConfigErrorKind::Invalid(format!("`{url}` is not an http:// or https:// URL")),
+                        )
                     }
                 }),
             };
             let mut headers = BTreeMap::new();
-            for (k, v) in t.headers.iter().flatten() {
+            for (k, v) in t.headers.iter().flat_map(|h| h.get_ref()) {
                 if let Some(v) = c.expand(v, &at(&format!("target.headers.{k}"))) {
                     headers.insert(k.to_ascii_lowercase(), v);
                 }
             }
             let timeout = dur(&t.timeout).unwrap_or(Duration::from_secs(10));
             if timeout.is_zero() {
-                c.error::<()>(t.timeout.as_ref().unwrap().span(), at("target.timeout"), ConfigErrorKind::Invalid("must be more than zero".into()));
+                c.error::<()>(
+                    t.timeout.as_ref().unwrap().span(),
+                    at("target.timeout"),
+                    ConfigErrorKind::Invalid("must be more than zero".into()),
+                );
             }
             url.map(|url| TargetConfig::Http(HttpTarget { url, timeout, headers }))
         }
@@ -202,13 +224,22 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
 
     let concurrency = r.concurrency.as_ref().map_or(8, |c| *c.get_ref());
     if concurrency == 0 {
-        c.error::<()>(r.concurrency.as_ref().unwrap().span(), at("concurrency"), ConfigErrorKind::Invalid("must be at least 1".into()));
+        c.error::<()>(
+            r.concurrency.as_ref().unwrap().span(),
+            at("concurrency"),
+            ConfigErrorKind::Invalid("must be at least 1".into()),
+        );
     }
 
-    let timeout = target.as_ref().map_or(Duration::from_secs(10), TargetConfig::timeout);
+    // From the raw target, so a target with another mistake (say, no url) still
+    // gets its lease checked against the timeout the user wrote.
+    let timeout = match t.kind.get_ref() {
+        TargetKind::Http => dur(&t.timeout).unwrap_or(Duration::from_secs(10)),
+        TargetKind::Log => TargetConfig::Log.timeout(),
+    };
     let lease = dur(&r.lease).unwrap_or(timeout * 3 + Duration::from_secs(5));
     if let Some(l) = &r.lease
-        && l.get_ref().0 <= timeout + Duration::from_secs(1)
+        && l.get_ref().0 < timeout + Duration::from_secs(1)
     {
         c.error::<()>(
             l.span(),
@@ -228,24 +259,55 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         if let Some(m) = &rr.multiplier {
             retry.multiplier = *m.get_ref();
             if !(retry.multiplier >= 1.0 && retry.multiplier <= 100.0) {
-                c.error::<()>(m.span(), at("retry.multiplier"), ConfigErrorKind::Invalid("must be between 1.0 and 100.0".into()));
+                c.error::<()>(
+                    m.span(),
+                    at("retry.multiplier"),
+                    ConfigErrorKind::Invalid("must be between 1.0 and 100.0".into()),
+                );
             }
         }
         if let Some(j) = &rr.jitter {
             retry.jitter = *j.get_ref();
             if !(0.0..=1.0).contains(&retry.jitter) {
-                c.error::<()>(j.span(), at("retry.jitter"), ConfigErrorKind::Invalid("must be between 0.0 and 1.0".into()));
+                c.error::<()>(
+                    j.span(),
+                    at("retry.jitter"),
+                    ConfigErrorKind::Invalid("must be between 0.0 and 1.0".into()),
+                );
             }
         }
         if let Some(m) = &rr.max_attempts {
             retry.max_attempts = *m.get_ref();
             if retry.max_attempts == 0 {
-                c.error::<()>(m.span(), at("retry.max_attempts"), ConfigErrorKind::Invalid("must be at least 1".into()));
+                c.error::<()>(
+                    m.span(),
+                    at("retry.max_attempts"),
+                    ConfigErrorKind::Invalid("must be at least 1".into()),
+                );
             }
         }
         if retry.max < retry.initial {
-            let span = rr.max.as_ref().map(|m| m.span()).unwrap_or_default();
-            c.error::<()>(span, at("retry.max"), ConfigErrorKind::Invalid("must not be smaller than retry.initial".into()));
+            // Point at whichever of the two the user wrote: `max` if given, else `initial`
+            // (it then exceeds the default `max`).
+            match (&rr.max, &rr.initial) {
+                (Some(m), _) => c.error::<()>(
+                    m.span(),
+                    at("retry.max"),
+                    ConfigErrorKind::Invalid(format!(
+                        "must not be smaller than retry.initial ({})",
+                        humantime::format_duration(retry.initial)
+                    )),
+                ),
+                (None, Some(i)) => c.error::<()>(
+                    i.span(),
+                    at("retry.initial"),
+                    ConfigErrorKind::Invalid(format!(
+                        "must not be larger than retry.max (default {})",
+                        humantime::format_duration(retry.max)
+                    )),
+                ),
+                (None, None) => None,
+            };
         }
     }
 
@@ -261,7 +323,11 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         if let Some(m) = &l.memory_mib {
             let mib = *m.get_ref();
             if !(1..=4096).contains(&mib) {
-                c.error::<()>(m.span(), at("limits.memory_mib"), ConfigErrorKind::Invalid("must be between 1 and 4096".into()));
+                c.error::<()>(
+                    m.span(),
+                    at("limits.memory_mib"),
+                    ConfigErrorKind::Invalid("must be between 1 and 4096".into()),
+                );
             }
             limits.memory_bytes = (mib as usize) << 20;
         }

@@ -205,10 +205,17 @@ pub struct ClaimRequest<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Settlement {
     Done,
-    Ignored { reason: String },
+    Ignored {
+        reason: String,
+    },
     /// Back to OPEN until `at`; `error` is kept as the last error.
-    Retry { at: Millis, error: String },
-    Parked { error: String },
+    Retry {
+        at: Millis,
+        error: String,
+    },
+    Parked {
+        error: String,
+    },
     /// A requeued entry that had never been decoded was decoded now: store the event
     /// and make it OPEN again, so ordering applies before it is delivered.
     Decoded(Decoded),

@@ -39,11 +39,17 @@ impl PgStore {
         sqlx::query("CREATE TABLE IF NOT EXISTS inlet_schema (version BIGINT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
             .execute(&mut *tx)
             .await?;
-        let current: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0)::BIGINT FROM inlet_schema").fetch_one(&mut *tx).await?;
+        let current: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0)::BIGINT FROM inlet_schema")
+            .fetch_one(&mut *tx)
+            .await?;
         for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
             let fail = |error| StoreError::Migration { version: *version, error };
             sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
-            sqlx::query("INSERT INTO inlet_schema (version) VALUES ($1)").bind(version).execute(&mut *tx).await.map_err(fail)?;
+            sqlx::query("INSERT INTO inlet_schema (version) VALUES ($1)")
+                .bind(version)
+                .execute(&mut *tx)
+                .await
+                .map_err(fail)?;
         }
         tx.commit().await?;
         Ok(())

@@ -7,7 +7,10 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
 
 use super::StoreError;
 use super::sqlstore::store_impl;
@@ -44,10 +47,13 @@ impl SqliteStore {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS inlet_schema (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")
-            .execute(&mut *tx)
-            .await?;
-        let current: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM inlet_schema").fetch_one(&mut *tx).await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS inlet_schema (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let current: i64 =
+            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM inlet_schema").fetch_one(&mut *tx).await?;
         for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
             let fail = |error| StoreError::Migration { version: *version, error };
             sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;

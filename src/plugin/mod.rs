@@ -176,7 +176,8 @@ impl Plugin {
             .map_err(|e| PluginLoadError::Compile { path: path.to_path_buf(), reason: format!("{e:#}") })?;
         let mut linker = Linker::<HostState>::new(engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).expect("WASI links into a fresh linker");
-        let contract = |e: wasmtime::Error| PluginLoadError::Contract { path: path.to_path_buf(), reason: format!("{e:#}") };
+        let contract =
+            |e: wasmtime::Error| PluginLoadError::Contract { path: path.to_path_buf(), reason: format!("{e:#}") };
         let instance_pre = linker.instantiate_pre(&component).map_err(contract)?;
         let pre = RouterPre::new(instance_pre).map_err(contract)?;
         Ok(Arc::new(Plugin { path: path.to_path_buf(), pre, limits, warm: Mutex::new(Vec::new()) }))
@@ -215,12 +216,16 @@ impl Plugin {
             return PluginFault::Timeout(self.limits.call_timeout);
         }
         let stderr = String::from_utf8_lossy(&stderr.contents()).into_owned();
-        PluginFault::Trap { message: format!("{e:#}"), stderr }
+        // The root cause is the trap itself; the context above it is a wasm backtrace.
+        PluginFault::Trap { message: e.root_cause().to_string(), stderr }
     }
 
     /// Runs `f` on a warm instance under the call limits. Blocking: call it from a
     /// blocking thread.
-    fn call_blocking<R>(&self, f: impl FnOnce(&Router, &mut Store<HostState>) -> wasmtime::Result<R>) -> Result<R, PluginFault> {
+    fn call_blocking<R>(
+        &self,
+        f: impl FnOnce(&Router, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PluginFault> {
         let taken = self.warm.lock().expect("plugin pool lock").pop();
         let mut warm = match taken {
             Some(w) => w,
@@ -251,13 +256,18 @@ impl Plugin {
         let this = Arc::clone(self);
         match tokio::task::spawn_blocking(move || this.call_blocking(f)).await {
             Ok(r) => r,
-            Err(join) => Err(PluginFault::Trap { message: format!("plugin call thread failed: {join}"), stderr: String::new() }),
+            Err(join) => {
+                Err(PluginFault::Trap { message: format!("plugin call thread failed: {join}"), stderr: String::new() })
+            }
         }
     }
 
     /// `decode`: the plugin's reading of a broker message. The outer error is the
     /// plugin's fault; the inner one its verdict that the message is malformed.
-    pub async fn decode(self: &Arc<Self>, msg: wit::Message) -> Result<Result<wit::Decoded, wit::DecodeError>, PluginFault> {
+    pub async fn decode(
+        self: &Arc<Self>,
+        msg: wit::Message,
+    ) -> Result<Result<wit::Decoded, wit::DecodeError>, PluginFault> {
         let out = self.call(move |r, s| r.call_decode(s, &msg)).await?;
         if let Ok(wit::Decoded::Event(ev)) = &out {
             check_size(ev.body.len())?;
@@ -268,12 +278,18 @@ impl Plugin {
     pub async fn render(self: &Arc<Self>, ev: wit::Event) -> Result<Result<wit::Request, String>, PluginFault> {
         let out = self.call(move |r, s| r.call_render(s, &ev)).await?;
         if let Ok(req) = &out {
-            check_size(req.body.len() + req.path.len() + req.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>())?;
+            check_size(
+                req.body.len() + req.path.len() + req.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>(),
+            )?;
         }
         Ok(out)
     }
 
-    pub async fn classify(self: &Arc<Self>, ev: wit::Event, outcome: wit::Outcome) -> Result<wit::Disposition, PluginFault> {
+    pub async fn classify(
+        self: &Arc<Self>,
+        ev: wit::Event,
+        outcome: wit::Outcome,
+    ) -> Result<wit::Disposition, PluginFault> {
         self.call(move |r, s| r.call_classify(s, &ev, &outcome)).await
     }
 }

@@ -131,7 +131,11 @@ impl Relay {
         match self.store.settle(id, &c.lease, self.clock.now(), &settlement).await {
             Ok(()) => tracing::debug!(route, id, ?settlement, "entry settled"),
             Err(StoreError::LeaseLost { .. }) => {
-                tracing::warn!(route, id, "lease lost before the attempt was settled; another worker owns the entry now");
+                tracing::warn!(
+                    route,
+                    id,
+                    "lease lost before the attempt was settled; another worker owns the entry now"
+                );
                 self.metrics.lease_lost.get_or_create(&Metrics::route(route)).inc();
             }
             Err(error) => {
@@ -152,7 +156,9 @@ impl Relay {
         };
         let request = match self.route.plugin.render(event.clone()).await {
             Ok(Ok(r)) => r,
-            Ok(Err(reason)) => return Disposition::Park { reason: format!("plugin could not render the request: {reason}") },
+            Ok(Err(reason)) => {
+                return Disposition::Park { reason: format!("plugin could not render the request: {reason}") };
+            }
             Err(fault) => {
                 self.metrics.plugin_faults.get_or_create(&fault_labels(route, "render", fault.kind())).inc();
                 return Disposition::Retry { error: format!("plugin fault during render: {fault}"), hint: None };
@@ -161,7 +167,10 @@ impl Relay {
         // The lease must outlive the request; if it cannot, do not send.
         let remaining = c.lease.expires_at - self.clock.now();
         if remaining < self.route.config.target.timeout().as_millis() as Millis {
-            return Disposition::Retry { error: "lease too short to deliver within the target timeout".into(), hint: Some(Duration::ZERO) };
+            return Disposition::Retry {
+                error: "lease too short to deliver within the target timeout".into(),
+                hint: Some(Duration::ZERO),
+            };
         }
         let started = Instant::now();
         let outcome = self.route.target.deliver(&request, &c.entry.dedup_key).await;
@@ -169,13 +178,18 @@ impl Relay {
         let described = crate::target::describe(&outcome);
         match self.route.plugin.classify(event, outcome).await {
             Ok(wit::Disposition::Done) => Disposition::Done,
-            Ok(wit::Disposition::Retry(hint)) => Disposition::Retry { error: described, hint: hint.map(Duration::from_millis) },
+            Ok(wit::Disposition::Retry(hint)) => {
+                Disposition::Retry { error: described, hint: hint.map(Duration::from_millis) }
+            }
             Ok(wit::Disposition::NotYet(reason)) => Disposition::NotYet { reason: format!("{reason} ({described})") },
             Ok(wit::Disposition::Park(reason)) => Disposition::Park { reason: format!("{reason} ({described})") },
             Ok(wit::Disposition::Ignore(reason)) => Disposition::Ignore { reason },
             Err(fault) => {
                 self.metrics.plugin_faults.get_or_create(&fault_labels(route, "classify", fault.kind())).inc();
-                Disposition::Retry { error: format!("plugin fault during classify: {fault} (after {described})"), hint: None }
+                Disposition::Retry {
+                    error: format!("plugin fault during classify: {fault} (after {described})"),
+                    hint: None,
+                }
             }
         }
     }
@@ -197,10 +211,15 @@ impl Relay {
                 schema_version: ev.schema_version,
                 body: ev.body,
             }),
-            Ok(Ok(wit::Decoded::Ignore(reason))) => Settlement::Ignored { reason: format!("ignored by the plugin: {reason}") },
+            Ok(Ok(wit::Decoded::Ignore(reason))) => {
+                Settlement::Ignored { reason: format!("ignored by the plugin: {reason}") }
+            }
             Ok(Err(e)) => Settlement::Parked { error: format!("decode failed: {}", e.message) },
             Err(fault) => {
-                self.metrics.plugin_faults.get_or_create(&fault_labels(self.route.name(), "decode", fault.kind())).inc();
+                self.metrics
+                    .plugin_faults
+                    .get_or_create(&fault_labels(self.route.name(), "decode", fault.kind()))
+                    .inc();
                 Settlement::Parked { error: format!("plugin fault during decode: {fault}") }
             }
         }

@@ -15,10 +15,19 @@ use crate::inbox::Settlement;
 pub enum Disposition {
     Done,
     /// A technical failure; `hint` is the plugin's suggested delay.
-    Retry { error: String, hint: Option<Duration> },
-    NotYet { reason: String },
-    Park { reason: String },
-    Ignore { reason: String },
+    Retry {
+        error: String,
+        hint: Option<Duration>,
+    },
+    NotYet {
+        reason: String,
+    },
+    Park {
+        reason: String,
+    },
+    Ignore {
+        reason: String,
+    },
 }
 
 impl Disposition {

@@ -71,11 +71,18 @@ impl PushEnvelope {
     }
 }
 
-pub async fn handle(State(shared): State<Arc<Shared>>, Path(route): Path<String>, body: Bytes) -> (StatusCode, Json<serde_json::Value>) {
+pub async fn handle(
+    State(shared): State<Arc<Shared>>,
+    Path(route): Path<String>,
+    body: Bytes,
+) -> (StatusCode, Json<serde_json::Value>) {
     let Some(route) = shared.routes.get(&route) else {
         return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no route named `{route}`") })));
     };
-    let incoming = match serde_json::from_slice::<PushEnvelope>(&body).map_err(|e| format!("body is not a push envelope: {e}")).and_then(PushEnvelope::into_incoming) {
+    let incoming = match serde_json::from_slice::<PushEnvelope>(&body)
+        .map_err(|e| format!("body is not a push envelope: {e}"))
+        .and_then(PushEnvelope::into_incoming)
+    {
         Ok(i) => i,
         Err(error) => {
             tracing::warn!(route = route.name(), %error, "rejected a push request");

@@ -67,9 +67,15 @@ impl HttpTarget {
     async fn deliver(&self, req: &wit::Request, idempotency_key: &str) -> wit::Outcome {
         let method = match reqwest::Method::from_bytes(req.method.as_bytes()) {
             Ok(m) => m,
-            Err(_) => return transport(wit::TransportErrorKind::Other, format!("plugin rendered an invalid method `{}`", req.method)),
+            Err(_) => {
+                return transport(
+                    wit::TransportErrorKind::Other,
+                    format!("plugin rendered an invalid method `{}`", req.method),
+                );
+            }
         };
-        let path = if req.path.starts_with('/') || req.path.is_empty() { req.path.clone() } else { format!("/{}", req.path) };
+        let path =
+            if req.path.starts_with('/') || req.path.is_empty() { req.path.clone() } else { format!("/{}", req.path) };
         let mut builder = self
             .client
             .request(method, format!("{}{}", self.base, path))
@@ -135,7 +141,11 @@ pub fn describe(outcome: &wit::Outcome) -> String {
     match outcome {
         wit::Outcome::Response(r) => {
             let body = String::from_utf8_lossy(&r.body[..r.body.len().min(300)]).into_owned();
-            if body.is_empty() { format!("target answered {}", r.status) } else { format!("target answered {}: {body}", r.status) }
+            if body.is_empty() {
+                format!("target answered {}", r.status)
+            } else {
+                format!("target answered {}: {body}", r.status)
+            }
         }
         wit::Outcome::TransportError(t) => {
             let kind = match t.kind {

@@ -83,9 +83,7 @@ impl TestPg {
         loop {
             match sqlx::raw_sql(&create).execute(&mut admin).await {
                 Ok(_) => break,
-                Err(sqlx::Error::Database(e))
-                    if e.code().as_deref() == Some("55006") && tries < 50 =>
-                {
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55006") && tries < 50 => {
                     tries += 1;
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -95,11 +93,7 @@ impl TestPg {
         let _ = admin.close().await;
 
         let url = url_with_database(admin_url, &name);
-        TestPg {
-            url,
-            name,
-            admin_url: admin_url.to_owned(),
-        }
+        TestPg { url, name, admin_url: admin_url.to_owned() }
     }
 
     /// The database's name.
@@ -118,10 +112,7 @@ impl TestPg {
 impl Drop for TestPg {
     fn drop(&mut self) {
         if std::env::var_os("INLET_TEST_KEEP_DB").is_some_and(|v| !v.is_empty() && v != "0") {
-            eprintln!(
-                "TestPg: keeping database {} (INLET_TEST_KEEP_DB is set)",
-                self.url
-            );
+            eprintln!("TestPg: keeping database {} (INLET_TEST_KEEP_DB is set)", self.url);
             return;
         }
         let admin_url = self.admin_url.clone();
@@ -129,17 +120,12 @@ impl Drop for TestPg {
         // Drop may run inside a tokio runtime (where block_on is forbidden) or outside
         // one: a thread with its own small runtime works in both cases.
         let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             rt.block_on(async move {
-                let mut admin = tokio::time::timeout(
-                    PG_CONNECT_TIMEOUT,
-                    sqlx::PgConnection::connect(&admin_url),
-                )
-                .await
-                .map_err(|_| std::io::Error::other("timed out connecting"))?
-                .map_err(std::io::Error::other)?;
+                let mut admin = tokio::time::timeout(PG_CONNECT_TIMEOUT, sqlx::PgConnection::connect(&admin_url))
+                    .await
+                    .map_err(|_| std::io::Error::other("timed out connecting"))?
+                    .map_err(std::io::Error::other)?;
                 sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
                     .execute(&mut admin)
                     .await
@@ -180,15 +166,14 @@ async fn sweep_stale_databases(admin: &mut sqlx::PgConnection) {
     if SWEPT.swap(true, Ordering::SeqCst) {
         return;
     }
-    let names: Vec<String> = match sqlx::query_scalar(
-        "SELECT datname FROM pg_database WHERE datname LIKE 'inlet\\_t\\_%'",
-    )
-    .fetch_all(&mut *admin)
-    .await
-    {
-        Ok(names) => names,
-        Err(_) => return,
-    };
+    let names: Vec<String> =
+        match sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'inlet\\_t\\_%'")
+            .fetch_all(&mut *admin)
+            .await
+        {
+            Ok(names) => names,
+            Err(_) => return,
+        };
     for name in names {
         let Some(pid) = name
             .strip_prefix(TEST_DB_PREFIX)
@@ -200,9 +185,7 @@ async fn sweep_stale_databases(admin: &mut sqlx::PgConnection) {
         if pid == std::process::id() || std::path::Path::new(&format!("/proc/{pid}")).exists() {
             continue;
         }
-        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\""))
-            .execute(&mut *admin)
-            .await;
+        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\"")).execute(&mut *admin).await;
     }
 }
 
@@ -213,10 +196,7 @@ fn url_with_database(url: &str, database: &str) -> String {
         None => (url, None),
     };
     let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let authority_end = base[scheme_end..]
-        .find('/')
-        .map(|i| scheme_end + i)
-        .unwrap_or(base.len());
+    let authority_end = base[scheme_end..].find('/').map(|i| scheme_end + i).unwrap_or(base.len());
     let mut out = format!("{}/{database}", &base[..authority_end]);
     if let Some(query) = query {
         out.push('?');
@@ -232,38 +212,23 @@ fn url_with_database(url: &str, database: &str) -> String {
 /// Path of a compiled guest plugin, `plugins/dist/<name>.wasm` (cargo's file name: the
 /// crate name with `_`, e.g. `work_order`). Panics if it has not been built.
 pub fn plugin_path(name: &str) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("plugins")
-        .join("dist")
-        .join(format!("{name}.wasm"));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("plugins").join("dist").join(format!("{name}.wasm"));
     if !path.is_file() {
-        panic!(
-            "plugin {name} not built: run scripts/build-plugins (looked for {})",
-            path.display()
-        );
+        panic!("plugin {name} not built: run scripts/build-plugins (looked for {})", path.display());
     }
     path
 }
 
 /// A TCP port that was free a moment ago on 127.0.0.1 (bind to :0, read, release).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind 127.0.0.1:0").port()
 }
 
 /// A Google Pub/Sub push envelope, as POSTed by a push subscription. Both the camelCase
 /// and the snake_case spellings of the message fields are present, as Google sends them.
-pub fn push_envelope(
-    data: &[u8],
-    attributes: &[(&str, &str)],
-    message_id: &str,
-) -> serde_json::Value {
-    let attributes: serde_json::Map<String, serde_json::Value> = attributes
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), serde_json::Value::String((*v).to_owned())))
-        .collect();
+pub fn push_envelope(data: &[u8], attributes: &[(&str, &str)], message_id: &str) -> serde_json::Value {
+    let attributes: serde_json::Map<String, serde_json::Value> =
+        attributes.iter().map(|(k, v)| ((*k).to_owned(), serde_json::Value::String((*v).to_owned()))).collect();
     let publish_time = rfc3339_now();
     serde_json::json!({
         "message": {
@@ -280,9 +245,7 @@ pub fn push_envelope(
 
 /// Current UTC time as RFC 3339 with milliseconds, e.g. `2025-01-31T12:34:56.789Z`.
 fn rfc3339_now() -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970");
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970");
     let secs = now.as_secs() as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
@@ -376,12 +339,7 @@ impl Reply {
     fn into_response(self, message_name: &str) -> Response {
         let json = |status: u16, body: serde_json::Value| {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            (
-                status,
-                [(header::CONTENT_TYPE, "application/json")],
-                body.to_string(),
-            )
-                .into_response()
+            (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
         };
         match self {
             Reply::Ok => StatusCode::NO_CONTENT.into_response(),
@@ -484,23 +442,14 @@ impl FakeCamunda {
             max_in_flight_per_key: 0,
             overlaps: Vec::new(),
         }));
-        let app = axum::Router::new()
-            .route("/engine-rest/message", axum::routing::post(correlate))
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind fake camunda");
+        let app =
+            axum::Router::new().route("/engine-rest/message", axum::routing::post(correlate)).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind fake camunda");
         let addr = listener.local_addr().expect("fake camunda address");
         let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .await
-                .expect("fake camunda server");
+            axum::serve(listener, app).await.expect("fake camunda server");
         });
-        FakeCamunda {
-            addr,
-            state,
-            server,
-        }
+        FakeCamunda { addr, state, server }
     }
 
     /// Delays every response by `delay` (after recording), to make overlaps likely.
@@ -539,12 +488,7 @@ impl FakeCamunda {
 
     /// The requests for one correlation key, in arrival order.
     pub fn deliveries_for(&self, key: &str) -> Vec<Delivery> {
-        self.lock()
-            .deliveries
-            .iter()
-            .filter(|d| d.key == key)
-            .cloned()
-            .collect()
+        self.lock().deliveries.iter().filter(|d| d.key == key).cloned().collect()
     }
 
     /// Number of requests so far.
@@ -611,31 +555,17 @@ async fn correlate(State(state): State<Shared>, headers: HeaderMap, body: Bytes)
     let key = correlation_key(&body);
     let seq = body
         .pointer("/processVariables/completedItems/value")
-        .and_then(|v| {
-            v.as_i64()
-                .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
-        })
+        .and_then(|v| v.as_i64().or_else(|| v.as_str().and_then(|s| s.parse().ok())))
         .unwrap_or(-1);
-    let message_name = body
-        .get("messageName")
-        .and_then(|v| v.as_str())
-        .unwrap_or("")
-        .to_owned();
+    let message_name = body.get("messageName").and_then(|v| v.as_str()).unwrap_or("").to_owned();
     let header_map: HashMap<String, String> = headers
         .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_owned(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
+        .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect();
     let idempotency_key = header_map.get("idempotency-key").cloned();
-    let json_content = header_map.get("content-type").is_some_and(|ct| {
-        ct.trim_start()
-            .to_ascii_lowercase()
-            .starts_with("application/json")
-    });
+    let json_content = header_map
+        .get("content-type")
+        .is_some_and(|ct| ct.trim_start().to_ascii_lowercase().starts_with("application/json"));
 
     let (reply, delay, index, _guard) = {
         let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
@@ -646,10 +576,7 @@ async fn correlate(State(state): State<Shared>, headers: HeaderMap, body: Bytes)
             st.overlaps.push(key.clone());
         }
         st.max_in_flight_per_key = st.max_in_flight_per_key.max(now_in_flight);
-        let guard = InFlight {
-            state: state.clone(),
-            key: key.clone(),
-        };
+        let guard = InFlight { state: state.clone(), key: key.clone() };
 
         let attempt = {
             let n = st.attempts.entry(key.clone()).or_insert(0);
@@ -661,10 +588,7 @@ async fn correlate(State(state): State<Shared>, headers: HeaderMap, body: Bytes)
         let reply = if !json_content {
             Err((415, "fake camunda: Content-Type must be application/json"))
         } else if message_name.is_empty() {
-            Err((
-                400,
-                "fake camunda: body is not a JSON object with a messageName",
-            ))
+            Err((400, "fake camunda: body is not a JSON object with a messageName"))
         } else {
             Ok((st.behaviour.clone(), attempt))
         };
@@ -690,12 +614,7 @@ async fn correlate(State(state): State<Shared>, headers: HeaderMap, body: Bytes)
         Err((code, message)) => {
             let status = StatusCode::from_u16(code).expect("valid status");
             let body = serde_json::json!({ "type": "InvalidRequestException", "message": message });
-            (
-                status,
-                [(header::CONTENT_TYPE, "application/json")],
-                body.to_string(),
-            )
-                .into_response()
+            (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
         }
         Ok((behaviour, attempt)) => {
             // Call the behaviour outside the lock: it may itself inspect the fake.
@@ -728,10 +647,7 @@ fn correlation_key(body: &serde_json::Value) -> String {
         let (_, v) = keys.iter().next().expect("one key");
         return value_text(v);
     }
-    let mut pairs: Vec<String> = keys
-        .iter()
-        .map(|(k, v)| format!("{k}={}", value_text(v)))
-        .collect();
+    let mut pairs: Vec<String> = keys.iter().map(|(k, v)| format!("{k}={}", value_text(v))).collect();
     pairs.sort();
     pairs.join("&")
 }

@@ -1,0 +1,241 @@
+//! Golden tests for routing-file errors, as in spin's `crates/manifest/tests/ui.rs`.
+//!
+//! Convention: every `tests/ui/NAME.toml` has a `tests/ui/NAME.err` beside it holding
+//! the exact `ConfigErrors` Display output of loading it, followed by one newline.
+//! An EMPTY `.err` means the file is valid and must load without errors. Other files
+//! in `tests/ui/` (such as `fake-plugin.bin`, the placeholder every `plugin =` points
+//! at) are not cases.
+//!
+//! Each file is loaded with `Config::from_str` under the relative path
+//! `tests/ui/NAME.toml` (cargo runs integration tests from the crate root), so the
+//! output is the same on every machine, and with a fixed environment (see [`env`]),
+//! never the process's own.
+//!
+//! `INLET_BLESS=1 cargo test --test config_ui` rewrites the `.err` files from the
+//! actual output; review the diff before committing it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use inlet::config::{Config, Ordering, ParkedPolicy, TargetConfig};
+
+const UI_DIR: &str = "tests/ui";
+
+/// The only environment the cases see.
+fn env(name: &str) -> Option<String> {
+    match name {
+        "INLET_TEST_TOKEN" => Some("s3cret".to_string()),
+        "INLET_TEST_ENGINE_URL" => Some("http://engine.test:8080".to_string()),
+        _ => None,
+    }
+}
+
+fn load(path: &Path) -> Result<Config, inlet::config::ConfigErrors> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    Config::from_str(path, &text, &env)
+}
+
+/// The `.toml` cases, sorted, as relative paths `tests/ui/NAME.toml`.
+fn cases() -> Vec<PathBuf> {
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(UI_DIR)
+        .unwrap_or_else(|e| panic!("reading {UI_DIR}: {e}"))
+        .map(|entry| entry.expect("directory entry").file_name())
+        .filter(|name| Path::new(name).extension().is_some_and(|ext| ext == "toml"))
+        .map(|name| Path::new(UI_DIR).join(name))
+        .collect();
+    cases.sort();
+    cases
+}
+
+/// What the `.err` file of a case must contain.
+fn render(result: &Result<Config, inlet::config::ConfigErrors>) -> String {
+    match result {
+        Ok(_) => String::new(),
+        Err(errors) => format!("{errors}\n"),
+    }
+}
+
+#[test]
+fn golden_error_files() {
+    let bless = std::env::var_os("INLET_BLESS").is_some_and(|v| v == "1");
+    let cases = cases();
+    assert!(cases.len() >= 10, "expected the ui cases in {UI_DIR}, found {}", cases.len());
+
+    let mut failures = Vec::new();
+    for toml in &cases {
+        let err_path = toml.with_extension("err");
+        let actual = render(&load(toml));
+        if bless {
+            std::fs::write(&err_path, &actual).unwrap_or_else(|e| panic!("writing {}: {e}", err_path.display()));
+            continue;
+        }
+        let expected = match std::fs::read_to_string(&err_path) {
+            Ok(text) => text.replace("\r\n", "\n"),
+            Err(e) => {
+                eprintln!("\n=== {}: cannot read {}: {e}", toml.display(), err_path.display());
+                eprintln!("actual output:\n{actual}");
+                failures.push(toml.display().to_string());
+                continue;
+            }
+        };
+        if expected != actual {
+            eprintln!("\n=== {}: output differs from {} (- expected, + actual)", toml.display(), err_path.display());
+            eprint!("{}", diff(&expected, &actual));
+            failures.push(toml.display().to_string());
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} ui case(s) differ from their .err file (see the diffs above; \
+         INLET_BLESS=1 cargo test --test config_ui rewrites them):\n  {}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n  ")
+    );
+}
+
+/// A line diff (longest common subsequence): ` ` both, `-` expected only, `+` actual only.
+fn diff(expected: &str, actual: &str) -> String {
+    let a: Vec<&str> = expected.lines().collect();
+    let b: Vec<&str> = actual.lines().collect();
+    // lcs[i][j] = length of the LCS of a[i..] and b[j..].
+    let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for i in (0..a.len()).rev() {
+        for j in (0..b.len()).rev() {
+            lcs[i][j] = if a[i] == b[j] { lcs[i + 1][j + 1] + 1 } else { lcs[i + 1][j].max(lcs[i][j + 1]) };
+        }
+    }
+    let (mut i, mut j, mut out) = (0, 0, String::new());
+    while i < a.len() || j < b.len() {
+        if i < a.len() && j < b.len() && a[i] == b[j] {
+            out += &format!("  {}\n", a[i]);
+            i += 1;
+            j += 1;
+        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
+            out += &format!("- {}\n", a[i]);
+            i += 1;
+        } else {
+            out += &format!("+ {}\n", b[j]);
+            j += 1;
+        }
+    }
+    if expected.ends_with('\n') != actual.ends_with('\n') || (expected.is_empty() != actual.is_empty()) {
+        out += &format!("(expected {} bytes, actual {} bytes)\n", expected.len(), actual.len());
+    }
+    out
+}
+
+#[test]
+fn diff_marks_changed_lines() {
+    assert_eq!(diff("a\nb\nc\n", "a\nx\nc\n"), "  a\n- b\n+ x\n  c\n");
+    assert_eq!(diff("", "e\n"), "+ e\n(expected 0 bytes, actual 2 bytes)\n");
+}
+
+// ----- the valid file, value by value -----------------------------------------------------
+
+fn valid() -> Config {
+    load(Path::new("tests/ui/valid.toml")).unwrap_or_else(|e| panic!("tests/ui/valid.toml must load:\n{e}"))
+}
+
+#[test]
+fn valid_file_expands_env_into_header_values() {
+    let config = valid();
+    let route = config.route("work-order-completed").expect("route work-order-completed");
+    let TargetConfig::Http(http) = &route.target else { panic!("expected an http target, got {:?}", route.target) };
+    // Header names are lower-cased; `${INLET_TEST_TOKEN}` comes from the fixed env.
+    assert_eq!(http.headers.get("authorization").map(String::as_str), Some("Bearer s3cret"));
+    assert_eq!(http.headers.len(), 1);
+    // The trailing `/` of the base URL is dropped.
+    assert_eq!(http.url, "https://engine.example.com/engine-rest");
+    assert_eq!(http.timeout, Duration::from_secs(5));
+}
+
+#[test]
+fn valid_file_applies_defaults() {
+    let config = valid();
+    let route = config.route("work-order-completed").expect("route work-order-completed");
+    assert_eq!(route.concurrency, 8);
+    assert_eq!(route.ordering, Ordering::PerKey);
+    assert_eq!(route.parked, ParkedPolicy::BlockKey);
+    // Lease default: 3 × the target timeout (5s) + 5s.
+    assert_eq!(route.lease, Duration::from_secs(3 * 5 + 5));
+
+    // The explicit values of the second route win over the defaults.
+    let audit = config.route("audit-log").expect("route audit-log");
+    assert_eq!(audit.target, TargetConfig::Log);
+    assert_eq!(audit.concurrency, 2);
+    assert_eq!(audit.ordering, Ordering::None);
+    assert_eq!(audit.parked, ParkedPolicy::Pass);
+    assert_eq!(audit.lease, Duration::from_secs(60));
+}
+
+#[test]
+fn valid_file_reads_policies_store_and_server() {
+    let config = valid();
+    assert_eq!(config.path, Path::new("tests/ui/valid.toml"));
+    assert_eq!(config.store.url, "postgres://inlet@db.internal:5432/inlet");
+    assert_eq!(config.store.max_connections, 4);
+    assert_eq!(config.server.listen.to_string(), "0.0.0.0:9090");
+    assert_eq!(config.routes.len(), 2);
+
+    let route = config.route("work-order-completed").expect("route work-order-completed");
+    assert_eq!(route.retry.initial, Duration::from_secs(2));
+    assert_eq!(route.retry.max, Duration::from_secs(300));
+    assert_eq!(route.retry.multiplier, 1.5);
+    assert_eq!(route.retry.jitter, 0.1);
+    assert_eq!(route.retry.max_attempts, 10);
+    assert_eq!(route.not_yet.deadline, Duration::from_secs(3600));
+    assert_eq!(route.not_yet.max_interval, Duration::from_secs(30));
+    assert_eq!(route.limits.call_timeout, Duration::from_millis(250));
+    assert_eq!(route.limits.memory_bytes, 32 << 20);
+}
+
+#[test]
+fn valid_file_resolves_plugin_against_its_folder() {
+    let config = valid();
+    for route in &config.routes {
+        // `plugin = "fake-plugin.bin"` in tests/ui/valid.toml, not in the working directory.
+        assert_eq!(route.plugin, Path::new("tests/ui/fake-plugin.bin"), "route {}", route.name);
+        assert!(route.plugin.is_file());
+    }
+}
+
+#[test]
+fn default_store_is_sqlite_beside_the_file() {
+    let text = "[[route]]\nname = \"r\"\nplugin = \"fake-plugin.bin\"\nsource = { kind = \"push\" }\ntarget = { kind = \"log\" }\n";
+    let config = Config::from_str(Path::new("tests/ui/inline.toml"), text, &env).expect("minimal file loads");
+    assert_eq!(config.store.url, "sqlite://tests/ui/inlet.db");
+    assert_eq!(config.store.max_connections, 8);
+    assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
+    let route = &config.routes[0];
+    // A log target counts as a 1s timeout: default lease 3 × 1s + 5s.
+    assert_eq!(route.lease, Duration::from_secs(8));
+}
+
+#[test]
+fn env_expansion_in_url_and_dollar_escape() {
+    let text = "[store]\nurl = \"postgres://u:p$$w@h/db\"\n\
+                [[route]]\nname = \"r\"\nplugin = \"fake-plugin.bin\"\nsource = { kind = \"push\" }\n\
+                target = { kind = \"http\", url = \"${INLET_TEST_ENGINE_URL}/engine-rest\" }\n";
+    let config = Config::from_str(Path::new("tests/ui/inline.toml"), text, &env).expect("file loads");
+    assert_eq!(config.store.url, "postgres://u:p$w@h/db");
+    let TargetConfig::Http(http) = &config.routes[0].target else { panic!("expected an http target") };
+    assert_eq!(http.url, "http://engine.test:8080/engine-rest");
+}
+
+#[test]
+fn lease_one_second_over_the_timeout_is_enough() {
+    let route = |lease: &str| {
+        format!(
+            "[[route]]\nname = \"r\"\nplugin = \"fake-plugin.bin\"\nsource = {{ kind = \"push\" }}\n\
+             target = {{ kind = \"http\", url = \"http://engine:8080\", timeout = \"30s\" }}\nlease = \"{lease}\"\n"
+        )
+    };
+    let path = Path::new("tests/ui/inline.toml");
+    let config = Config::from_str(path, &route("31s"), &env).unwrap_or_else(|e| panic!("lease 31s must load:\n{e}"));
+    assert_eq!(config.routes[0].lease, Duration::from_secs(31));
+    let errors = Config::from_str(path, &route("30s 999ms"), &env).expect_err("lease 30.999s must be refused");
+    assert_eq!(errors.0.len(), 1);
+    assert_eq!(errors.0[0].field, "route[0].lease");
+    assert_eq!((errors.0[0].line, errors.0[0].column), (6, 9));
+}

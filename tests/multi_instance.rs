@@ -1,0 +1,361 @@
+//! Invariant 9 of the issue (DESIGN.md invariants 4 and 6 across processes): two real
+//! `inlet` processes on one PostgreSQL database relay 1,000 messages over 50 keys —
+//! never two in flight for one key, order holds, all delivered, each exactly once.
+//!
+//! Needs the plugins built (`scripts/build-plugins`) and PostgreSQL running
+//! (`scripts/ensure-postgres`).
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{FakeCamunda, TestPg};
+
+const KEYS: usize = 50;
+const PER_KEY: i64 = 20;
+const TOTAL: usize = KEYS * PER_KEY as usize;
+const ROUTE: &str = "work-order-completed";
+/// Per-request delay of the fake engine: long enough that a second request for a key
+/// sent while the first is in flight would be caught overlapping.
+const CAMUNDA_DELAY: Duration = Duration::from_millis(3);
+/// Deadline for the whole relay to drain (the test itself takes a few seconds).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn key(k: usize) -> String {
+    format!("WO-{k:02}")
+}
+
+fn event_id(k: usize, seq: i64) -> String {
+    format!("evt-{}-{seq:02}", key(k))
+}
+
+/// One running `inlet run` process. Dropping it kills the process and waits for it; if
+/// the test is panicking, the tails of its logs are printed first.
+struct InletProcess {
+    name: &'static str,
+    child: Child,
+    base: String,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl InletProcess {
+    fn spawn(name: &'static str, config: &Path, dir: &Path) -> InletProcess {
+        let port = common::free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let stdout = dir.join(format!("inlet-{name}.stdout.log"));
+        let stderr = dir.join(format!("inlet-{name}.stderr.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_inlet"))
+            .arg("run")
+            .arg(config)
+            .args(["--listen", &listen, "--instance", name, "--poll", "50ms"])
+            .env("RUST_LOG", "inlet=debug")
+            .env("NO_COLOR", "1")
+            .env_remove("INLET_INSTANCE")
+            .stdin(Stdio::null())
+            .stdout(File::create(&stdout).expect("create stdout log"))
+            .stderr(File::create(&stderr).expect("create stderr log"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start inlet {name}: {e}"));
+        InletProcess { name, child, base: format!("http://{listen}"), stdout, stderr }
+    }
+
+    fn stderr_text(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Panics (with the logs) if the process has already exited.
+    fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("inlet {} exited early with {status}", self.name);
+        }
+    }
+
+    fn print_tails(&self) {
+        for (what, path) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(40);
+            eprintln!(
+                "----- inlet {} {what} (last {} of {} lines, {}) -----",
+                self.name,
+                lines.len() - from,
+                lines.len(),
+                path.display()
+            );
+            for l in &lines[from..] {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+impl Drop for InletProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            self.print_tails();
+        }
+    }
+}
+
+/// The ids of the entries a process log reports as settled (`entry settled … id=N`).
+fn settled_ids(log: &str) -> Vec<i64> {
+    log.lines()
+        .filter(|l| l.contains("entry settled"))
+        .map(|l| {
+            let id = l
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("id="))
+                .unwrap_or_else(|| panic!("`entry settled` line without id=: {l}"));
+            id.parse().unwrap_or_else(|_| panic!("bad id in `entry settled` line: {l}"))
+        })
+        .collect()
+}
+
+fn count_lines(log: &str, needle: &str) -> usize {
+    log.lines().filter(|l| l.contains(needle)).count()
+}
+
+async fn status_counts(pg: &TestPg) -> BTreeMap<String, i64> {
+    let mut conn = pg.connect().await;
+    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT status, count(*) FROM inbox_entry GROUP BY status")
+        .fetch_all(&mut conn)
+        .await
+        .expect("count inbox entries by status");
+    rows.into_iter().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_relay_1000_messages_over_50_keys_in_order_one_in_flight_per_key() {
+    let started = Instant::now();
+    let pg = TestPg::new().await;
+    let camunda = FakeCamunda::start().await.with_delay(CAMUNDA_DELAY);
+    let plugin = common::plugin_path("work_order");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("routes.toml");
+    let routing = format!(
+        r#"[store]
+url = {store}
+
+[[route]]
+name        = "{ROUTE}"
+plugin      = {plugin}
+source      = {{ kind = "push" }}
+target      = {{ kind = "http", url = {target}, timeout = "2s" }}
+ordering    = "per-key"
+concurrency = 8
+"#,
+        store = toml_str(&pg.url),
+        plugin = toml_str(&plugin.display().to_string()),
+        target = toml_str(&camunda.url()),
+    );
+    std::fs::write(&config, &routing).expect("write routing file");
+
+    let mut a = InletProcess::spawn("a", &config, dir.path());
+    let mut b = InletProcess::spawn("b", &config, dir.path());
+
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client");
+    for p in [&mut a, &mut b] {
+        let url = format!("{}/healthz", p.base);
+        let name = p.name;
+        common::wait_until(&format!("inlet {name} to answer GET /healthz"), Duration::from_secs(30), || {
+            p.assert_running();
+            let http = http.clone();
+            let url = url.clone();
+            async move { http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) }
+        })
+        .await;
+    }
+    let bases = [a.base.clone(), b.base.clone()];
+    eprintln!("both instances healthy after {:?}", started.elapsed());
+
+    // Push: keys concurrently, each key's 20 messages one after another (each answered
+    // before the next is sent), alternating between the two instances.
+    let push_started = Instant::now();
+    let entry_ids: Arc<Mutex<HashMap<(usize, i64), i64>>> = Arc::default();
+    let mut pushers = tokio::task::JoinSet::new();
+    for k in 0..KEYS {
+        let http = http.clone();
+        let bases = bases.clone();
+        let entry_ids = Arc::clone(&entry_ids);
+        pushers.spawn(async move {
+            for seq in 1..=PER_KEY {
+                let payload = serde_json::json!({
+                    "workOrderId": key(k),
+                    "completedItems": seq,
+                    "completionTimestamp": "2026-08-01T10:00:00Z",
+                });
+                let envelope = common::push_envelope(
+                    payload.to_string().as_bytes(),
+                    &[("eventId", &event_id(k, seq))],
+                    &format!("msg-{}-{seq:02}", key(k)),
+                );
+                let base = &bases[(k + seq as usize) % 2];
+                let response = http
+                    .post(format!("{base}/push/{ROUTE}"))
+                    .header("content-type", "application/json")
+                    .body(serde_json::to_string(&envelope).expect("envelope serializes"))
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("push {} seq {seq} to {base}: {e}", key(k)));
+                let status = response.status();
+                let text = response.text().await.unwrap_or_default();
+                assert_eq!(status.as_u16(), 200, "push {} seq {seq} to {base} answered {status}: {text}", key(k));
+                let body: serde_json::Value =
+                    serde_json::from_str(&text).unwrap_or_else(|e| panic!("push answer is not JSON ({e}): {text}"));
+                let outcome = body["outcome"].as_str().unwrap_or("");
+                assert!(
+                    outcome.starts_with("Inserted"),
+                    "push {} seq {seq}: expected a fresh entry, got {text}",
+                    key(k)
+                );
+                let id = body["entry"].as_i64().unwrap_or_else(|| panic!("push answer without an entry id: {text}"));
+                entry_ids.lock().unwrap().insert((k, seq), id);
+            }
+        });
+    }
+    while let Some(joined) = pushers.join_next().await {
+        if let Err(e) = joined {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+    eprintln!("pushed {TOTAL} messages in {:?}; {} delivered so far", push_started.elapsed(), camunda.count());
+
+    // Wait for every delivery, then for every row to be settled.
+    common::wait_until(&format!("{TOTAL} successful deliveries"), DRAIN_TIMEOUT, || {
+        a.assert_running();
+        b.assert_running();
+        let ok = camunda.deliveries().iter().filter(|d| (200..300).contains(&d.status)).count();
+        async move { ok >= TOTAL }
+    })
+    .await;
+    let pg_ref = &pg;
+    common::wait_until(&format!("all {TOTAL} inbox rows DONE"), Duration::from_secs(15), move || async move {
+        status_counts(pg_ref).await.get("DONE").copied() == Some(TOTAL as i64)
+    })
+    .await;
+    let drained = push_started.elapsed();
+    eprintln!("all delivered and settled {drained:?} after the first push");
+
+    // --- The fake engine's view -----------------------------------------------------------
+    let deliveries = camunda.deliveries();
+    assert_eq!(
+        camunda.max_in_flight_per_key(),
+        1,
+        "two requests for one key were in flight at once; overlapping keys: {:?}",
+        camunda.overlaps()
+    );
+    assert!(camunda.overlaps().is_empty(), "overlaps: {:?}", camunda.overlaps());
+    assert_eq!(deliveries.len(), TOTAL, "requests received (a repeat means a redelivery)");
+    let expected: Vec<i64> = (1..=PER_KEY).collect();
+    for k in 0..KEYS {
+        let for_key = camunda.deliveries_for(&key(k));
+        let seqs: Vec<i64> = for_key.iter().map(|d| d.seq).collect();
+        assert_eq!(seqs, expected, "key {}: deliveries (seq by arrival) out of order, repeated or missing", key(k));
+        assert_eq!(camunda.correlated_seqs(&key(k)), expected, "key {}: correlated seqs", key(k));
+        for d in &for_key {
+            assert_eq!(
+                d.idempotency_key.as_deref(),
+                Some(event_id(k, d.seq).as_str()),
+                "key {} seq {}: Idempotency-Key should be the plugin's dedup key (eventId)",
+                key(k),
+                d.seq
+            );
+        }
+    }
+    let keys_seen: HashSet<&str> = deliveries.iter().map(|d| d.key.as_str()).collect();
+    assert_eq!(keys_seen.len(), KEYS, "deliveries for unexpected keys: {keys_seen:?}");
+    let idempotency_keys: HashSet<&str> = deliveries.iter().filter_map(|d| d.idempotency_key.as_deref()).collect();
+    assert_eq!(idempotency_keys.len(), TOTAL, "every delivery carries its own Idempotency-Key");
+
+    // --- The inbox's view -------------------------------------------------------------------
+    let counts = status_counts(&pg).await;
+    assert_eq!(counts, BTreeMap::from([("DONE".to_string(), TOTAL as i64)]), "inbox rows by status");
+    let mut conn = pg.connect().await;
+    let rows: Vec<(i64, String, String, i32, Option<String>)> = sqlx::query_as(
+        "SELECT id, dedup_key, correlation_key, attempts, lease_owner FROM inbox_entry WHERE route = $1 ORDER BY id",
+    )
+    .bind(ROUTE)
+    .fetch_all(&mut conn)
+    .await
+    .expect("read inbox rows");
+    assert_eq!(rows.len(), TOTAL);
+    let pushed = entry_ids.lock().unwrap().clone();
+    let by_id: HashMap<i64, &(i64, String, String, i32, Option<String>)> = rows.iter().map(|r| (r.0, r)).collect();
+    for k in 0..KEYS {
+        let mut last_id = 0;
+        for seq in 1..=PER_KEY {
+            let id = pushed[&(k, seq)];
+            assert!(
+                id > last_id,
+                "key {}: entry of seq {seq} (id {id}) is not after seq {} (id {last_id}) in inbox order",
+                key(k),
+                seq - 1
+            );
+            last_id = id;
+            let row = by_id.get(&id).unwrap_or_else(|| panic!("entry {id} missing from the inbox"));
+            assert_eq!(row.1, event_id(k, seq), "entry {id}: dedup key");
+            assert_eq!(row.2, key(k), "entry {id}: correlation key");
+        }
+    }
+    let retried: Vec<(i64, i32)> = rows.iter().filter(|r| r.3 != 1).map(|r| (r.0, r.3)).collect();
+    assert!(retried.is_empty(), "entries that took more than one attempt (id, attempts): {retried:?}");
+    assert!(rows.iter().all(|r| r.4.is_none()), "a settled entry still names a lease owner");
+
+    // --- The processes' view: both relayed, each entry settled exactly once ----------------
+    let (log_a, log_b) = (a.stderr_text(), b.stderr_text());
+    let (settled_a, settled_b) = (settled_ids(&log_a), settled_ids(&log_b));
+    eprintln!("entries settled: a={} b={} (pushes alternated between the two)", settled_a.len(), settled_b.len());
+    for (name, log) in [("a", &log_a), ("b", &log_b)] {
+        eprintln!(
+            "inlet {name}: {} WARN, {} ERROR, {} lease lost, {} lease-expiry take-backs",
+            count_lines(log, " WARN "),
+            count_lines(log, " ERROR "),
+            count_lines(log, "lease lost"),
+            count_lines(log, "took back entries whose lease expired"),
+        );
+    }
+    assert!(!settled_a.is_empty(), "instance a settled no entry: the relay did not run in parallel");
+    assert!(!settled_b.is_empty(), "instance b settled no entry: the relay did not run in parallel");
+    let mut all_settled: Vec<i64> = settled_a.iter().chain(&settled_b).copied().collect();
+    all_settled.sort_unstable();
+    let unique: HashSet<i64> = all_settled.iter().copied().collect();
+    assert_eq!(unique.len(), all_settled.len(), "an entry was settled twice across the instances");
+    assert_eq!(all_settled.len(), TOTAL, "settle log lines across both instances");
+    // Keys really moved between the processes: per key, how often the next entry was
+    // settled by the other instance than the one before it.
+    let settled_by: HashMap<i64, &str> =
+        settled_a.iter().map(|id| (*id, "a")).chain(settled_b.iter().map(|id| (*id, "b"))).collect();
+    let mut handovers = 0;
+    let mut keys_on_both = 0;
+    for k in 0..KEYS {
+        let owners: Vec<&str> = (1..=PER_KEY).map(|seq| settled_by[&pushed[&(k, seq)]]).collect();
+        handovers += owners.windows(2).filter(|w| w[0] != w[1]).count();
+        keys_on_both += usize::from(owners.contains(&"a") && owners.contains(&"b"));
+    }
+    eprintln!(
+        "keys relayed by both instances: {keys_on_both}/{KEYS}; hand-overs between instances within a key: {handovers}"
+    );
+    assert!(keys_on_both > 0, "no key was relayed by both instances: ordering across instances went untested");
+    for (name, log) in [("a", &log_a), ("b", &log_b)] {
+        assert_eq!(count_lines(log, "lease lost"), 0, "inlet {name} lost a lease");
+        assert_eq!(count_lines(log, "took back entries whose lease expired"), 0, "inlet {name} saw an expired lease");
+    }
+
+    eprintln!("multi-instance test passed in {:?}", started.elapsed());
+    drop(a);
+    drop(b);
+}
+
+/// A TOML basic string.
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}

@@ -1,0 +1,517 @@
+//! End to end on real parts: Pub/Sub push envelopes over HTTP into a running Inlet,
+//! the real compiled plugins, a real inbox (SQLite file and PostgreSQL database), and
+//! a real HTTP server playing Camunda 7 as the target. Every scenario runs on both
+//! stores. Time-dependent scenarios inject a manual clock instead of sleeping.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{FakeCamunda, Reply, TestPg, push_envelope, wait_for, wait_until};
+use inlet::app::{self, Running};
+use inlet::clock::{Clock, ManualClock, Millis};
+use inlet::config::Config;
+use inlet::inbox::{Entry, ListFilter, Status, Store};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+struct Inlet {
+    running: Option<Running>,
+    base: String,
+    store: Arc<dyn Store>,
+    config_path: PathBuf,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+    _pg: Option<TestPg>,
+}
+
+fn work_order(seq: u32, key: &str) -> Vec<u8> {
+    format!(r#"{{"workOrderId":"{key}","completedItems":{seq},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#)
+        .into_bytes()
+}
+
+/// A `[[route]]` table for the work-order plugin.
+fn route(name: &str, target_url: &str, extra: &str) -> String {
+    format!(
+        "[[route]]\nname = \"{name}\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{target_url}\", timeout = \"2s\" }}\n{extra}\n",
+        common::plugin_path("work_order").display()
+    )
+}
+
+impl Inlet {
+    async fn start(backend: Backend, routes: &str, clock: Option<Arc<ManualClock>>) -> Inlet {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (url, pg) = match backend {
+            Backend::Sqlite => (format!("sqlite://{}", dir.path().join("inbox.db").display()), None),
+            Backend::Postgres => {
+                let pg = TestPg::new().await;
+                (pg.url.clone(), Some(pg))
+            }
+        };
+        Self::start_with_store(&url, routes, clock, dir, pg).await
+    }
+
+    async fn start_with_store(
+        url: &str,
+        routes: &str,
+        clock: Option<Arc<ManualClock>>,
+        dir: tempfile::TempDir,
+        pg: Option<TestPg>,
+    ) -> Inlet {
+        inlet::telemetry::init_logging();
+        let config_path = dir.path().join("inlet.toml");
+        std::fs::write(&config_path, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
+        let config = Config::load(&config_path).unwrap_or_else(|e| panic!("test config is invalid:\n{e}"));
+        let options = app::Options {
+            clock: clock.map(|c| c as Arc<dyn Clock>),
+            poll: Duration::from_millis(20),
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..app::Options::default()
+        };
+        let running = app::start(&config, options).await.expect("inlet starts");
+        Inlet {
+            base: format!("http://{}", running.addr),
+            store: Arc::clone(&running.shared.store),
+            running: Some(running),
+            config_path,
+            http: reqwest::Client::new(),
+            _dir: dir,
+            _pg: pg,
+        }
+    }
+
+    async fn push(&self, route: &str, data: &[u8], message_id: &str) -> u16 {
+        self.push_envelope(route, &push_envelope(data, &[], message_id)).await
+    }
+
+    async fn push_envelope(&self, route: &str, envelope: &serde_json::Value) -> u16 {
+        self.http
+            .post(format!("{}/push/{route}", self.base))
+            .header("content-type", "application/json")
+            .body(envelope.to_string())
+            .send()
+            .await
+            .expect("push request")
+            .status()
+            .as_u16()
+    }
+
+    async fn entries(&self, route: &str) -> Vec<Entry> {
+        self.store.list(&ListFilter { route: Some(route.into()), limit: 10_000, ..Default::default() }).await.unwrap()
+    }
+
+    async fn entry(&self, id: i64) -> Entry {
+        self.store.get(id).await.unwrap().expect("entry exists")
+    }
+
+    async fn wait_status(&self, id: i64, status: Status) -> Entry {
+        wait_for(&format!("entry {id} to be {status}"), WAIT, || async move {
+            self.store.get(id).await.unwrap().filter(|e| e.status == status)
+        })
+        .await
+    }
+
+    /// Waits for the attempt after `attempts` to be settled, and returns the entry.
+    async fn next_settled(&self, id: i64, attempts: i32) -> Entry {
+        wait_for(&format!("attempt {} of entry {id} to be settled", attempts + 1), WAIT, || async move {
+            self.store.get(id).await.unwrap().filter(|e| e.attempts > attempts && e.status != Status::InProgress)
+        })
+        .await
+    }
+
+    async fn metrics(&self) -> String {
+        self.http.get(format!("{}/metrics", self.base)).send().await.unwrap().text().await.unwrap()
+    }
+
+    async fn stop(mut self) {
+        if let Some(r) = self.running.take() {
+            r.stop().await;
+        }
+    }
+}
+
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod on_sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Backend::Sqlite).await; }
+            )*
+        }
+        mod on_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Backend::Postgres).await; }
+            )*
+        }
+    };
+}
+
+on_both_stores!(
+    pushed_message_is_delivered_once_and_done,
+    duplicate_push_is_absorbed_and_a_conflict_is_kept_visible,
+    thousand_messages_over_fifty_keys_keep_per_key_order,
+    not_yet_is_retried_until_ready_or_parked_at_the_deadline,
+    several_matches_park_at_once_and_hold_the_key_until_requeued,
+    technical_failures_back_off_with_growing_jittered_capped_delays,
+    garbage_and_plugin_faults_are_parked_with_the_raw_payload,
+);
+
+/// Must show 1.
+async fn pushed_message_is_delivered_once_and_done(backend: Backend) {
+    let camunda = FakeCamunda::start().await;
+    let inlet = Inlet::start(backend, &route("wo", &camunda.url(), ""), None).await;
+    assert_eq!(inlet.push("wo", &work_order(3, "4711"), "m-1").await, 200);
+    let id = inlet.entries("wo").await[0].id;
+    let e = inlet.wait_status(id, Status::Done).await;
+    assert_eq!((e.attempts, e.correlation_key.as_deref(), e.dedup_key.as_str()), (1, Some("4711"), "m-1"));
+
+    let d = camunda.deliveries();
+    assert_eq!(d.len(), 1, "delivered exactly once");
+    assert_eq!((d[0].key.as_str(), d[0].seq, d[0].idempotency_key.as_deref()), ("4711", 3, Some("m-1")));
+    assert_eq!(d[0].body["messageName"], "WorkOrderCompleted");
+    inlet.stop().await;
+    assert_eq!(camunda.count(), 1, "nothing more after shutdown");
+}
+
+/// Must show 2.
+async fn duplicate_push_is_absorbed_and_a_conflict_is_kept_visible(backend: Backend) {
+    let camunda = FakeCamunda::start().await;
+    let inlet = Inlet::start(backend, &route("wo", &camunda.url(), ""), None).await;
+    let envelope = push_envelope(&work_order(1, "A"), &[("eventId", "evt-1")], "m-1");
+    assert_eq!(inlet.push_envelope("wo", &envelope).await, 200);
+    assert_eq!(inlet.push_envelope("wo", &envelope).await, 200, "a redelivery is acked");
+    let republished = push_envelope(&work_order(1, "A"), &[("eventId", "evt-1")], "m-2");
+    assert_eq!(inlet.push_envelope("wo", &republished).await, 200, "a republish under a new message id is acked");
+
+    let id = inlet.entries("wo").await[0].id;
+    inlet.wait_status(id, Status::Done).await;
+    assert_eq!(inlet.entries("wo").await.len(), 1, "one row");
+    assert_eq!(camunda.count(), 1, "one delivery");
+
+    // "An order closed in two parts": same business event id, different payload.
+    let second_part = push_envelope(&work_order(2, "A"), &[("eventId", "evt-1")], "m-3");
+    assert_eq!(inlet.push_envelope("wo", &second_part).await, 200);
+    let entries = inlet.entries("wo").await;
+    assert_eq!(entries.len(), 2, "the conflicting message is stored, not dropped");
+    let conflict = &entries[1];
+    assert_eq!((conflict.status, conflict.conflict_of), (Status::Parked, Some(id)));
+    assert!(conflict.last_error.as_deref().unwrap().contains("different payload"));
+    assert_eq!(conflict.raw_data, work_order(2, "A"));
+    let metrics = inlet.metrics().await;
+    assert!(metrics.contains("inlet_dedup_conflicts_total{route=\"wo\"} 1"), "conflict metric:\n{metrics}");
+    assert!(
+        metrics.contains("inlet_ingested_total{route=\"wo\",outcome=\"duplicate\"} 2"),
+        "duplicate metric:\n{metrics}"
+    );
+    assert_eq!(camunda.count(), 1, "the conflict is not delivered until a person decides");
+    inlet.stop().await;
+}
+
+/// Must show 3.
+async fn thousand_messages_over_fifty_keys_keep_per_key_order(backend: Backend) {
+    let camunda = FakeCamunda::start().await.with_delay(Duration::from_millis(1));
+    let inlet = Arc::new(Inlet::start(backend, &route("wo", &camunda.url(), "concurrency = 8"), None).await);
+    let mut pushers = Vec::new();
+    for k in 0..50 {
+        let inlet = Arc::clone(&inlet);
+        pushers.push(tokio::spawn(async move {
+            for seq in 1..=20 {
+                let status = inlet.push("wo", &work_order(seq, &format!("key-{k}")), &format!("m-{k}-{seq}")).await;
+                assert_eq!(status, 200);
+            }
+        }));
+    }
+    for p in pushers {
+        p.await.unwrap();
+    }
+    wait_until("1,000 deliveries", Duration::from_secs(120), || async { camunda.count() >= 1000 }).await;
+    for k in 0..50 {
+        assert_eq!(camunda.correlated_seqs(&format!("key-{k}")), (1..=20).collect::<Vec<i64>>(), "order of key-{k}");
+    }
+    assert_eq!(camunda.max_in_flight_per_key(), 1, "overlaps: {:?}", camunda.overlaps());
+    assert_eq!(camunda.count(), 1000, "no extra deliveries");
+    let entries = inlet.entries("wo").await;
+    assert_eq!(entries.len(), 1000);
+    wait_until("all rows DONE", WAIT, || async { inlet.entries("wo").await.iter().all(|e| e.status == Status::Done) })
+        .await;
+    Arc::into_inner(inlet).expect("pushers finished").stop().await;
+}
+
+/// Must show 4.
+async fn not_yet_is_retried_until_ready_or_parked_at_the_deadline(backend: Backend) {
+    let camunda = FakeCamunda::with_behaviour(|key, attempt| match key {
+        "late" if attempt < 3 => Reply::NoMatch,
+        "late" => Reply::Ok,
+        _ => Reply::NoMatch,
+    })
+    .await;
+    let clock = ManualClock::new(1_800_000_000_000);
+    let extra = "retry = { initial = \"1s\", max = \"1m\" }\nnot_yet = { deadline = \"10m\", max_interval = \"2m\" }";
+    let inlet = Inlet::start(backend, &route("wo", &camunda.url(), extra), Some(Arc::clone(&clock))).await;
+
+    assert_eq!(inlet.push("wo", &work_order(1, "late"), "m-late").await, 200);
+    let id = inlet.entries("wo").await[0].id;
+    let mut e = inlet.next_settled(id, 0).await;
+    while e.status == Status::Open {
+        assert!(e.last_error.as_deref().unwrap().starts_with("not yet:"), "{:?}", e.last_error);
+        clock.set(e.next_attempt_at);
+        e = inlet.next_settled(id, e.attempts).await;
+    }
+    assert_eq!((e.status, e.attempts), (Status::Done, 3), "delivered once the process was ready");
+
+    let received = clock.now();
+    assert_eq!(inlet.push("wo", &work_order(1, "never"), "m-never").await, 200);
+    let id = inlet.entries("wo").await[1].id;
+    let mut e = inlet.next_settled(id, 0).await;
+    while e.status == Status::Open {
+        assert!(e.next_attempt_at <= received + 600_000, "never scheduled past the deadline");
+        clock.set(e.next_attempt_at);
+        e = inlet.next_settled(id, e.attempts).await;
+    }
+    assert_eq!(e.status, Status::Parked);
+    assert!(clock.now() >= received + 600_000, "parked only once the deadline was reached");
+    let error = e.last_error.unwrap();
+    assert!(
+        error.contains("deadline of 10m") && error.contains("No process definition or execution matches"),
+        "{error}"
+    );
+    assert_eq!(camunda.deliveries_for("never").len() as i32, e.attempts);
+    inlet.stop().await;
+}
+
+/// Must show 5.
+async fn several_matches_park_at_once_and_hold_the_key_until_requeued(backend: Backend) {
+    let camunda =
+        FakeCamunda::with_behaviour(
+            |key, attempt| if key == "dup" && attempt == 1 { Reply::SeveralMatch } else { Reply::Ok },
+        )
+        .await;
+    let inlet = Inlet::start(backend, &route("wo", &camunda.url(), ""), None).await;
+    for seq in 1..=3 {
+        assert_eq!(inlet.push("wo", &work_order(seq, "dup"), &format!("d-{seq}")).await, 200);
+    }
+    for seq in 1..=3 {
+        assert_eq!(inlet.push("wo", &work_order(seq, "other"), &format!("o-{seq}")).await, 200);
+    }
+    let ids: Vec<i64> = inlet.entries("wo").await.iter().map(|e| e.id).collect();
+    let parked = inlet.wait_status(ids[0], Status::Parked).await;
+    assert_eq!(parked.attempts, 1, "parked at once, no retries");
+    assert!(parked.last_error.as_deref().unwrap().contains("2 executions match"), "{:?}", parked.last_error);
+    wait_until("the other key to be delivered", WAIT, || async { camunda.correlated_seqs("other").len() == 3 }).await;
+    for id in &ids[1..3] {
+        let e = inlet.entry(*id).await;
+        assert_eq!((e.status, e.attempts), (Status::Open, 0), "later entries of the key wait behind the parked one");
+    }
+    assert_eq!(camunda.deliveries_for("dup").len(), 1);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"))
+        .args(["inbox", "--config"])
+        .arg(&inlet.config_path)
+        .args(["requeue", &ids[0].to_string()])
+        .output()
+        .expect("run inlet inbox requeue");
+    assert!(out.status.success(), "requeue failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("requeued {}", ids[0]));
+
+    wait_until("the key to drain after the requeue", WAIT, || async { camunda.correlated_seqs("dup").len() == 3 })
+        .await;
+    assert_eq!(camunda.correlated_seqs("dup"), vec![1, 2, 3], "in order after the repair");
+    inlet.stop().await;
+}
+
+/// Must show 6.
+async fn technical_failures_back_off_with_growing_jittered_capped_delays(backend: Backend) {
+    let camunda = FakeCamunda::with_behaviour(|_, _| Reply::Status(500)).await;
+    let refused = format!("http://127.0.0.1:{}", common::free_port());
+    let clock = ManualClock::new(1_800_000_000_000);
+    let policy = "retry = { initial = \"1s\", max = \"10s\", multiplier = 2.0, jitter = 0.2, max_attempts = 7 }";
+    let routes = format!("{}{}", route("failing", &camunda.url(), policy), route("refused", &refused, policy));
+    let inlet = Inlet::start(backend, &routes, Some(Arc::clone(&clock))).await;
+
+    for (route, error_part) in [("failing", "target answered 500"), ("refused", "connect error")] {
+        assert_eq!(inlet.push(route, &work_order(1, "k"), "m-1").await, 200);
+        let id = inlet.entries(route).await[0].id;
+        let mut delays = Vec::new();
+        let mut e = inlet.next_settled(id, 0).await;
+        while e.status == Status::Open {
+            assert!(e.last_error.as_deref().unwrap().contains(error_part), "{route}: {:?}", e.last_error);
+            delays.push(e.next_attempt_at - clock.now());
+            clock.set(e.next_attempt_at);
+            e = inlet.next_settled(id, e.attempts).await;
+        }
+        assert_eq!((e.status, e.attempts), (Status::Parked, 7), "{route}: parked after max_attempts");
+        assert!(e.last_error.as_deref().unwrap().starts_with("gave up after 7 attempts"), "{:?}", e.last_error);
+
+        // Attempt n waits initial·2^(n-1) ± 20%, never more than max.
+        let bases: [Millis; 6] = [1_000, 2_000, 4_000, 8_000, 10_000, 10_000];
+        assert_eq!(delays.len(), 6, "{route}: {delays:?}");
+        for (d, base) in delays.iter().zip(bases) {
+            assert!(
+                *d >= base * 8 / 10 && *d <= (base * 12 / 10).min(10_000),
+                "{route}: delay {d} for base {base}: {delays:?}"
+            );
+        }
+        assert!(delays[..4].windows(2).all(|w| w[1] > w[0]), "{route}: delays grow until the cap: {delays:?}");
+        assert!(delays.iter().zip(bases).any(|(d, b)| *d != b), "{route}: delays are jittered: {delays:?}");
+    }
+    assert_eq!(camunda.count(), 7);
+    inlet.stop().await;
+}
+
+/// Must show 7.
+async fn garbage_and_plugin_faults_are_parked_with_the_raw_payload(backend: Backend) {
+    let camunda = FakeCamunda::start().await;
+    let hostile = format!(
+        "[[route]]\nname = \"hostile\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\nlimits = {{ call_timeout = \"200ms\", memory_mib = 32 }}\n",
+        common::plugin_path("hostile").display(),
+    );
+    let inlet = Inlet::start(backend, &format!("{}{hostile}", route("wo", &camunda.url(), "")), None).await;
+
+    let garbage: &[u8] = b"\xff\xfe{not json at all";
+    assert_eq!(inlet.push("wo", garbage, "g-1").await, 200, "acked: the row is stored");
+    let e = &inlet.entries("wo").await[0];
+    assert_eq!(e.status, Status::Parked);
+    assert_eq!(e.raw_data, garbage, "raw bytes intact");
+    assert!(
+        e.last_error.as_deref().unwrap().starts_with("decode failed: payload is not a work-order-completed event"),
+        "{:?}",
+        e.last_error
+    );
+
+    let cases = [
+        ("panic", "plugin trapped", "hostile plugin panics as asked"),
+        ("loop", "call time limit of 200ms", ""),
+        ("alloc", "memory limit of 33554432 bytes", ""),
+    ];
+    for (command, fault, detail) in cases {
+        assert_eq!(inlet.push("hostile", command.as_bytes(), &format!("h-{command}")).await, 200, "{command}");
+        let e = inlet.entries("hostile").await.into_iter().find(|e| e.message_id == format!("h-{command}")).unwrap();
+        let error = e.last_error.unwrap();
+        assert_eq!(e.status, Status::Parked, "{command}");
+        assert!(
+            error.starts_with("plugin fault during decode") && error.contains(fault) && error.contains(detail),
+            "{command}: {error}"
+        );
+        assert_eq!(e.raw_data, command.as_bytes());
+    }
+    // The host, and the plugin, still serve.
+    assert_eq!(inlet.push("hostile", b"fine:1", "h-ok").await, 200);
+    assert_eq!(inlet.push("wo", &work_order(1, "K"), "ok-1").await, 200);
+    wait_until("the good work order delivered", WAIT, || async { camunda.correlated_seqs("K") == vec![1] }).await;
+    let fine = inlet.entries("hostile").await.into_iter().find(|e| e.message_id == "h-ok").unwrap();
+    inlet.wait_status(fine.id, Status::Done).await;
+    let metrics = inlet.metrics().await;
+    for kind in ["trap", "timeout", "out_of_memory"] {
+        let line = format!("inlet_plugin_faults_total{{route=\"hostile\",call=\"decode\",kind=\"{kind}\"}} 1");
+        assert!(metrics.contains(&line), "missing {line}:\n{metrics}");
+    }
+
+    // Repair: ship a fixed plugin (here the same one) and requeue; the entry is decoded
+    // again. The garbage is still garbage, so it parks again with the same error.
+    let garbage_id = inlet.entries("wo").await[0].id;
+    assert!(inlet.store.requeue(garbage_id, 0).await.unwrap());
+    let e = inlet.next_settled(garbage_id, 0).await;
+    assert_eq!(e.status, Status::Parked);
+    assert!(e.last_error.unwrap().starts_with("decode failed"));
+    inlet.stop().await;
+}
+
+/// Must show 8: the inbox is unreachable → the push is answered 503 and nothing is
+/// acknowledged; when it is back, the redelivery is stored and relayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_store_answers_503_and_acks_nothing() {
+    let pg = TestPg::new().await;
+    let proxy = TcpProxy::start("127.0.0.1:5432").await;
+    let url = pg.url.replace("127.0.0.1:5432", &proxy.addr);
+    assert_ne!(url, pg.url, "the store must go through the proxy");
+    let camunda = FakeCamunda::start().await;
+    let inlet =
+        Inlet::start_with_store(&url, &route("wo", &camunda.url(), ""), None, tempfile::tempdir().unwrap(), None).await;
+    let mut direct = pg.connect().await;
+
+    assert_eq!(inlet.push("wo", &work_order(1, "K"), "m-1").await, 200);
+    proxy.set_up(false);
+    assert_eq!(inlet.push("wo", &work_order(2, "K"), "m-2").await, 503, "no commit, no ack");
+    assert_eq!(inlet.push("wo", &work_order(2, "K"), "m-2").await, 503);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_entry").fetch_one(&mut direct).await.unwrap();
+    assert_eq!(rows, 1, "nothing stored while unreachable");
+    let metrics = inlet.metrics().await;
+    assert!(metrics.contains("inlet_ingest_failures_total{route=\"wo\"} 2"), "{metrics}");
+
+    proxy.set_up(true);
+    wait_until("the redelivery to be accepted", WAIT, || async {
+        inlet.push("wo", &work_order(2, "K"), "m-2").await == 200
+    })
+    .await;
+    wait_until("both delivered", WAIT, || async { camunda.correlated_seqs("K") == vec![1, 2] }).await;
+    inlet.stop().await;
+    drop(pg);
+}
+
+/// A TCP proxy that can be switched off: the database "goes away" for the process
+/// under test while the test still reaches it directly.
+struct TcpProxy {
+    addr: String,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpProxy {
+    async fn start(upstream: &'static str) -> TcpProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let generation = Arc::new(tokio::sync::watch::channel(0u64).0);
+        let (up2, generation2) = (Arc::clone(&up), Arc::clone(&generation));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                if !up2.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue; // dropped: connection refused from the client's view
+                }
+                let mut cut = generation2.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        TcpProxy { addr, up, generation, task }
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.store(up, std::sync::atomic::Ordering::SeqCst);
+        if !up {
+            self.generation.send_modify(|g| *g += 1);
+        }
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[allow(dead_code)]
+fn by_key(entries: &[Entry]) -> HashMap<String, Vec<i64>> {
+    let mut m: HashMap<String, Vec<i64>> = HashMap::new();
+    for e in entries {
+        m.entry(e.correlation_key.clone().unwrap_or_default()).or_default().push(e.id);
+    }
+    m
+}
