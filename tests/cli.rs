@@ -1,0 +1,108 @@
+//! The `inlet` binary as an operator uses it: `check` and the `inbox` commands.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use inlet::clock::Millis;
+use inlet::inbox::{self, NewEntry, Status};
+
+fn inlet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_inlet")).args(args).env("NO_COLOR", "1").output().expect("run inlet")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn write_config(dir: &Path, plugin: &Path) -> String {
+    let path = dir.join("inlet.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[store]\nurl = \"sqlite://inbox.db\"\n\n[[route]]\nname = \"wo\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
+            plugin.display()
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn check_accepts_a_good_file_and_lists_every_error_of_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = write_config(dir.path(), &common::plugin_path("work_order"));
+    let out = inlet(&["check", &good]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("ok (1 routes"), "{}", text(&out.stdout));
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[[route]]\nname = \"a\"\nplugin = \"nope.wasm\"\nsource = { kind = \"push\" }\ntarget = { kind = \"http\" }\n").unwrap();
+    let out = inlet(&["check", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("bad.toml:3:10: route[0].plugin: plugin file"), "{err}");
+    assert!(err.contains("bad.toml:5:10: route[0].target: `url` is required for an http target"), "{err}");
+
+    // A file that exists but is not a component is caught when plugins are loaded.
+    let not_wasm = dir.path().join("not.wasm");
+    std::fs::write(&not_wasm, b"definitely not wasm").unwrap();
+    let cfg = write_config(dir.path(), &not_wasm);
+    let out = inlet(&["check", &cfg]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("is not a valid WebAssembly component"), "{}", text(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_commands_list_show_requeue_park_and_purge() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &common::plugin_path("work_order"));
+    let store = inbox::open(&format!("sqlite://{}", dir.path().join("inbox.db").display()), 2).await.unwrap();
+    let now: Millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let parked = NewEntry {
+        route: "wo".into(),
+        dedup_key: "m-1".into(),
+        decoded: None,
+        raw_data: b"garbage".to_vec(),
+        attributes: vec![],
+        message_id: "m-1".into(),
+        publish_time: None,
+        delivery_attempt: None,
+        status: Status::Parked,
+        last_error: Some("decode failed: garbage".into()),
+    };
+    let id = store.insert(&parked, now).await.unwrap().id();
+    let ignored = store.insert(&NewEntry { dedup_key: "m-2".into(), status: Status::Ignored, ..parked.clone() }, now - 3_600_000).await.unwrap().id();
+
+    let out = inlet(&["inbox", "-c", &cfg, "list", "--status", "parked"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listing = text(&out.stdout);
+    assert!(listing.contains("PARKED") && listing.contains("decode failed: garbage"), "{listing}");
+    assert!(!listing.contains("IGNORED"), "{listing}");
+
+    let out = inlet(&["inbox", "-c", &cfg, "show", &id.to_string()]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("show prints JSON");
+    assert_eq!(shown["raw_data"]["text"], "garbage");
+    assert_eq!(shown["status"], "PARKED");
+
+    let out = inlet(&["inbox", "-c", &cfg, "requeue", &id.to_string()]);
+    assert!(out.status.success());
+    assert_eq!(store.get(id).await.unwrap().unwrap().status, Status::Open);
+    let out = inlet(&["inbox", "-c", &cfg, "requeue", &ignored.to_string()]);
+    assert_eq!(out.status.code(), Some(1), "an ignored entry is not requeued");
+
+    let out = inlet(&["inbox", "-c", &cfg, "park", &id.to_string(), "--reason", "waiting for the vendor"]);
+    assert!(out.status.success());
+    let e = store.get(id).await.unwrap().unwrap();
+    assert_eq!((e.status, e.last_error.as_deref()), (Status::Parked, Some("parked by hand: waiting for the vendor")));
+
+    let out = inlet(&["inbox", "-c", &cfg, "requeue", "--all-parked", "wo"]);
+    assert!(out.status.success());
+    assert_eq!(text(&out.stdout).trim(), format!("requeued {id}"));
+
+    let out = inlet(&["inbox", "-c", &cfg, "purge", "--older-than", "30m"]);
+    assert_eq!(text(&out.stdout).trim(), "purged 1 finished entries");
+    assert!(store.get(ignored).await.unwrap().is_none());
+    assert!(store.get(id).await.unwrap().is_some(), "open entries stay");
+}
