@@ -38,7 +38,11 @@ fn check_accepts_a_good_file_and_lists_every_error_of_a_bad_one() {
     assert!(text(&out.stdout).contains("ok (1 routes"), "{}", text(&out.stdout));
 
     let bad = dir.path().join("bad.toml");
-    std::fs::write(&bad, "[[route]]\nname = \"a\"\nplugin = \"nope.wasm\"\nsource = { kind = \"push\" }\ntarget = { kind = \"http\" }\n").unwrap();
+    std::fs::write(
+        &bad,
+        "[[route]]\nname = \"a\"\nplugin = \"nope.wasm\"\nsource = { kind = \"push\" }\ntarget = { kind = \"http\" }\n",
+    )
+    .unwrap();
     let out = inlet(&["check", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
@@ -73,7 +77,11 @@ async fn inbox_commands_list_show_requeue_park_and_purge() {
         last_error: Some("decode failed: garbage".into()),
     };
     let id = store.insert(&parked, now).await.unwrap().id();
-    let ignored = store.insert(&NewEntry { dedup_key: "m-2".into(), status: Status::Ignored, ..parked.clone() }, now - 3_600_000).await.unwrap().id();
+    let ignored = store
+        .insert(&NewEntry { dedup_key: "m-2".into(), status: Status::Ignored, ..parked.clone() }, now - 3_600_000)
+        .await
+        .unwrap()
+        .id();
 
     let out = inlet(&["inbox", "-c", &cfg, "list", "--status", "parked"]);
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -14,8 +14,8 @@ use super::sqlstore::store_impl;
 
 const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("sql/postgres_0001_inbox.sql"))];
 
-/// Advisory lock key for migrations ("inlet" in ASCII).
-const MIGRATION_LOCK: i64 = 0x696e6c6574;
+/// Serializes migrations across instances (the key is "inlet" in ASCII).
+const MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock(452824163700)";
 
 pub struct PgStore {
     pool: PgPool,
@@ -29,30 +29,8 @@ impl PgStore {
             .connect(url)
             .await?;
         let store = PgStore { pool };
-        store.migrate().await?;
+        store.migrate(MIGRATIONS, &[MIGRATION_LOCK]).await?;
         Ok(store)
-    }
-
-    async fn migrate(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATION_LOCK).execute(&mut *tx).await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS inlet_schema (version BIGINT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
-            .execute(&mut *tx)
-            .await?;
-        let current: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0)::BIGINT FROM inlet_schema")
-            .fetch_one(&mut *tx)
-            .await?;
-        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
-            let fail = |error| StoreError::Migration { version: *version, error };
-            sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
-            sqlx::query("INSERT INTO inlet_schema (version) VALUES ($1)")
-                .bind(version)
-                .execute(&mut *tx)
-                .await
-                .map_err(fail)?;
-        }
-        tx.commit().await?;
-        Ok(())
     }
 }
 

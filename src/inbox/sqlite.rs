@@ -41,30 +41,8 @@ impl SqliteStore {
             .connect_with(options)
             .await?;
         let store = SqliteStore { pool };
-        store.migrate().await?;
+        store.migrate(MIGRATIONS, &[]).await?;
         Ok(store)
-    }
-
-    async fn migrate(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS inlet_schema (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
-        )
-        .execute(&mut *tx)
-        .await?;
-        let current: i64 =
-            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM inlet_schema").fetch_one(&mut *tx).await?;
-        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
-            let fail = |error| StoreError::Migration { version: *version, error };
-            sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
-            sqlx::query("INSERT INTO inlet_schema (version, applied_at) VALUES ($1, CAST(unixepoch('subsec') * 1000 AS INTEGER))")
-                .bind(version)
-                .execute(&mut *tx)
-                .await
-                .map_err(fail)?;
-        }
-        tx.commit().await?;
-        Ok(())
     }
 }
 

@@ -14,6 +14,36 @@ macro_rules! store_impl {
         now_sql: $now_sql:expr,
     ) => {
         impl $store {
+            /// Applies the migrations newer than the recorded schema version, in one
+            /// transaction that first runs `prelude` (PostgreSQL: an advisory lock, so
+            /// instances starting together migrate once).
+            async fn migrate(&self, migrations: &[(i64, &str)], prelude: &[&str]) -> Result<(), $crate::inbox::StoreError> {
+                use $crate::inbox::StoreError;
+                let mut tx = self.pool.begin().await?;
+                for sql in prelude {
+                    sqlx::query(sql).execute(&mut *tx).await?;
+                }
+                sqlx::query("CREATE TABLE IF NOT EXISTS inlet_schema (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)")
+                    .execute(&mut *tx)
+                    .await?;
+                let current: i64 = sqlx::query_scalar("SELECT CAST(COALESCE(MAX(version), 0) AS BIGINT) FROM inlet_schema")
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+                for (version, sql) in migrations.iter().filter(|(v, _)| *v > current) {
+                    let fail = |error| StoreError::Migration { version: *version, error };
+                    sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
+                    sqlx::query("INSERT INTO inlet_schema (version, applied_at) VALUES ($1, $2)")
+                        .bind(version)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(fail)?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
             async fn insert_one(conn: &mut $conn, e: &$crate::inbox::NewEntry, now: $crate::clock::Millis)
                 -> Result<$crate::inbox::InsertOutcome, $crate::inbox::StoreError>
             {

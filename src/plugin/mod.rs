@@ -193,7 +193,13 @@ impl Plugin {
 
     fn instantiate(&self) -> Result<Warm, PluginFault> {
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
-        let wasi = WasiCtx::builder().stderr(stderr.clone()).build();
+        // No preopens and no environment by default; sockets are denied explicitly too.
+        let wasi = WasiCtx::builder()
+            .stderr(stderr.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
         let limiter = Limiter { memory_bytes: self.limits.memory_bytes, hit: false };
         let mut store = Store::new(engine(), HostState { wasi, table: ResourceTable::new(), limiter });
         store.limiter(|s| &mut s.limiter);
