@@ -169,7 +169,15 @@ on_both_stores!(
 /// Must show 1.
 async fn pushed_message_is_delivered_once_and_done(backend: Backend) {
     let camunda = FakeCamunda::start().await;
-    let inlet = Inlet::start(backend, &route("wo", &camunda.url(), ""), None).await;
+    let url = camunda.url();
+    let target =
+        format!("target = {{ kind = \"http\", url = \"{url}\", headers = {{ Authorization = \"Bearer t0k3n\" }} }}");
+    let routes = route("wo", &url, "")
+        .replace(&format!("target = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}"), &target);
+    let inlet = Inlet::start(backend, &routes, None).await;
+    let not_an_envelope = inlet.http.post(format!("{}/push/wo", inlet.base)).body("{\"nope\":1}").send().await.unwrap();
+    assert_eq!(not_an_envelope.status().as_u16(), 400, "a body that is not a push envelope");
+    assert_eq!(inlet.push("no-such-route", b"x", "m-0").await, 404);
     assert_eq!(inlet.push("wo", &work_order(3, "4711"), "m-1").await, 200);
     let id = inlet.entries("wo").await[0].id;
     let e = inlet.wait_status(id, Status::Done).await;
@@ -179,6 +187,9 @@ async fn pushed_message_is_delivered_once_and_done(backend: Backend) {
     assert_eq!(d.len(), 1, "delivered exactly once");
     assert_eq!((d[0].key.as_str(), d[0].seq, d[0].idempotency_key.as_deref()), ("4711", 3, Some("m-1")));
     assert_eq!(d[0].body["messageName"], "WorkOrderCompleted");
+    assert_eq!(d[0].headers.get("authorization").map(String::as_str), Some("Bearer t0k3n"), "static headers");
+    assert_eq!(d[0].headers.get("content-type").map(String::as_str), Some("application/json"), "plugin headers");
+    assert!(inlet.entries("wo").await.len() == 1, "rejected pushes store nothing");
     inlet.stop().await;
     assert_eq!(camunda.count(), 1, "nothing more after shutdown");
 }
