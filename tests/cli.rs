@@ -114,3 +114,13 @@ async fn inbox_commands_list_show_requeue_park_and_purge() {
     assert!(store.get(ignored).await.unwrap().is_none());
     assert!(store.get(id).await.unwrap().is_some(), "open entries stay");
 }
+
+#[test]
+fn a_plugin_built_against_another_contract_version_is_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &common::plugin_path("future_contract"));
+    let out = inlet(&["check", &cfg]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("was built against plugin contract 0.2.0, but this host supports 0.1.0"), "{err}");
+}

@@ -82,7 +82,12 @@ pub enum PluginLoadError {
     Compile { path: PathBuf, reason: String },
     #[error("`{path}` does not implement the inlet:plugin/router world: {reason}")]
     Contract { path: PathBuf, reason: String },
+    #[error("`{path}` was built against plugin contract {found}, but this host supports {supported}")]
+    UnsupportedVersion { path: PathBuf, found: String, supported: &'static str },
 }
+
+/// The interface every plugin exports, with the contract version this host speaks.
+pub const CONTRACT: &str = "inlet:plugin/handler@0.1.0";
 
 /// The process-wide engine, with a thread that advances its epoch every [`TICK`].
 pub fn engine() -> &'static Engine {
@@ -174,6 +179,7 @@ impl Plugin {
         let engine = engine();
         let component = Component::new(engine, bytes)
             .map_err(|e| PluginLoadError::Compile { path: path.to_path_buf(), reason: format!("{e:#}") })?;
+        check_contract(path, engine, &component)?;
         let mut linker = Linker::<HostState>::new(engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).expect("WASI links into a fresh linker");
         let contract =
@@ -274,7 +280,7 @@ impl Plugin {
         self: &Arc<Self>,
         msg: wit::Message,
     ) -> Result<Result<wit::Decoded, wit::DecodeError>, PluginFault> {
-        let out = self.call(move |r, s| r.call_decode(s, &msg)).await?;
+        let out = self.call(move |r, s| r.inlet_plugin_handler().call_decode(s, &msg)).await?;
         if let Ok(wit::Decoded::Event(ev)) = &out {
             check_size(ev.body.len())?;
         }
@@ -282,7 +288,7 @@ impl Plugin {
     }
 
     pub async fn render(self: &Arc<Self>, ev: wit::Event) -> Result<Result<wit::Request, String>, PluginFault> {
-        let out = self.call(move |r, s| r.call_render(s, &ev)).await?;
+        let out = self.call(move |r, s| r.inlet_plugin_handler().call_render(s, &ev)).await?;
         if let Ok(req) = &out {
             check_size(
                 req.body.len() + req.path.len() + req.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>(),
@@ -296,7 +302,28 @@ impl Plugin {
         ev: wit::Event,
         outcome: wit::Outcome,
     ) -> Result<wit::Disposition, PluginFault> {
-        self.call(move |r, s| r.call_classify(s, &ev, &outcome)).await
+        self.call(move |r, s| r.inlet_plugin_handler().call_classify(s, &ev, &outcome)).await
+    }
+}
+
+/// Refuses a component built against another contract version before linking, so
+/// the error names both versions instead of a missing export.
+fn check_contract(path: &Path, engine: &Engine, component: &Component) -> Result<(), PluginLoadError> {
+    let ty = component.component_type();
+    let exports: Vec<String> = ty.exports(engine).map(|(name, _)| name.to_string()).collect();
+    if exports.iter().any(|e| e == CONTRACT) {
+        return Ok(());
+    }
+    let (package, _) = CONTRACT.split_once('@').expect("the contract name has a version");
+    let supported = CONTRACT.rsplit('@').next().expect("the contract name has a version");
+    match exports.iter().find_map(|e| e.strip_prefix(package).and_then(|v| v.strip_prefix('@'))) {
+        Some(found) => {
+            Err(PluginLoadError::UnsupportedVersion { path: path.to_path_buf(), found: found.to_string(), supported })
+        }
+        None => Err(PluginLoadError::Contract {
+            path: path.to_path_buf(),
+            reason: format!("it exports {exports:?}, not `{CONTRACT}`"),
+        }),
     }
 }
 

@@ -6,6 +6,8 @@
 
 wit_bindgen::generate!({ path: "../../wit", world: "router" });
 
+use exports::inlet::plugin::handler::{DecodeError, Decoded, Disposition, Event, Message, Outcome, Request};
+
 
 struct Plugin;
 
@@ -26,7 +28,7 @@ fn misbehave(command: &[u8]) {
     }
 }
 
-impl Guest for Plugin {
+impl exports::inlet::plugin::handler::Guest for Plugin {
     fn decode(msg: Message) -> Result<Decoded, DecodeError> {
         misbehave(&msg.data);
         let text = String::from_utf8_lossy(&msg.data).into_owned();

@@ -6,6 +6,7 @@
 
 wit_bindgen::generate!({ path: "../../wit", world: "router" });
 
+use exports::inlet::plugin::handler::{DecodeError, Decoded, Disposition, Event, Message, Outcome, Request};
 use inlet::plugin::types::TransportErrorKind;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -24,7 +25,7 @@ struct WorkOrderCompleted {
 
 struct Plugin;
 
-impl Guest for Plugin {
+impl exports::inlet::plugin::handler::Guest for Plugin {
     fn decode(msg: Message) -> Result<Decoded, DecodeError> {
         let order: WorkOrderCompleted = serde_json::from_slice(&msg.data).map_err(|e| DecodeError {
             message: format!("payload is not a work-order-completed event: {e}"),
