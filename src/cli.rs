@@ -45,6 +45,11 @@ pub enum Command {
     },
     /// Validate a routing file and load its plugins; exit 1 listing every error.
     Check { config: PathBuf },
+    /// Tools for plugin authors.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
     /// Inspect and repair the inbox (works whether or not Inlet is running).
     Inbox {
         /// The routing file whose store to open.
@@ -53,6 +58,32 @@ pub enum Command {
         #[command(subcommand)]
         command: InboxCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Run a plugin's decode, render and (with --response) classify on files, and print
+    /// what each step produced.
+    Test {
+        /// The plugin component (`.wasm`).
+        plugin: PathBuf,
+        /// The message payload, as the broker would deliver it.
+        #[arg(long)]
+        message: PathBuf,
+        /// A broker attribute, `NAME=VALUE`; repeatable.
+        #[arg(long = "attribute", value_parser = parse_attribute)]
+        attributes: Vec<(String, String)>,
+        #[arg(long, default_value = "test-message-1")]
+        message_id: String,
+        /// The target's answer as JSON: `{"status": 400, "headers": {…}, "body": …}` or
+        /// `{"transport_error": "timeout", "message": "…"}`.
+        #[arg(long)]
+        response: Option<PathBuf>,
+    },
+}
+
+fn parse_attribute(s: &str) -> Result<(String, String), String> {
+    s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("`{s}` is not NAME=VALUE"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -142,6 +173,36 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             println!("{}: ok ({} routes, store {})", path.display(), config.routes.len(), config.store.url);
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin { command: PluginCommand::Test { plugin, message, attributes, message_id, response } } => {
+            let message =
+                std::fs::read(&message).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", message.display()))?;
+            let response = match response {
+                Some(p) => {
+                    let text =
+                        std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))?;
+                    Some(serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?)
+                }
+                None => None,
+            };
+            let input = crate::plugin_dev::TestInput {
+                plugin: &plugin,
+                message,
+                attributes,
+                message_id,
+                response,
+                limits: crate::config::PluginLimits::default(),
+            };
+            match crate::plugin_dev::run(input).await {
+                Ok(report) => {
+                    print!("{report}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
         }
         Command::Inbox { config, command } => {
             let config = load_config(&config)?;

@@ -20,6 +20,7 @@ pub mod config;
 pub mod inbox;
 pub mod ingest;
 pub mod plugin;
+pub mod plugin_dev;
 pub mod relay;
 pub mod routing;
 pub mod source;
