@@ -202,7 +202,10 @@ async fn bench_store(backend: Backend, args: &Args, plugin: &Path, table: &mut T
     let http = reqwest::Client::builder().pool_max_idle_per_host(p * 2).build().expect("http client");
 
     // Warm-up: one message through the whole path (plugin instances, connections).
-    let warmup = envelope(b"{\"workOrderId\":\"warmup\",\"completedItems\":1,\"completionTimestamp\":\"2026-08-01T10:00:00Z\"}", "warmup-0");
+    let warmup = envelope(
+        b"{\"workOrderId\":\"warmup\",\"completedItems\":1,\"completionTimestamp\":\"2026-08-01T10:00:00Z\"}",
+        "warmup-0",
+    );
     let status = http.post(&push_url).header("content-type", "application/json").body(warmup).send().await;
     assert_eq!(status.map(|r| r.status().as_u16()).ok(), Some(200), "warm-up push was not answered 200");
     wait_done(&db, 1, Instant::now()).await;
@@ -281,8 +284,7 @@ async fn bench_store(backend: Backend, args: &Args, plugin: &Path, table: &mut T
     let delivered = target.count.load(Ordering::Relaxed);
     let counts = running.shared.store.counts().await.expect("inbox counts");
     let unresolved: i64 = counts.iter().filter(|c| c.route == ROUTE).map(|c| c.count).sum();
-    let parked: i64 =
-        counts.iter().filter(|c| c.route == ROUTE && c.status == Status::Parked).map(|c| c.count).sum();
+    let parked: i64 = counts.iter().filter(|c| c.route == ROUTE && c.status == Status::Parked).map(|c| c.count).sum();
     if delivered != n as u64 + 1 || unresolved != 0 {
         eprintln!(
             "{store}: WARNING: the target saw {delivered} requests for {} messages; {unresolved} unresolved ({parked} parked)",
@@ -303,11 +305,7 @@ async fn bench_store(backend: Backend, args: &Args, plugin: &Path, table: &mut T
         format!("{:.1} ms / {:.1} ms", ms(pct(0.50)), ms(pct(0.99))),
     );
     let per_sec = |d: Duration| n as f64 / d.as_secs_f64();
-    table.row(
-        store,
-        "push -> DONE vs raw 1 row/tx".into(),
-        format!("{:.2}x", per_sec(to_done) / per_sec(one)),
-    );
+    table.row(store, "push -> DONE vs raw 1 row/tx".into(), format!("{:.2}x", per_sec(to_done) / per_sec(one)));
 }
 
 /// Polls the DONE count every 20 ms until it reaches `want`; the time since `start`.
@@ -563,12 +561,12 @@ impl BenchPg {
             .ok()
             .filter(|u| !u.trim().is_empty())
             .unwrap_or_else(|| DEFAULT_PG_ADMIN_URL.to_owned());
-        let mut admin = match tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect(&admin_url)).await
-        {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => pg_unreachable(&admin_url, &e.to_string()),
-            Err(_) => pg_unreachable(&admin_url, "no connection after 10s"),
-        };
+        let mut admin =
+            match tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect(&admin_url)).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => pg_unreachable(&admin_url, &e.to_string()),
+                Err(_) => pg_unreachable(&admin_url, "no connection after 10s"),
+            };
         let name = format!("inlet_bench_{}_{:08x}", std::process::id(), fastrand::u32(..));
         sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
             .execute(&mut admin)
@@ -641,17 +639,19 @@ struct FakeTarget {
 impl FakeTarget {
     async fn start() -> FakeTarget {
         let count = Arc::new(AtomicU64::new(0));
-        let app = axum::Router::new()
-            .route(
-                "/engine-rest/message",
-                axum::routing::post(
-                    |axum::extract::State(count): axum::extract::State<Arc<AtomicU64>>, _body: axum::body::Bytes| async move {
-                        count.fetch_add(1, Ordering::Relaxed);
-                        axum::http::StatusCode::NO_CONTENT
-                    },
-                ),
-            )
-            .with_state(Arc::clone(&count));
+        let app =
+            axum::Router::new()
+                .route(
+                    "/engine-rest/message",
+                    axum::routing::post(
+                        |axum::extract::State(count): axum::extract::State<Arc<AtomicU64>>,
+                         _body: axum::body::Bytes| async move {
+                            count.fetch_add(1, Ordering::Relaxed);
+                            axum::http::StatusCode::NO_CONTENT
+                        },
+                    ),
+                )
+                .with_state(Arc::clone(&count));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the fake target");
         let url = format!("http://{}", listener.local_addr().expect("fake target address"));
         let server = tokio::spawn(async move {

@@ -7,7 +7,9 @@ use std::path::Path;
 use std::process::Command;
 
 /// (case, plugin, message file, attributes, response file)
-const CASES: &[(&str, &str, &str, &[&str], Option<&str>)] = &[
+type Case = (&'static str, &'static str, &'static str, &'static [&'static str], Option<&'static str>);
+
+const CASES: &[Case] = &[
     ("work-order-done", "work_order", "work-order.json", &["eventId=evt-9"], Some("camunda-204.json")),
     ("work-order-not-yet", "work_order", "work-order.json", &[], Some("camunda-no-match.json")),
     ("work-order-several", "work_order", "work-order.json", &[], Some("camunda-several.json")),
