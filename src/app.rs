@@ -2,6 +2,7 @@
 //! per route plus the housekeeping tasks, and stop cleanly.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,8 @@ pub struct Options {
     pub listen: Option<SocketAddr>,
     /// How long DONE and IGNORED entries are kept.
     pub retention: Duration,
+    /// Folder of compiled plugins, so restarts do not recompile; `None` disables it.
+    pub plugin_cache: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -52,6 +55,7 @@ impl Default for Options {
             poll: Duration::from_millis(500),
             listen: None,
             retention: Duration::from_secs(7 * 24 * 3600),
+            plugin_cache: crate::plugin::default_cache_dir(),
         }
     }
 }
@@ -123,7 +127,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
             c
         }
     };
-    let routes = Routes::load(config).map_err(StartError::Plugins)?;
+    let routes = Routes::load(config, options.plugin_cache.as_deref()).map_err(StartError::Plugins)?;
     let metrics = Arc::new(Metrics::new());
     let shared = Arc::new(Shared {
         ingest: Ingest { store: Arc::clone(&store), clock: Arc::clone(&clock), metrics: Arc::clone(&metrics) },

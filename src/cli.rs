@@ -42,6 +42,9 @@ pub enum Command {
         /// How long DONE and IGNORED entries are kept.
         #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
         retention: Duration,
+        /// Folder for compiled plugins (default ~/.cache/inlet/components); `off` disables it.
+        #[arg(long, env = "INLET_PLUGIN_CACHE")]
+        plugin_cache: Option<PathBuf>,
     },
     /// Validate a routing file and load its plugins; exit 1 listing every error.
     Check { config: PathBuf },
@@ -147,9 +150,14 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run { config, listen, instance, poll, retention } => {
+        Command::Run { config, listen, instance, poll, retention, plugin_cache } => {
             let config = load_config(&config)?;
             let mut options = app::Options { listen, poll, retention, ..app::Options::default() };
+            match plugin_cache {
+                Some(p) if p.as_os_str() == "off" => options.plugin_cache = None,
+                Some(p) => options.plugin_cache = Some(p),
+                None => {}
+            }
             if let Some(owner) = instance {
                 options.owner = owner;
             }
@@ -165,7 +173,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::FAILURE);
                 }
             };
-            if let Err(errors) = Routes::load(&config) {
+            if let Err(errors) = Routes::load(&config, crate::plugin::default_cache_dir().as_deref()) {
                 for e in errors {
                     eprintln!("error: {}: {e}", path.display());
                 }

@@ -61,7 +61,8 @@ pub struct TestInput<'a> {
 /// Runs the steps and returns the report; `Err` only when the plugin cannot be loaded
 /// or the inputs are unusable. Plugin faults are part of the report.
 pub async fn run(input: TestInput<'_>) -> Result<String, String> {
-    let plugin: Arc<Plugin> = Plugin::load(input.plugin, input.limits).map_err(|e| e.to_string())?;
+    let plugin: Arc<Plugin> = Plugin::load(input.plugin, input.limits, crate::plugin::default_cache_dir().as_deref())
+        .map_err(|e| e.to_string())?;
     let mut out = String::new();
     let msg = wit::Message {
         data: input.message,

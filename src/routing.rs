@@ -2,6 +2,7 @@
 //! and the signal that wakes its relay when a new entry is stored.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
@@ -31,12 +32,12 @@ pub struct Routes {
 
 impl Routes {
     /// Loads every route's plugin; reports every plugin that fails, not just the first.
-    pub fn load(config: &Config) -> Result<Routes, Vec<PluginLoadError>> {
+    pub fn load(config: &Config, cache: Option<&Path>) -> Result<Routes, Vec<PluginLoadError>> {
         let client = Target::client();
         let mut by_name = BTreeMap::new();
         let mut errors = Vec::new();
         for rc in &config.routes {
-            match Plugin::load(&rc.plugin, rc.limits.clone()) {
+            match Plugin::load(&rc.plugin, rc.limits.clone(), cache) {
                 Ok(plugin) => {
                     let route = Route {
                         target: Target::new(rc.name.as_str(), &rc.target, &client),

@@ -170,15 +170,21 @@ impl std::fmt::Debug for Plugin {
 impl Plugin {
     /// Compiles and type-checks a component. Slow (tens of milliseconds): do it at
     /// start-up or on reload, never per message.
-    pub fn load(path: &Path, limits: PluginLimits) -> Result<Arc<Plugin>, PluginLoadError> {
+    /// `cache` is a folder of compiled components (see [`compile_cached`]); `None`
+    /// compiles every time.
+    pub fn load(path: &Path, limits: PluginLimits, cache: Option<&Path>) -> Result<Arc<Plugin>, PluginLoadError> {
         let bytes = std::fs::read(path).map_err(|source| PluginLoadError::Read { path: path.to_path_buf(), source })?;
-        Self::from_bytes(path, &bytes, limits)
+        Self::from_bytes(path, &bytes, limits, cache)
     }
 
-    pub fn from_bytes(path: &Path, bytes: &[u8], limits: PluginLimits) -> Result<Arc<Plugin>, PluginLoadError> {
+    pub fn from_bytes(
+        path: &Path,
+        bytes: &[u8],
+        limits: PluginLimits,
+        cache: Option<&Path>,
+    ) -> Result<Arc<Plugin>, PluginLoadError> {
         let engine = engine();
-        let component = Component::new(engine, bytes)
-            .map_err(|e| PluginLoadError::Compile { path: path.to_path_buf(), reason: format!("{e:#}") })?;
+        let component = compile_cached(path, bytes, cache)?;
         check_contract(path, engine, &component)?;
         let mut linker = Linker::<HostState>::new(engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).expect("WASI links into a fresh linker");
@@ -304,6 +310,60 @@ impl Plugin {
     ) -> Result<wit::Disposition, PluginFault> {
         self.call(move |r, s| r.inlet_plugin_handler().call_classify(s, &ev, &outcome)).await
     }
+}
+
+/// The default folder for compiled components: `$XDG_CACHE_HOME/inlet/components`
+/// or `~/.cache/inlet/components`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("inlet").join("components"))
+}
+
+/// Compiles a component, or loads it from `cache` when this exact component was
+/// compiled before by a compatible engine. The file name is the SHA-256 of the
+/// component's bytes plus a hash of the engine's compatibility settings (wasmtime
+/// version and configuration), so a new wasmtime or other settings never load a
+/// stale file. Only files this function wrote are ever loaded: the cache folder must
+/// not be writable by anyone the host does not trust, since loading skips validation.
+/// A cache that cannot be read or written is logged and bypassed, never fatal.
+pub fn compile_cached(path: &Path, bytes: &[u8], cache: Option<&Path>) -> Result<Component, PluginLoadError> {
+    use std::hash::{Hash, Hasher};
+    let engine = engine();
+    let compile = || {
+        Component::new(engine, bytes)
+            .map_err(|e| PluginLoadError::Compile { path: path.to_path_buf(), reason: format!("{e:#}") })
+    };
+    let Some(dir) = cache else { return compile() };
+    let mut h = std::hash::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut h);
+    env!("CARGO_PKG_VERSION").hash(&mut h);
+    let file = dir.join(format!("{}-{:016x}.cwasm", crate::inbox::digest_hex(bytes), h.finish()));
+    // Read into memory rather than `deserialize_file`: that maps the file, and a file
+    // truncated or rewritten in place while mapped kills the process with SIGBUS.
+    if let Ok(data) = std::fs::read(&file) {
+        // SAFETY: the file was written by `Component::serialize` below, into a folder
+        // only this host writes, under a name that pins the bytes and the engine.
+        match unsafe { Component::deserialize(engine, &data) } {
+            Ok(c) => return Ok(c),
+            Err(error) => {
+                tracing::warn!(file = %file.display(), %error, "cached component unusable; compiling again");
+                let _ = std::fs::remove_file(&file);
+            }
+        }
+    }
+    let component = compile()?;
+    let written = component.serialize().map_err(std::io::Error::other).and_then(|data| {
+        std::fs::create_dir_all(dir)?;
+        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, data)?;
+        std::fs::rename(&tmp, &file)
+    });
+    if let Err(error) = written {
+        tracing::warn!(dir = %dir.display(), %error, "could not write the compiled-component cache");
+    }
+    Ok(component)
 }
 
 /// Refuses a component built against another contract version before linking, so

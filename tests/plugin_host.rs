@@ -1,0 +1,52 @@
+//! The plugin host on its own: the compiled-component cache and calls under limits.
+
+mod common;
+
+use inlet::config::PluginLimits;
+use inlet::plugin::{Plugin, wit};
+
+fn message(data: &[u8]) -> wit::Message {
+    wit::Message {
+        data: data.to_vec(),
+        attributes: vec![],
+        message_id: "m".into(),
+        publish_time: None,
+        delivery_attempt: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compiled_components_are_cached_and_a_broken_cache_file_is_replaced() {
+    let cache = tempfile::tempdir().unwrap();
+    let path = common::plugin_path("work_order");
+    let files = || std::fs::read_dir(cache.path()).unwrap().map(|e| e.unwrap().path()).collect::<Vec<_>>();
+
+    Plugin::load(&path, PluginLimits::default(), Some(cache.path())).expect("first load compiles");
+    let cached = files();
+    assert_eq!(cached.len(), 1, "one compiled component: {cached:?}");
+    assert!(cached[0].extension().is_some_and(|e| e == "cwasm"));
+    let size = std::fs::metadata(&cached[0]).unwrap().len();
+
+    let plugin = Plugin::load(&path, PluginLimits::default(), Some(cache.path())).expect("second load uses the cache");
+    let decoded = plugin.decode(message(br#"{"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}"#)).await;
+    assert!(matches!(decoded, Ok(Ok(wit::Decoded::Event(_)))), "{decoded:?}");
+
+    std::fs::write(&cached[0], b"not a compiled component").unwrap();
+    Plugin::load(&path, PluginLimits::default(), Some(cache.path())).expect("a broken cache file is not fatal");
+    assert_eq!(std::fs::metadata(&cached[0]).unwrap().len(), size, "rewritten with the real compilation");
+
+    // Another plugin gets its own entry.
+    Plugin::load(&common::plugin_path("hostile"), PluginLimits::default(), Some(cache.path())).unwrap();
+    assert_eq!(files().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_trapped_is_replaced_and_the_plugin_keeps_serving() {
+    let plugin = Plugin::load(&common::plugin_path("hostile"), PluginLimits::default(), None).unwrap();
+    for _ in 0..3 {
+        let fault = plugin.decode(message(b"panic")).await.expect_err("panics");
+        assert_eq!(fault.kind(), "trap");
+        let ok = plugin.decode(message(b"k:1")).await.expect("serves after a trap");
+        assert!(matches!(ok, Ok(wit::Decoded::Event(ref e)) if e.correlation_key == "k"), "{ok:?}");
+    }
+}
