@@ -44,6 +44,9 @@ pub struct Options {
     pub retention: Duration,
     /// Folder of compiled plugins, so restarts do not recompile; `None` disables it.
     pub plugin_cache: Option<PathBuf>,
+    /// How often plugin files are checked for a new version (SIGHUP and
+    /// `POST /api/reload` check at once); `None` checks only on those.
+    pub reload_every: Option<Duration>,
 }
 
 impl Default for Options {
@@ -56,6 +59,7 @@ impl Default for Options {
             listen: None,
             retention: Duration::from_secs(7 * 24 * 3600),
             plugin_cache: crate::plugin::default_cache_dir(),
+            reload_every: Some(Duration::from_secs(2)),
         }
     }
 }
@@ -146,6 +150,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         .route("/api/entries/{id}", get(admin::show))
         .route("/api/entries/{id}/requeue", post(admin::requeue))
         .route("/api/entries/{id}/park", post(admin::park))
+        .route("/api/reload", post(admin::reload))
         .route("/metrics", get(admin::metrics))
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))
@@ -171,8 +176,58 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         });
         tasks.spawn(relay.run(shutdown_rx.clone()));
     }
-    tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx));
+    tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx.clone()));
+    tasks.spawn(watch_plugins(Arc::clone(&shared), options.reload_every, shutdown_rx));
     Ok(Running { addr, shared, shutdown, tasks })
+}
+
+/// Reloads plugins whose files changed: every `every`, and at once on SIGHUP.
+async fn watch_plugins(shared: Arc<Shared>, every: Option<Duration>, mut shutdown: watch::Receiver<bool>) {
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        let tick = async {
+            match every {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(unix)]
+        let hangup = async {
+            match hup.as_mut() {
+                Some(s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hangup = std::future::pending::<Option<()>>();
+        tokio::select! {
+            _ = tick => {}
+            _ = hangup => tracing::info!("SIGHUP: checking plugins for new versions"),
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        reload_plugins(&shared).await;
+    }
+}
+
+/// Checks every route's plugin file and swaps in changed versions that load.
+pub async fn reload_plugins(shared: &Arc<Shared>) -> Vec<(String, Result<crate::routing::Reload, String>)> {
+    let s = Arc::clone(shared);
+    let results = tokio::task::spawn_blocking(move || s.routes.reload_plugins()).await.unwrap_or_default();
+    results
+        .into_iter()
+        .map(|(route, r)| {
+            let label = match &r {
+                Ok(crate::routing::Reload::Swapped { .. }) => Some("ok"),
+                Err(_) => Some("refused"),
+                Ok(_) => None,
+            };
+            if let Some(result) = label {
+                shared.metrics.plugin_reloads.get_or_create(&Metrics::outcome(&route, result)).inc();
+            }
+            (route, r.map_err(|e| e.to_string()))
+        })
+        .collect()
 }
 
 /// Refreshes the backlog gauges and purges finished entries past their retention.

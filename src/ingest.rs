@@ -61,7 +61,7 @@ impl Ingest {
             status: Status::Parked,
             last_error: None,
         };
-        match route.plugin.decode(wit_msg).await {
+        match route.plugin().decode(wit_msg).await {
             Ok(Ok(wit::Decoded::Event(ev))) => {
                 if let Some(key) = ev.dedup_key.filter(|k| !k.is_empty()) {
                     entry.dedup_key = key;

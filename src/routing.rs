@@ -1,9 +1,13 @@
 //! Routes as they run: a route's configuration with its loaded plugin, its target
 //! and the signal that wakes its relay when a new entry is stored.
+//!
+//! A route's plugin can be replaced while the route runs ([`Route::reload_plugin`]):
+//! callers take an `Arc` of the current version for the whole of one call sequence,
+//! so in-flight calls finish on the version they started with.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::Notify;
 
@@ -13,21 +17,67 @@ use crate::target::Target;
 
 pub struct Route {
     pub config: RouteConfig,
-    pub plugin: Arc<Plugin>,
+    plugin: RwLock<Arc<Plugin>>,
+    /// Digest of the last version that failed to load, so it is reported once.
+    last_failed: Mutex<Option<String>>,
     pub target: Target,
     /// Notified after an entry of this route is committed.
     pub stored: Notify,
+}
+
+/// What a reload did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reload {
+    Unchanged,
+    /// The new version is in place.
+    Swapped {
+        digest: String,
+    },
+    /// The same broken version as last time; already reported.
+    StillBroken,
 }
 
 impl Route {
     pub fn name(&self) -> &str {
         self.config.name.as_str()
     }
+
+    /// The plugin version to use for one call sequence.
+    pub fn plugin(&self) -> Arc<Plugin> {
+        Arc::clone(&self.plugin.read().expect("plugin lock"))
+    }
+
+    /// Loads the plugin file again if its content changed. A version that does not
+    /// load is refused and the running one keeps serving.
+    pub fn reload_plugin(&self, cache: Option<&Path>) -> Result<Reload, PluginLoadError> {
+        let path = self.config.plugin.clone();
+        let bytes = std::fs::read(&path).map_err(|source| PluginLoadError::Read { path: path.clone(), source })?;
+        let digest = crate::inbox::digest_hex(&bytes);
+        if digest == self.plugin().digest() {
+            return Ok(Reload::Unchanged);
+        }
+        let mut last_failed = self.last_failed.lock().expect("reload lock");
+        if last_failed.as_deref() == Some(digest.as_str()) {
+            return Ok(Reload::StillBroken);
+        }
+        match Plugin::from_bytes(&path, &bytes, self.config.limits.clone(), cache) {
+            Ok(plugin) => {
+                *self.plugin.write().expect("plugin lock") = plugin;
+                *last_failed = None;
+                Ok(Reload::Swapped { digest })
+            }
+            Err(e) => {
+                *last_failed = Some(digest);
+                Err(e)
+            }
+        }
+    }
 }
 
 /// Every route of a configuration, by name.
 pub struct Routes {
     by_name: BTreeMap<String, Arc<Route>>,
+    cache: Option<PathBuf>,
 }
 
 impl Routes {
@@ -42,7 +92,8 @@ impl Routes {
                     let route = Route {
                         target: Target::new(rc.name.as_str(), &rc.target, &client),
                         config: rc.clone(),
-                        plugin,
+                        plugin: RwLock::new(plugin),
+                        last_failed: Mutex::new(None),
                         stored: Notify::new(),
                     };
                     by_name.insert(rc.name.to_string(), Arc::new(route));
@@ -50,7 +101,7 @@ impl Routes {
                 Err(e) => errors.push(e),
             }
         }
-        if errors.is_empty() { Ok(Routes { by_name }) } else { Err(errors) }
+        if errors.is_empty() { Ok(Routes { by_name, cache: cache.map(Path::to_path_buf) }) } else { Err(errors) }
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Route>> {
@@ -59,5 +110,29 @@ impl Routes {
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.by_name.values()
+    }
+
+    /// Reloads every plugin whose file changed; logs each outcome. Compiling is slow,
+    /// so call this from a blocking thread.
+    pub fn reload_plugins(&self) -> Vec<(String, Result<Reload, PluginLoadError>)> {
+        let mut out = Vec::new();
+        for route in self.by_name.values() {
+            let result = route.reload_plugin(self.cache.as_deref());
+            match &result {
+                Ok(Reload::Swapped { digest }) => {
+                    tracing::info!(
+                        route = route.name(),
+                        digest = &digest[..12],
+                        "plugin reloaded; new calls use the new version"
+                    )
+                }
+                Err(error) => {
+                    tracing::error!(route = route.name(), %error, "new plugin version refused; the running version keeps serving")
+                }
+                Ok(_) => {}
+            }
+            out.push((route.name().to_string(), result));
+        }
+        out
     }
 }

@@ -47,6 +47,8 @@ pub struct Metrics {
     /// Entries that ended PARKED during relay (alarm on this).
     pub parked: Family<RouteLabel, Counter>,
     pub plugin_faults: Family<PluginFaultLabels, Counter>,
+    /// Plugin versions swapped in (`ok`) or refused (`refused`).
+    pub plugin_reloads: Family<RouteOutcome, Counter>,
     /// Outcomes discarded because the worker's lease was gone.
     pub lease_lost: Family<RouteLabel, Counter>,
     /// Time from sending a request to the target to its answer.
@@ -74,6 +76,7 @@ impl Metrics {
             parked: Family::default(),
             plugin_faults: Family::default(),
             lease_lost: Family::default(),
+            plugin_reloads: Family::default(),
             delivery_seconds: Family::new_with_constructor(|| {
                 Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
             }),
@@ -95,6 +98,7 @@ impl Metrics {
         registry.register("delivery_attempts", "Delivery attempts by disposition", m.attempts.clone());
         registry.register("parked", "Entries parked by the relay", m.parked.clone());
         registry.register("plugin_faults", "Plugin calls that trapped or broke a limit", m.plugin_faults.clone());
+        registry.register("plugin_reloads", "Plugin versions swapped in or refused", m.plugin_reloads.clone());
         registry.register("lease_lost", "Attempt outcomes discarded because the lease was lost", m.lease_lost.clone());
         registry.register("delivery_duration_seconds", "Target response time", m.delivery_seconds.clone());
         registry.register("inbox_entries", "Unresolved inbox entries by status", m.entries.clone());

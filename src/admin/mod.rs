@@ -4,6 +4,7 @@
 //! - `GET  /api/entries/{id}`
 //! - `POST /api/entries/{id}/requeue` — a PARKED entry becomes due now
 //! - `POST /api/entries/{id}/park` — body `{"reason": "…"}`
+//! - `POST /api/reload` — swap in changed plugin files now
 //! - `GET  /metrics`, `GET /healthz` (process up), `GET /readyz` (inbox reachable)
 
 use std::sync::Arc;
@@ -120,4 +121,23 @@ pub async fn readyz(State(s): State<Arc<Shared>>) -> Response {
         Ok(_) => "ready".into_response(),
         Err(e) => store_error(e),
     }
+}
+
+pub async fn reload(State(s): State<Arc<Shared>>) -> Response {
+    let results = crate::app::reload_plugins(&s).await;
+    let body: serde_json::Map<String, serde_json::Value> = results
+        .into_iter()
+        .map(|(route, r)| {
+            let v = match r {
+                Ok(crate::routing::Reload::Unchanged) => json!({ "result": "unchanged" }),
+                Ok(crate::routing::Reload::Swapped { digest }) => json!({ "result": "reloaded", "sha256": digest }),
+                Ok(crate::routing::Reload::StillBroken) => {
+                    json!({ "result": "refused", "error": "same broken version as before" })
+                }
+                Err(e) => json!({ "result": "refused", "error": e }),
+            };
+            (route, v)
+        })
+        .collect();
+    Json(serde_json::Value::Object(body)).into_response()
 }

@@ -156,6 +156,8 @@ struct Warm {
 /// A loaded plugin, shared by every worker of its route.
 pub struct Plugin {
     path: PathBuf,
+    /// SHA-256 of the component's bytes: what a reload compares.
+    digest: String,
     pre: RouterPre<HostState>,
     limits: PluginLimits,
     warm: Mutex<Vec<Warm>>,
@@ -192,11 +194,16 @@ impl Plugin {
             |e: wasmtime::Error| PluginLoadError::Contract { path: path.to_path_buf(), reason: format!("{e:#}") };
         let instance_pre = linker.instantiate_pre(&component).map_err(contract)?;
         let pre = RouterPre::new(instance_pre).map_err(contract)?;
-        Ok(Arc::new(Plugin { path: path.to_path_buf(), pre, limits, warm: Mutex::new(Vec::new()) }))
+        let digest = crate::inbox::digest_hex(bytes);
+        Ok(Arc::new(Plugin { path: path.to_path_buf(), digest, pre, limits, warm: Mutex::new(Vec::new()) }))
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub fn digest(&self) -> &str {
+        &self.digest
     }
 
     pub fn limits(&self) -> &PluginLimits {

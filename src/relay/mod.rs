@@ -154,7 +154,9 @@ impl Relay {
             body: decoded.body,
             schema_version: decoded.schema_version,
         };
-        let request = match self.route.plugin.render(event.clone()).await {
+        // One version for the whole exchange, even if a reload lands meanwhile.
+        let plugin = self.route.plugin();
+        let request = match plugin.render(event.clone()).await {
             Ok(Ok(r)) => r,
             Ok(Err(reason)) => {
                 return Disposition::Park { reason: format!("plugin could not render the request: {reason}") };
@@ -176,7 +178,7 @@ impl Relay {
         let outcome = self.route.target.deliver(&request, &c.entry.dedup_key).await;
         self.metrics.delivery_seconds.get_or_create(&Metrics::route(route)).observe(started.elapsed().as_secs_f64());
         let described = crate::target::describe(&outcome);
-        match self.route.plugin.classify(event, outcome).await {
+        match plugin.classify(event, outcome).await {
             Ok(wit::Disposition::Done) => Disposition::Done,
             Ok(wit::Disposition::Retry(hint)) => {
                 Disposition::Retry { error: described, hint: hint.map(Duration::from_millis) }
@@ -204,7 +206,7 @@ impl Relay {
             publish_time: c.entry.publish_time.clone(),
             delivery_attempt: c.entry.delivery_attempt.map(|a| a.max(0) as u32),
         };
-        match self.route.plugin.decode(msg).await {
+        match self.route.plugin().decode(msg).await {
             Ok(Ok(wit::Decoded::Event(ev))) => Settlement::Decoded(Decoded {
                 event_type: ev.event_type,
                 correlation_key: ev.correlation_key,
