@@ -79,9 +79,10 @@ pub enum PluginCommand {
         #[arg(long, default_value = "test-message-1")]
         message_id: String,
         /// The target's answer as JSON: `{"status": 400, "headers": {…}, "body": …}` or
-        /// `{"transport_error": "timeout", "message": "…"}`.
-        #[arg(long)]
-        response: Option<PathBuf>,
+        /// `{"transport_error": "timeout", "message": "…"}`. Repeat it for each step of
+        /// a multi-step exchange.
+        #[arg(long = "response")]
+        responses: Vec<PathBuf>,
     },
 }
 
@@ -182,23 +183,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}: ok ({} routes, store {})", path.display(), config.routes.len(), config.store.url);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Plugin { command: PluginCommand::Test { plugin, message, attributes, message_id, response } } => {
+        Command::Plugin { command: PluginCommand::Test { plugin, message, attributes, message_id, responses } } => {
             let message =
                 std::fs::read(&message).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", message.display()))?;
-            let response = match response {
-                Some(p) => {
-                    let text =
-                        std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))?;
-                    Some(serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?)
-                }
-                None => None,
-            };
+            let mut parsed = Vec::new();
+            for p in &responses {
+                let text =
+                    std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))?;
+                parsed.push(serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?);
+            }
             let input = crate::plugin_dev::TestInput {
                 plugin: &plugin,
                 message,
                 attributes,
                 message_id,
-                response,
+                responses: parsed,
                 limits: crate::config::PluginLimits::default(),
             };
             match crate::plugin_dev::run(input).await {

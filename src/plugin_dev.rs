@@ -54,7 +54,8 @@ pub struct TestInput<'a> {
     pub message: Vec<u8>,
     pub attributes: Vec<(String, String)>,
     pub message_id: String,
-    pub response: Option<ResponseFile>,
+    /// The target's answer to each step, in order.
+    pub responses: Vec<ResponseFile>,
     pub limits: PluginLimits,
 }
 
@@ -105,7 +106,7 @@ pub async fn run(input: TestInput<'_>) -> Result<String, String> {
     if rendered.dedup_key.is_none() {
         rendered.dedup_key = Some(input.message_id.clone());
     }
-    match plugin.render(rendered.clone()).await {
+    let mut request = match plugin.render(rendered.clone()).await {
         Err(fault) => {
             let _ = writeln!(
                 out,
@@ -118,40 +119,43 @@ pub async fn run(input: TestInput<'_>) -> Result<String, String> {
             let _ = writeln!(out, "render: error: {reason}\n  → the entry would be PARKED");
             return Ok(out);
         }
-        Ok(Ok(req)) => {
-            let _ = writeln!(out, "render: {} {}", req.method, req.path);
-            for (k, v) in &req.headers {
-                let _ = writeln!(out, "  {k}: {v}");
-            }
-            let _ =
-                writeln!(out, "  idempotency-key: {} (added by the host)", rendered.dedup_key.as_deref().unwrap_or(""));
-            let _ = writeln!(out, "  body: {}", show_body(&req.body));
-        }
-    }
-
-    let Some(response) = input.response else {
-        let _ = writeln!(out, "classify: skipped (no --response given)");
-        return Ok(out);
+        Ok(Ok(req)) => req,
     };
-    let outcome = response.outcome()?;
-    let described = crate::target::describe(&outcome);
-    match plugin.classify(rendered, outcome).await {
-        Err(fault) => {
-            let _ = writeln!(out, "classify ({described}): plugin fault ({}): {fault}", fault.kind());
+    let mut exchange = wit::Exchange { step: 1, state: Vec::new() };
+    let mut responses = input.responses.into_iter();
+    loop {
+        let label = if exchange.step == 1 { "render".to_string() } else { format!("next (step {})", exchange.step) };
+        let _ = writeln!(out, "{label}: {} {}", request.method, request.path);
+        for (k, v) in &request.headers {
+            let _ = writeln!(out, "  {k}: {v}");
         }
-        Ok(d) => {
-            let verdict = match d {
-                wit::Disposition::Done => "done".to_string(),
-                wit::Disposition::Retry(None) => "retry (route backoff)".to_string(),
-                wit::Disposition::Retry(Some(ms)) => format!("retry after {ms} ms"),
-                wit::Disposition::NotYet(r) => format!("not-yet: {r}"),
-                wit::Disposition::Park(r) => format!("park: {r}"),
-                wit::Disposition::Ignore(r) => format!("ignore: {r}"),
-            };
-            let _ = writeln!(out, "classify ({described}): {verdict}");
-        }
+        let _ = writeln!(out, "  idempotency-key: {} (added by the host)", rendered.dedup_key.as_deref().unwrap_or(""));
+        let _ = writeln!(out, "  body: {}", show_body(&request.body));
+
+        let Some(response) = responses.next() else {
+            let _ = writeln!(out, "classify: skipped (no --response given for step {})", exchange.step);
+            return Ok(out);
+        };
+        let outcome = response.outcome()?;
+        let described = crate::target::describe(&outcome);
+        let verdict = match plugin.classify(rendered.clone(), exchange.clone(), outcome).await {
+            Err(fault) => format!("plugin fault ({}): {fault}", fault.kind()),
+            Ok(wit::Disposition::Next(next)) => {
+                let _ = writeln!(out, "classify ({described}): next step, state {}", show_body(&next.state));
+                request = next.request;
+                exchange = wit::Exchange { step: exchange.step + 1, state: next.state };
+                continue;
+            }
+            Ok(wit::Disposition::Done) => "done".to_string(),
+            Ok(wit::Disposition::Retry(None)) => "retry (route backoff)".to_string(),
+            Ok(wit::Disposition::Retry(Some(ms))) => format!("retry after {ms} ms"),
+            Ok(wit::Disposition::NotYet(r)) => format!("not-yet: {r}"),
+            Ok(wit::Disposition::Park(r)) => format!("park: {r}"),
+            Ok(wit::Disposition::Ignore(r)) => format!("ignore: {r}"),
+        };
+        let _ = writeln!(out, "classify ({described}): {verdict}");
+        return Ok(out);
     }
-    Ok(out)
 }
 
 /// JSON bodies pretty on one line; other text as is; binary as a length.

@@ -228,7 +228,7 @@ fn lease_one_second_over_the_timeout_is_enough() {
     let route = |lease: &str| {
         format!(
             "[[route]]\nname = \"r\"\nplugin = \"fake-plugin.bin\"\nsource = {{ kind = \"push\" }}\n\
-             target = {{ kind = \"http\", url = \"http://engine:8080\", timeout = \"30s\" }}\nlease = \"{lease}\"\n"
+             target = {{ kind = \"http\", url = \"http://engine:8080\", timeout = \"30s\" }}\nlease = \"{lease}\"\nmax_steps = 1\n"
         )
     };
     let path = Path::new("tests/ui/inline.toml");
@@ -238,4 +238,10 @@ fn lease_one_second_over_the_timeout_is_enough() {
     assert_eq!(errors.0.len(), 1);
     assert_eq!(errors.0[0].field, "route[0].lease");
     assert_eq!((errors.0[0].line, errors.0[0].column), (6, 9));
+
+    // With the default of 3 steps an exchange may take 3 × the timeout.
+    let three = |lease: &str| route(lease).replace("max_steps = 1\n", "");
+    assert!(Config::from_str(path, &three("90s"), &env).is_err(), "3 × 30s needs more than 90s");
+    let config = Config::from_str(path, &three("91s"), &env).expect("91s covers 3 steps of 30s");
+    assert_eq!(config.routes[0].max_steps, 3);
 }

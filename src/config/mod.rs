@@ -108,6 +108,8 @@ pub struct RouteConfig {
     /// How long a claimed entry belongs to this instance. Always longer than the
     /// target timeout, so a slow target cannot cause two deliveries of one key.
     pub lease: Duration,
+    /// Requests one attempt may send (a multi-step exchange), at least 1.
+    pub max_steps: u32,
     pub retry: RetryPolicy,
     pub not_yet: NotYetPolicy,
     pub limits: PluginLimits,

@@ -107,8 +107,11 @@ pub(super) struct RawRoute {
     pub parked: Option<ParkedPolicy>,
     /// Deliveries in flight at once for this route per instance (default 8).
     pub concurrency: Option<Spanned<u32>>,
-    /// How long a claimed entry belongs to an instance (default: 3 × the target
-    /// timeout + 5s). Must exceed the target timeout.
+    /// Requests one delivery attempt may send, for plugins whose target needs an
+    /// exchange (query, then trigger) — 1 to 10, default 3.
+    pub max_steps: Option<Spanned<u32>>,
+    /// How long a claimed entry belongs to an instance (default: `max_steps` × the
+    /// target timeout + 5s). Must exceed `max_steps` × the target timeout.
     pub lease: Option<Spanned<HumanDuration>>,
     /// Backoff for technical failures.
     pub retry: Option<RawRetry>,

@@ -237,17 +237,29 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         TargetKind::Http => dur(&t.timeout).unwrap_or(Duration::from_secs(10)),
         TargetKind::Log => TargetConfig::Log.timeout(),
     };
-    let lease = dur(&r.lease).unwrap_or(timeout * 3 + Duration::from_secs(5));
-    if let Some(l) = &r.lease
-        && l.get_ref().0 < timeout + Duration::from_secs(1)
+    let max_steps = r.max_steps.as_ref().map_or(3, |m| *m.get_ref());
+    if let Some(m) = &r.max_steps
+        && !(1..=10).contains(m.get_ref())
     {
+        c.error::<()>(m.span(), at("max_steps"), ConfigErrorKind::Invalid("must be between 1 and 10".into()));
+    }
+    // One attempt may send up to `max_steps` requests, each up to the timeout.
+    let exchange = timeout * max_steps.clamp(1, 10);
+    let lease = dur(&r.lease).unwrap_or(exchange + Duration::from_secs(5));
+    if let Some(l) = &r.lease
+        && l.get_ref().0 < exchange + Duration::from_secs(1)
+    {
+        let what = if max_steps > 1 {
+            format!("{max_steps} steps × the target timeout {}", humantime::format_duration(timeout))
+        } else {
+            format!("the target timeout {}", humantime::format_duration(timeout))
+        };
         c.error::<()>(
             l.span(),
             at("lease"),
             ConfigErrorKind::Invalid(format!(
-                "lease {} must exceed the target timeout {} by at least 1s, or a slow target could be delivered to twice",
+                "lease {} must exceed {what} by at least 1s, or a slow target could be delivered to twice",
                 humantime::format_duration(l.get_ref().0),
-                humantime::format_duration(timeout)
             )),
         );
     }
@@ -342,6 +354,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         parked: r.parked.unwrap_or(ParkedPolicy::BlockKey),
         concurrency: concurrency.max(1) as usize,
         lease,
+        max_steps: max_steps.clamp(1, 10),
         retry,
         not_yet,
         limits,

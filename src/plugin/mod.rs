@@ -313,9 +313,14 @@ impl Plugin {
     pub async fn classify(
         self: &Arc<Self>,
         ev: wit::Event,
+        exchange: wit::Exchange,
         outcome: wit::Outcome,
     ) -> Result<wit::Disposition, PluginFault> {
-        self.call(move |r, s| r.inlet_plugin_handler().call_classify(s, &ev, &outcome)).await
+        let out = self.call(move |r, s| r.inlet_plugin_handler().call_classify(s, &ev, &exchange, &outcome)).await?;
+        if let wit::Disposition::Next(next) = &out {
+            check_size(next.request.body.len() + next.state.len())?;
+        }
+        Ok(out)
     }
 }
 

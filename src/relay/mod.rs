@@ -166,33 +166,57 @@ impl Relay {
                 return Disposition::Retry { error: format!("plugin fault during render: {fault}"), hint: None };
             }
         };
-        // The lease must outlive the request; if it cannot, do not send.
-        let remaining = c.lease.expires_at - self.clock.now();
-        if remaining < self.route.config.target.timeout().as_millis() as Millis {
-            return Disposition::Retry {
-                error: "lease too short to deliver within the target timeout".into(),
-                hint: Some(Duration::ZERO),
-            };
-        }
-        let started = Instant::now();
-        let outcome = self.route.target.deliver(&request, &c.entry.dedup_key).await;
-        self.metrics.delivery_seconds.get_or_create(&Metrics::route(route)).observe(started.elapsed().as_secs_f64());
-        let described = crate::target::describe(&outcome);
-        match plugin.classify(event, outcome).await {
-            Ok(wit::Disposition::Done) => Disposition::Done,
-            Ok(wit::Disposition::Retry(hint)) => {
-                Disposition::Retry { error: described, hint: hint.map(Duration::from_millis) }
+        let max_steps = self.route.config.max_steps;
+        let mut request = request;
+        let mut exchange = wit::Exchange { step: 1, state: Vec::new() };
+        loop {
+            // The lease must outlive the request; if it cannot, do not send.
+            let remaining = c.lease.expires_at - self.clock.now();
+            if remaining < self.route.config.target.timeout().as_millis() as Millis {
+                return Disposition::Retry {
+                    error: format!("lease too short to send step {} within the target timeout", exchange.step),
+                    hint: Some(Duration::ZERO),
+                };
             }
-            Ok(wit::Disposition::NotYet(reason)) => Disposition::NotYet { reason: format!("{reason} ({described})") },
-            Ok(wit::Disposition::Park(reason)) => Disposition::Park { reason: format!("{reason} ({described})") },
-            Ok(wit::Disposition::Ignore(reason)) => Disposition::Ignore { reason },
-            Err(fault) => {
-                self.metrics.plugin_faults.get_or_create(&fault_labels(route, "classify", fault.kind())).inc();
-                Disposition::Retry {
-                    error: format!("plugin fault during classify: {fault} (after {described})"),
-                    hint: None,
+            let started = Instant::now();
+            let outcome = self.route.target.deliver(&request, &c.entry.dedup_key).await;
+            self.metrics
+                .delivery_seconds
+                .get_or_create(&Metrics::route(route))
+                .observe(started.elapsed().as_secs_f64());
+            let described = crate::target::describe(&outcome);
+            let described = if exchange.step > 1 { format!("step {}: {described}", exchange.step) } else { described };
+            return match plugin.classify(event.clone(), exchange.clone(), outcome).await {
+                Ok(wit::Disposition::Next(next)) => {
+                    if exchange.step >= max_steps {
+                        return Disposition::Retry {
+                            error: format!(
+                                "plugin asked for more than {max_steps} steps in one exchange ({described})"
+                            ),
+                            hint: None,
+                        };
+                    }
+                    request = next.request;
+                    exchange = wit::Exchange { step: exchange.step + 1, state: next.state };
+                    continue;
                 }
-            }
+                Ok(wit::Disposition::Done) => Disposition::Done,
+                Ok(wit::Disposition::Retry(hint)) => {
+                    Disposition::Retry { error: described, hint: hint.map(Duration::from_millis) }
+                }
+                Ok(wit::Disposition::NotYet(reason)) => {
+                    Disposition::NotYet { reason: format!("{reason} ({described})") }
+                }
+                Ok(wit::Disposition::Park(reason)) => Disposition::Park { reason: format!("{reason} ({described})") },
+                Ok(wit::Disposition::Ignore(reason)) => Disposition::Ignore { reason },
+                Err(fault) => {
+                    self.metrics.plugin_faults.get_or_create(&fault_labels(route, "classify", fault.kind())).inc();
+                    Disposition::Retry {
+                        error: format!("plugin fault during classify: {fault} (after {described})"),
+                        hint: None,
+                    }
+                }
+            };
         }
     }
 

@@ -6,7 +6,7 @@
 
 wit_bindgen::generate!({ path: "../../wit", world: "router" });
 
-use exports::inlet::plugin::handler::{DecodeError, Decoded, Disposition, Event, Message, Outcome, Request};
+use exports::inlet::plugin::handler::{DecodeError, Decoded, Disposition, Event, Exchange, Message, Outcome, Request};
 
 
 struct Plugin;
@@ -47,7 +47,7 @@ impl exports::inlet::plugin::handler::Guest for Plugin {
         Ok(Request { method: "POST".into(), path: "/hostile".into(), headers: vec![], body: ev.body })
     }
 
-    fn classify(_ev: Event, outcome: Outcome) -> Disposition {
+    fn classify(_ev: Event, _exchange: Exchange, outcome: Outcome) -> Disposition {
         match outcome {
             Outcome::Response(r) if r.status < 300 => Disposition::Done,
             _ => Disposition::Retry(None),

@@ -6,7 +6,7 @@
 
 wit_bindgen::generate!({ path: "../../wit", world: "router" });
 
-use exports::inlet::plugin::handler::{DecodeError, Decoded, Disposition, Event, Message, Outcome, Request};
+use exports::inlet::plugin::handler::{DecodeError, Decoded, Disposition, Event, Exchange, Message, Outcome, Request};
 use inlet::plugin::types::TransportErrorKind;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -70,7 +70,7 @@ impl exports::inlet::plugin::handler::Guest for Plugin {
         })
     }
 
-    fn classify(_ev: Event, outcome: Outcome) -> Disposition {
+    fn classify(_ev: Event, _exchange: Exchange, outcome: Outcome) -> Disposition {
         let response = match outcome {
             Outcome::Response(r) => r,
             Outcome::TransportError(e) => {
