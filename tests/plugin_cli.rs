@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-/// (case, plugin, message file, attributes, response file)
+/// (case, plugin, message file, attributes, response files separated by commas)
 type Case = (&'static str, &'static str, &'static str, &'static [&'static str], Option<&'static str>);
 
 const CASES: &[Case] = &[
@@ -18,6 +18,9 @@ const CASES: &[Case] = &[
     ("work-order-no-response", "work_order", "work-order.json", &[], None),
     ("work-order-garbage", "work_order", "garbage.txt", &[], None),
     ("hostile-panic", "hostile", "panic.txt", &[], None),
+    ("flowable-one", "flowable", "work-order.json", &[], Some("flowable-query-one.json,flowable-trigger-200.json")),
+    ("flowable-two", "flowable", "work-order.json", &[], Some("flowable-query-two.json")),
+    ("flowable-zero", "flowable", "work-order.json", &[], Some("flowable-query-zero.json")),
 ];
 
 #[test]
@@ -32,7 +35,7 @@ fn plugin_test_output_matches_the_golden_files() {
         for a in *attributes {
             cmd.args(["--attribute", a]);
         }
-        if let Some(r) = response {
+        for r in response.iter().flat_map(|r| r.split(',')) {
             cmd.arg("--response").arg(dir.join(r));
         }
         let out = cmd.env("NO_COLOR", "1").output().expect("run inlet plugin test");
