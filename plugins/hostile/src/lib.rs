@@ -1,7 +1,7 @@
 //! A plugin that misbehaves on request, to prove the host survives its guests.
 //!
 //! `decode` reads the payload as a command: `panic`, `loop`, `alloc` (1 GiB),
-//! `big` (a 100 MB event), or anything else, which decodes to an event keyed
+//! `big` (a 100 MB event), `big9` (a 9 MiB event: over the output cap, within memory), or anything else, which decodes to an event keyed
 //! by the payload text. `render` and `classify` obey the event body the same way.
 
 wit_bindgen::generate!({ path: "../../wit", world: "router" });
@@ -32,7 +32,11 @@ impl exports::inlet::plugin::handler::Guest for Plugin {
     fn decode(msg: Message) -> Result<Decoded, DecodeError> {
         misbehave(&msg.data);
         let text = String::from_utf8_lossy(&msg.data).into_owned();
-        let body = if msg.data == b"big" { vec![b'x'; 100 << 20] } else { msg.data.clone() };
+        let body = match msg.data.as_slice() {
+            b"big" => vec![b'x'; 100 << 20],
+            b"big9" => vec![b'x'; 9 << 20],
+            _ => msg.data.clone(),
+        };
         Ok(Decoded::Event(Event {
             event_type: "hostile".into(),
             correlation_key: text.split(':').next().unwrap_or_default().to_string(),
