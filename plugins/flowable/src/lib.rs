@@ -15,21 +15,12 @@ wit_bindgen::generate!({ path: "../../wit", world: "router" });
 
 use exports::inlet::plugin::handler::{DecodeError, Decoded, Disposition, Event, Exchange, Message, Outcome, Request};
 use inlet::plugin::types::{NextStep, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 
 const MESSAGE_NAME: &str = "WorkOrderCompleted";
 const BASE: &str = "/flowable-rest/service";
 
-#[derive(Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct WorkOrderCompleted {
-    work_order_id: String,
-    completed_items: u32,
-    completion_timestamp: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    event_id: Option<String>,
-}
 
 #[derive(Deserialize)]
 struct ExecutionPage {
@@ -52,8 +43,8 @@ fn json_request(method: &str, path: String, body: serde_json::Value) -> Request 
     }
 }
 
-fn order(ev: &Event) -> Result<WorkOrderCompleted, String> {
-    serde_json::from_slice(&ev.body).map_err(|e| format!("stored body is not a work order: {e}"))
+fn order(ev: &Event) -> Result<work_order_event::WorkOrderCompleted, String> {
+    work_order_event::from_body(&ev.body)
 }
 
 /// Flowable errors come as `{"message": "...", "exception": "..."}`.
@@ -74,18 +65,12 @@ fn error_text(r: &Response) -> String {
 
 impl exports::inlet::plugin::handler::Guest for Plugin {
     fn decode(msg: Message) -> Result<Decoded, DecodeError> {
-        let order: WorkOrderCompleted = serde_json::from_slice(&msg.data)
-            .map_err(|e| DecodeError { message: format!("payload is not a work-order-completed event: {e}") })?;
-        if order.work_order_id.trim().is_empty() {
-            return Err(DecodeError { message: "workOrderId is empty".into() });
-        }
-        let dedup_key =
-            msg.attributes.iter().find(|(k, _)| k == "eventId").map(|(_, v)| v.clone()).or_else(|| order.event_id.clone());
+        let parsed = work_order_event::parse(&msg.data, &msg.attributes).map_err(|message| DecodeError { message })?;
         Ok(Decoded::Event(Event {
-            event_type: "work-order-completed".into(),
-            correlation_key: order.work_order_id.clone(),
-            dedup_key,
-            body: serde_json::to_vec(&order).expect("a decoded event serializes"),
+            event_type: work_order_event::EVENT_TYPE.into(),
+            correlation_key: parsed.correlation_key,
+            dedup_key: parsed.dedup_key,
+            body: parsed.body,
             schema_version: Some("1".into()),
         }))
     }

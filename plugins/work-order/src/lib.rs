@@ -8,49 +8,28 @@ wit_bindgen::generate!({ path: "../../wit", world: "router" });
 
 use exports::inlet::plugin::handler::{DecodeError, Decoded, Disposition, Event, Exchange, Message, Outcome, Request};
 use inlet::plugin::types::TransportErrorKind;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 
 const MESSAGE_NAME: &str = "WorkOrderCompleted";
 
-#[derive(Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct WorkOrderCompleted {
-    work_order_id: String,
-    completed_items: u32,
-    completion_timestamp: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    event_id: Option<String>,
-}
 
 struct Plugin;
 
 impl exports::inlet::plugin::handler::Guest for Plugin {
     fn decode(msg: Message) -> Result<Decoded, DecodeError> {
-        let order: WorkOrderCompleted = serde_json::from_slice(&msg.data).map_err(|e| DecodeError {
-            message: format!("payload is not a work-order-completed event: {e}"),
-        })?;
-        if order.work_order_id.trim().is_empty() {
-            return Err(DecodeError { message: "workOrderId is empty".into() });
-        }
-        let dedup_key = msg
-            .attributes
-            .iter()
-            .find(|(k, _)| k == "eventId")
-            .map(|(_, v)| v.clone())
-            .or_else(|| order.event_id.clone());
+        let parsed = work_order_event::parse(&msg.data, &msg.attributes).map_err(|message| DecodeError { message })?;
         Ok(Decoded::Event(Event {
-            event_type: "work-order-completed".into(),
-            correlation_key: order.work_order_id.clone(),
-            dedup_key,
-            body: serde_json::to_vec(&order).expect("a decoded event serializes"),
+            event_type: work_order_event::EVENT_TYPE.into(),
+            correlation_key: parsed.correlation_key,
+            dedup_key: parsed.dedup_key,
+            body: parsed.body,
             schema_version: Some("1".into()),
         }))
     }
 
     fn render(ev: Event) -> Result<Request, String> {
-        let order: WorkOrderCompleted =
-            serde_json::from_slice(&ev.body).map_err(|e| format!("stored body is not a work order: {e}"))?;
+        let order = work_order_event::from_body(&ev.body)?;
         let body = json!({
             "messageName": MESSAGE_NAME,
             "correlationKeys": {
