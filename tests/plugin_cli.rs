@@ -20,6 +20,10 @@ const CASES: &[Case] = &[
     ("hostile-panic", "hostile", "panic.txt", &[], None),
     ("flowable-one", "flowable", "work-order.json", &[], Some("flowable-query-one.json,flowable-trigger-200.json")),
     ("flowable-two", "flowable", "work-order.json", &[], Some("flowable-query-two.json")),
+    ("camunda8-published", "camunda8", "work-order.json", &["eventId=evt-9"], Some("camunda8-200.json")),
+    ("camunda8-duplicate", "camunda8", "work-order.json", &["eventId=evt-9"], Some("camunda8-409.json")),
+    ("camunda8-invalid", "camunda8", "work-order.json", &[], Some("camunda8-400.json")),
+    ("camunda8-overloaded", "camunda8", "work-order.json", &[], Some("camunda8-503.json")),
     ("flowable-zero", "flowable", "work-order.json", &[], Some("flowable-query-zero.json")),
 ];
 
