@@ -93,15 +93,16 @@ async fn a_lost_answer_is_retried_and_zeebe_deduplicates_by_message_id() {
     })
     .await;
     assert_eq!(entry.attempts, 2, "the lost answer cost one retry");
-    let z = state.lock().unwrap();
-    assert_eq!(z.requests, 2);
-    assert_eq!(z.published.len(), 1, "published once");
-    let message = &z.published["evt-42"];
-    assert_eq!(message["correlationKey"], "4711");
-    assert_eq!(message["name"], "WorkOrderCompleted");
-    assert_eq!(message["timeToLive"], 3_600_000);
-    assert_eq!(message["variables"]["completedItems"], 3);
-    drop(z);
+    {
+        let z = state.lock().unwrap();
+        assert_eq!(z.requests, 2);
+        assert_eq!(z.published.len(), 1, "published once");
+        let message = &z.published["evt-42"];
+        assert_eq!(message["correlationKey"], "4711");
+        assert_eq!(message["name"], "WorkOrderCompleted");
+        assert_eq!(message["timeToLive"], 3_600_000);
+        assert_eq!(message["variables"]["completedItems"], 3);
+    }
     running.stop().await;
     server.abort();
 }
