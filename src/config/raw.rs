@@ -185,6 +185,9 @@ pub(super) struct RawLimits {
     pub call_timeout: Option<Spanned<HumanDuration>>,
     /// Memory one plugin instance may use, in MiB (default 64).
     pub memory_mib: Option<Spanned<u32>>,
+    /// Instructions one call may execute (wasmtime fuel): a deterministic limit,
+    /// independent of the machine's load. Off by default; `call_timeout` still applies.
+    pub fuel: Option<Spanned<u64>>,
 }
 
 /// A duration written for people: `"250ms"`, `"10s"`, `"30m"`, `"1h 30m"`.

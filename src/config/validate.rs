@@ -343,6 +343,12 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
             }
             limits.memory_bytes = (mib as usize) << 20;
         }
+        if let Some(f) = &l.fuel {
+            if *f.get_ref() == 0 {
+                c.error::<()>(f.span(), at("limits.fuel"), ConfigErrorKind::Invalid("must be at least 1".into()));
+            }
+            limits.fuel = Some(*f.get_ref());
+        }
     }
 
     Some(RouteConfig {

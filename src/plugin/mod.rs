@@ -45,6 +45,8 @@ pub const MAX_OUTPUT_BYTES: usize = 8 << 20;
 pub enum PluginFault {
     #[error("plugin exceeded its call time limit of {0:?}")]
     Timeout(Duration),
+    #[error("plugin used up its fuel of {0} instructions")]
+    FuelExhausted(u64),
     #[error("plugin exceeded its memory limit of {0} bytes")]
     OutOfMemory(usize),
     #[error("plugin trapped: {message}{}", stderr_suffix(.stderr))]
@@ -60,6 +62,7 @@ impl PluginFault {
     pub fn kind(&self) -> &'static str {
         match self {
             PluginFault::Timeout(_) => "timeout",
+            PluginFault::FuelExhausted(_) => "fuel",
             PluginFault::OutOfMemory(_) => "out_of_memory",
             PluginFault::Trap { .. } => "trap",
             PluginFault::OversizedOutput { .. } => "oversized_output",
@@ -89,13 +92,17 @@ pub enum PluginLoadError {
 /// The interface every plugin exports, with the contract version this host speaks.
 pub const CONTRACT: &str = "inlet:plugin/handler@0.1.0";
 
-/// The process-wide engine, with a thread that advances its epoch every [`TICK`].
-pub fn engine() -> &'static Engine {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE.get_or_init(|| {
+/// The process-wide engines — one plain, one counting fuel, since fuel is an engine
+/// setting that costs every call — each with a thread that advances its epoch every
+/// [`TICK`]. A component compiled by one cannot run on the other.
+pub fn engine(fuel: bool) -> &'static Engine {
+    static PLAIN: OnceLock<Engine> = OnceLock::new();
+    static FUEL: OnceLock<Engine> = OnceLock::new();
+    (if fuel { &FUEL } else { &PLAIN }).get_or_init(|| {
         let mut config = wasmtime::Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
+        config.consume_fuel(fuel);
         let engine = Engine::new(&config).expect("the wasmtime configuration is valid");
         let ticker = engine.weak();
         std::thread::Builder::new()
@@ -185,8 +192,8 @@ impl Plugin {
         limits: PluginLimits,
         cache: Option<&Path>,
     ) -> Result<Arc<Plugin>, PluginLoadError> {
-        let engine = engine();
-        let component = compile_cached(path, bytes, cache)?;
+        let engine = engine(limits.fuel.is_some());
+        let component = compile_cached(engine, path, bytes, cache)?;
         check_contract(path, engine, &component)?;
         let mut linker = Linker::<HostState>::new(engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).expect("WASI links into a fresh linker");
@@ -220,10 +227,13 @@ impl Plugin {
             .allow_ip_name_lookup(false)
             .build();
         let limiter = Limiter { memory_bytes: self.limits.memory_bytes, hit: false };
-        let mut store = Store::new(engine(), HostState { wasi, table: ResourceTable::new(), limiter });
+        let mut store = Store::new(self.pre.engine(), HostState { wasi, table: ResourceTable::new(), limiter });
         store.limiter(|s| &mut s.limiter);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(self.deadline_ticks());
+        if let Some(fuel) = self.limits.fuel {
+            store.set_fuel(fuel).expect("fuel is enabled on this engine");
+        }
         let router = self.pre.instantiate(&mut store).map_err(|e| self.fault(e, &store, &stderr))?;
         Ok(Warm { store, router, stderr, uses: 0 })
     }
@@ -237,8 +247,10 @@ impl Plugin {
         if store.data().limiter.hit {
             return PluginFault::OutOfMemory(self.limits.memory_bytes);
         }
-        if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
-            return PluginFault::Timeout(self.limits.call_timeout);
+        match e.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => return PluginFault::Timeout(self.limits.call_timeout),
+            Some(Trap::OutOfFuel) => return PluginFault::FuelExhausted(self.limits.fuel.unwrap_or_default()),
+            _ => {}
         }
         let stderr = String::from_utf8_lossy(&stderr.contents()).into_owned();
         // The root cause is the trap itself; the context above it is a wasm backtrace.
@@ -257,6 +269,9 @@ impl Plugin {
             None => self.instantiate()?,
         };
         warm.store.set_epoch_deadline(self.deadline_ticks());
+        if let Some(fuel) = self.limits.fuel {
+            warm.store.set_fuel(fuel).expect("fuel is enabled on this engine");
+        }
         match f(&warm.router, &mut warm.store) {
             Ok(r) => {
                 warm.uses += 1;
@@ -340,9 +355,13 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 /// stale file. Only files this function wrote are ever loaded: the cache folder must
 /// not be writable by anyone the host does not trust, since loading skips validation.
 /// A cache that cannot be read or written is logged and bypassed, never fatal.
-pub fn compile_cached(path: &Path, bytes: &[u8], cache: Option<&Path>) -> Result<Component, PluginLoadError> {
+pub fn compile_cached(
+    engine: &Engine,
+    path: &Path,
+    bytes: &[u8],
+    cache: Option<&Path>,
+) -> Result<Component, PluginLoadError> {
     use std::hash::{Hash, Hasher};
-    let engine = engine();
     let compile = || {
         Component::new(engine, bytes)
             .map_err(|e| PluginLoadError::Compile { path: path.to_path_buf(), reason: format!("{e:#}") })
