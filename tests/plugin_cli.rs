@@ -24,6 +24,8 @@ const CASES: &[Case] = &[
     ("camunda8-duplicate", "camunda8", "work-order.json", &["eventId=evt-9"], Some("camunda8-409.json")),
     ("camunda8-invalid", "camunda8", "work-order.json", &[], Some("camunda8-400.json")),
     ("camunda8-overloaded", "camunda8", "work-order.json", &[], Some("camunda8-503.json")),
+    ("template-done", "template", "template-event.json", &[], Some("camunda8-200.json")),
+    ("template-refused", "template", "template-event.json", &[], Some("http-422.json")),
     ("flowable-zero", "flowable", "work-order.json", &[], Some("flowable-query-zero.json")),
 ];
 
