@@ -651,3 +651,134 @@ fn correlation_key(body: &serde_json::Value) -> String {
     pairs.sort();
     pairs.join("&")
 }
+
+// ---------------------------------------------------------------------------------------
+// Google Pub/Sub emulator
+// ---------------------------------------------------------------------------------------
+
+/// The real Pub/Sub emulator (`gcloud beta emulators pubsub start`), in its own process
+/// group on a free port, stopped — the whole group, Java server included — on drop.
+/// Spoken to through its REST API.
+pub struct PubSubEmulator {
+    /// `127.0.0.1:PORT`, as `PUBSUB_EMULATOR_HOST` wants it.
+    pub host: String,
+    pub project: String,
+    child: std::process::Child,
+    http: reqwest::Client,
+}
+
+impl PubSubEmulator {
+    pub async fn start(project: &str) -> PubSubEmulator {
+        use std::os::unix::process::CommandExt as _;
+        let port = free_port();
+        let host = format!("127.0.0.1:{port}");
+        let log = std::env::temp_dir().join(format!("inlet-pubsub-emulator-{port}.log"));
+        let out = std::fs::File::create(&log).expect("emulator log file");
+        let child = std::process::Command::new("gcloud")
+            .args([
+                "beta",
+                "emulators",
+                "pubsub",
+                "start",
+                &format!("--host-port={host}"),
+                &format!("--project={project}"),
+            ])
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the Pub/Sub emulator (gcloud beta emulators pubsub start): {e}"));
+        let emulator =
+            PubSubEmulator { host: host.clone(), project: project.to_string(), child, http: reqwest::Client::new() };
+        let probe = format!("http://{host}/v1/projects/{project}/topics");
+        let http = emulator.http.clone();
+        let started = Instant::now();
+        loop {
+            if let Ok(r) = http.get(&probe).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(90) {
+                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("the Pub/Sub emulator did not answer on {host} within 90 s; its log:\n{tail}");
+            }
+            tokio::time::sleep(POLL_INTERVAL * 5).await;
+        }
+        emulator
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/v1/projects/{}", self.host, self.project)
+    }
+
+    pub async fn create_topic(&self, topic: &str) {
+        let r = self.http.put(format!("{}/topics/{topic}", self.url())).send().await.unwrap();
+        assert!(r.status().is_success(), "create topic {topic}: {}", r.text().await.unwrap());
+    }
+
+    pub async fn create_subscription(&self, topic: &str, subscription: &str, ordered: bool) {
+        let body = serde_json::json!({
+            "topic": format!("projects/{}/topics/{topic}", self.project),
+            "ackDeadlineSeconds": 10,
+            "enableMessageOrdering": ordered,
+        });
+        let r = self
+            .http
+            .put(format!("{}/subscriptions/{subscription}", self.url()))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "create subscription {subscription}: {}", r.text().await.unwrap());
+    }
+
+    /// Pulls what is there now (up to 1,000) and acks it.
+    pub async fn pull(&self, subscription: &str) -> Vec<serde_json::Value> {
+        let url = format!("{}/subscriptions/{subscription}", self.url());
+        let body = serde_json::json!({ "maxMessages": 1000, "returnImmediately": true }).to_string();
+        let r = self
+            .http
+            .post(format!("{url}:pull"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        let received = v["receivedMessages"].as_array().cloned().unwrap_or_default();
+        if !received.is_empty() {
+            let ack_ids: Vec<_> = received.iter().map(|m| m["ackId"].clone()).collect();
+            let body = serde_json::json!({ "ackIds": ack_ids }).to_string();
+            let r = self
+                .http
+                .post(format!("{url}:acknowledge"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success());
+        }
+        received.into_iter().map(|m| m["message"].clone()).collect()
+    }
+}
+
+impl Drop for PubSubEmulator {
+    fn drop(&mut self) {
+        // The gcloud wrapper leaves its Java child running if only the wrapper dies:
+        // signal the whole group.
+        let group = format!("-{}", self.child.id());
+        let _ = std::process::Command::new("kill").args(["-TERM", "--", &group]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = std::process::Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = self.child.wait();
+    }
+}
