@@ -1,15 +1,16 @@
 //! Wiring for `inlet run`: open the inbox, load the routes, serve HTTP, run one relay
 //! per route plus the housekeeping tasks, and stop cleanly.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::clock::{Clock, DbClock};
 use crate::config::Config;
@@ -20,13 +21,78 @@ use crate::routing::Routes;
 use crate::telemetry::{Metrics, RouteStatus};
 use crate::{admin, source};
 
-/// What request handlers share.
+/// What request handlers and background tasks share.
 pub struct Shared {
-    pub routes: Routes,
+    routes: RwLock<Arc<Routes>>,
     pub store: Arc<dyn Store>,
     pub clock: Arc<dyn Clock>,
     pub metrics: Arc<Metrics>,
     pub ingest: Ingest,
+    /// The routing file as last applied, and where it lives.
+    pub(crate) config: Mutex<Config>,
+    pub(crate) config_seen: Mutex<crate::reload::Seen>,
+    relays: Mutex<Relays>,
+    relay_options: RelayOptions,
+}
+
+/// One relay task per route, each with its own stop signal, so a reload can stop and
+/// start single routes.
+#[derive(Default)]
+struct Relays {
+    running: HashMap<String, (watch::Sender<bool>, JoinHandle<()>)>,
+    /// Relays told to stop that may still be finishing in-flight attempts.
+    stopping: Vec<JoinHandle<()>>,
+}
+
+impl Shared {
+    /// The routes as they are now.
+    pub fn routes(&self) -> Arc<Routes> {
+        Arc::clone(&self.routes.read().expect("routes lock"))
+    }
+
+    /// Puts a new set of routes in place: relays of routes that are gone or changed
+    /// stop claiming (their in-flight attempts finish), relays of `fresh` routes start.
+    pub(crate) fn replace_routes(&self, routes: Arc<Routes>, fresh: &[String]) {
+        let mut relays = self.relays.lock().expect("relays lock");
+        let names: Vec<String> = relays.running.keys().cloned().collect();
+        for name in names {
+            if routes.get(&name).is_none() || fresh.contains(&name) {
+                let (stop, handle) = relays.running.remove(&name).expect("listed");
+                let _ = stop.send(true);
+                relays.stopping.push(handle);
+            }
+        }
+        *self.routes.write().expect("routes lock") = Arc::clone(&routes);
+        for route in routes.iter() {
+            if !relays.running.contains_key(route.name()) {
+                let (stop, stop_rx) = watch::channel(false);
+                let relay = Arc::new(Relay {
+                    route: Arc::clone(route),
+                    store: Arc::clone(&self.store),
+                    clock: Arc::clone(&self.clock),
+                    metrics: Arc::clone(&self.metrics),
+                    options: self.relay_options.clone(),
+                });
+                relays.running.insert(route.name().to_string(), (stop, tokio::spawn(relay.run(stop_rx))));
+            }
+        }
+    }
+
+    /// Stops every relay and waits for in-flight attempts to finish.
+    async fn stop_relays(&self) {
+        let handles: Vec<JoinHandle<()>> = {
+            let mut relays = self.relays.lock().expect("relays lock");
+            let mut handles: Vec<_> = relays.stopping.drain(..).collect();
+            for (_, (stop, handle)) in relays.running.drain() {
+                let _ = stop.send(true);
+                handles.push(handle);
+            }
+            handles
+        };
+        for h in handles {
+            let _ = h.await;
+        }
+    }
 }
 
 /// Knobs that are not part of the routing file (tests set them).
@@ -44,8 +110,8 @@ pub struct Options {
     pub retention: Duration,
     /// Folder of compiled plugins, so restarts do not recompile; `None` disables it.
     pub plugin_cache: Option<PathBuf>,
-    /// How often plugin files are checked for a new version (SIGHUP and
-    /// `POST /api/reload` check at once); `None` checks only on those.
+    /// How often the routing file and the plugin files are checked for a new
+    /// version (SIGHUP and `POST /api/reload` check at once); `None` checks only on those.
     pub reload_every: Option<Duration>,
 }
 
@@ -86,6 +152,7 @@ impl Running {
     /// Stops accepting pushes, stops claiming, lets in-flight attempts finish.
     pub async fn stop(mut self) {
         let _ = self.shutdown.send(true);
+        self.shared.stop_relays().await;
         while self.tasks.join_next().await.is_some() {}
     }
 
@@ -135,10 +202,14 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     let metrics = Arc::new(Metrics::new());
     let shared = Arc::new(Shared {
         ingest: Ingest { store: Arc::clone(&store), clock: Arc::clone(&clock), metrics: Arc::clone(&metrics) },
-        routes,
+        routes: RwLock::new(Arc::new(Routes::empty(None))),
         store,
         clock,
         metrics,
+        config: Mutex::new(config.clone()),
+        config_seen: Mutex::default(),
+        relays: Mutex::new(Relays::default()),
+        relay_options: RelayOptions { owner: options.owner.clone(), poll: options.poll },
     });
 
     let addr = options.listen.unwrap_or(config.server.listen);
@@ -164,70 +235,12 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
             tracing::error!(%error, "http server failed");
         }
     });
-    tracing::info!(%addr, routes = shared.routes.iter().count(), store = shared.store.backend(), "inlet listening");
-
-    for route in shared.routes.iter() {
-        let relay = Arc::new(Relay {
-            route: Arc::clone(route),
-            store: Arc::clone(&shared.store),
-            clock: Arc::clone(&shared.clock),
-            metrics: Arc::clone(&shared.metrics),
-            options: RelayOptions { owner: options.owner.clone(), poll: options.poll },
-        });
-        tasks.spawn(relay.run(shutdown_rx.clone()));
-    }
+    let names: Vec<String> = routes.iter().map(|r| r.name().to_string()).collect();
+    shared.replace_routes(Arc::new(routes), &names);
+    tracing::info!(%addr, routes = names.len(), store = shared.store.backend(), "inlet listening");
     tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx.clone()));
-    tasks.spawn(watch_plugins(Arc::clone(&shared), options.reload_every, shutdown_rx));
+    tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
     Ok(Running { addr, shared, shutdown, tasks })
-}
-
-/// Reloads plugins whose files changed: every `every`, and at once on SIGHUP.
-async fn watch_plugins(shared: Arc<Shared>, every: Option<Duration>, mut shutdown: watch::Receiver<bool>) {
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    loop {
-        let tick = async {
-            match every {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        #[cfg(unix)]
-        let hangup = async {
-            match hup.as_mut() {
-                Some(s) => s.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let hangup = std::future::pending::<Option<()>>();
-        tokio::select! {
-            _ = tick => {}
-            _ = hangup => tracing::info!("SIGHUP: checking plugins for new versions"),
-            _ = shutdown.wait_for(|stop| *stop) => return,
-        }
-        reload_plugins(&shared).await;
-    }
-}
-
-/// Checks every route's plugin file and swaps in changed versions that load.
-pub async fn reload_plugins(shared: &Arc<Shared>) -> Vec<(String, Result<crate::routing::Reload, String>)> {
-    let s = Arc::clone(shared);
-    let results = tokio::task::spawn_blocking(move || s.routes.reload_plugins()).await.unwrap_or_default();
-    results
-        .into_iter()
-        .map(|(route, r)| {
-            let label = match &r {
-                Ok(crate::routing::Reload::Swapped { .. }) => Some("ok"),
-                Err(_) => Some("refused"),
-                Ok(_) => None,
-            };
-            if let Some(result) = label {
-                shared.metrics.plugin_reloads.get_or_create(&Metrics::outcome(&route, result)).inc();
-            }
-            (route, r.map_err(|e| e.to_string()))
-        })
-        .collect()
 }
 
 /// Refreshes the backlog gauges and purges finished entries past their retention.
@@ -262,7 +275,7 @@ async fn refresh_gauges(shared: &Shared) {
         }
     };
     let now = shared.clock.now();
-    for route in shared.routes.iter() {
+    for route in shared.routes().iter() {
         for status in [Status::Open, Status::InProgress, Status::Parked] {
             let row = counts.iter().find(|c| c.route == route.name() && c.status == status);
             let label = RouteStatus { route: route.name().to_string(), status: status.as_str() };

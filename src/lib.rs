@@ -22,6 +22,7 @@ pub mod ingest;
 pub mod plugin;
 pub mod plugin_dev;
 pub mod relay;
+pub mod reload;
 pub mod routing;
 pub mod source;
 pub mod target;

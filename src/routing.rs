@@ -74,34 +74,64 @@ impl Route {
     }
 }
 
+impl Route {
+    /// Loads a route's plugin and builds its target.
+    pub fn load(config: RouteConfig, client: &reqwest::Client, cache: Option<&Path>) -> Result<Route, PluginLoadError> {
+        let plugin = Plugin::load(&config.plugin, config.limits.clone(), cache)?;
+        Ok(Route {
+            target: Target::new(config.name.as_str(), &config.target, client),
+            config,
+            plugin: RwLock::new(plugin),
+            last_failed: Mutex::new(None),
+            stored: Notify::new(),
+        })
+    }
+}
+
 /// Every route of a configuration, by name.
 pub struct Routes {
     by_name: BTreeMap<String, Arc<Route>>,
     cache: Option<PathBuf>,
+    client: reqwest::Client,
 }
 
 impl Routes {
     /// Loads every route's plugin; reports every plugin that fails, not just the first.
     pub fn load(config: &Config, cache: Option<&Path>) -> Result<Routes, Vec<PluginLoadError>> {
-        let client = Target::client();
+        Routes::empty(cache).next(config).map(|(routes, _)| routes)
+    }
+
+    /// No routes yet; `next` fills them in, compiling plugins through `cache`.
+    pub fn empty(cache: Option<&Path>) -> Routes {
+        Routes { by_name: BTreeMap::new(), cache: cache.map(Path::to_path_buf), client: Target::client() }
+    }
+
+    /// The routes of a new configuration: a route whose configuration did not change
+    /// is kept as it runs (same plugin version, same wake-up signal); others are
+    /// loaded afresh. Also returns the names of the routes that are new or changed.
+    pub fn next(&self, config: &Config) -> Result<(Routes, Vec<String>), Vec<PluginLoadError>> {
         let mut by_name = BTreeMap::new();
+        let mut fresh = Vec::new();
         let mut errors = Vec::new();
         for rc in &config.routes {
-            match Plugin::load(&rc.plugin, rc.limits.clone(), cache) {
-                Ok(plugin) => {
-                    let route = Route {
-                        target: Target::new(rc.name.as_str(), &rc.target, &client),
-                        config: rc.clone(),
-                        plugin: RwLock::new(plugin),
-                        last_failed: Mutex::new(None),
-                        stored: Notify::new(),
-                    };
-                    by_name.insert(rc.name.to_string(), Arc::new(route));
+            let name = rc.name.to_string();
+            match self.by_name.get(&name) {
+                Some(running) if running.config == *rc => {
+                    by_name.insert(name, Arc::clone(running));
                 }
-                Err(e) => errors.push(e),
+                _ => match Route::load(rc.clone(), &self.client, self.cache.as_deref()) {
+                    Ok(route) => {
+                        by_name.insert(name.clone(), Arc::new(route));
+                        fresh.push(name);
+                    }
+                    Err(e) => errors.push(e),
+                },
             }
         }
-        if errors.is_empty() { Ok(Routes { by_name, cache: cache.map(Path::to_path_buf) }) } else { Err(errors) }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok((Routes { by_name, cache: self.cache.clone(), client: self.client.clone() }, fresh))
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Route>> {

@@ -22,6 +22,11 @@ pub struct RouteOutcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteStatus {
     pub route: String,
     pub status: &'static str,
@@ -47,6 +52,8 @@ pub struct Metrics {
     /// Entries that ended PARKED during relay (alarm on this).
     pub parked: Family<RouteLabel, Counter>,
     pub plugin_faults: Family<PluginFaultLabels, Counter>,
+    /// Routing files applied (`ok`) or refused (`refused`) while running.
+    pub config_reloads: Family<OutcomeLabel, Counter>,
     /// Plugin versions swapped in (`ok`) or refused (`refused`).
     pub plugin_reloads: Family<RouteOutcome, Counter>,
     /// Outcomes discarded because the worker's lease was gone.
@@ -77,6 +84,7 @@ impl Metrics {
             plugin_faults: Family::default(),
             lease_lost: Family::default(),
             plugin_reloads: Family::default(),
+            config_reloads: Family::default(),
             delivery_seconds: Family::new_with_constructor(|| {
                 Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
             }),
@@ -98,6 +106,7 @@ impl Metrics {
         registry.register("delivery_attempts", "Delivery attempts by disposition", m.attempts.clone());
         registry.register("parked", "Entries parked by the relay", m.parked.clone());
         registry.register("plugin_faults", "Plugin calls that trapped or broke a limit", m.plugin_faults.clone());
+        registry.register("config_reloads", "Routing files applied or refused while running", m.config_reloads.clone());
         registry.register("plugin_reloads", "Plugin versions swapped in or refused", m.plugin_reloads.clone());
         registry.register("lease_lost", "Attempt outcomes discarded because the lease was lost", m.lease_lost.clone());
         registry.register("delivery_duration_seconds", "Target response time", m.delivery_seconds.clone());

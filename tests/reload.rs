@@ -116,3 +116,86 @@ async fn replacing_a_plugin_while_messages_flow_loses_nothing_and_refuses_a_corr
     }
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_routing_file_is_applied_per_route_and_a_broken_one_is_refused() {
+    let camunda = common::FakeCamunda::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("inlet.toml");
+    let wo = common::plugin_path("work_order");
+    let route_a = |concurrency: u32| {
+        format!(
+            "[[route]]\nname = \"a\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{}\" }}\nconcurrency = {concurrency}\n",
+            wo.display(),
+            camunda.url()
+        )
+    };
+    let route_b = format!(
+        "[[route]]\nname = \"b\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
+        wo.display()
+    );
+    let store = "[store]\nurl = \"sqlite://inbox.db\"\n\n";
+    std::fs::write(&cfg, format!("{store}{}", route_a(4))).unwrap();
+    let options = app::Options {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        poll: Duration::from_millis(20),
+        reload_every: None,
+        ..app::Options::default()
+    };
+    let running = app::start(&Config::load(&cfg).unwrap(), options).await.unwrap();
+    let base = format!("http://{}", running.addr);
+    let http = reqwest::Client::new();
+    let push = |route: &str, seq: u32| {
+        let data = format!(r#"{{"workOrderId":"k","completedItems":{seq},"completionTimestamp":"t"}}"#);
+        http.post(format!("{base}/push/{route}"))
+            .body(push_envelope(data.as_bytes(), &[], &format!("{route}-{seq}")).to_string())
+            .send()
+    };
+    let reload = || async {
+        let r = http.post(format!("{base}/api/reload")).send().await.unwrap();
+        serde_json::from_str::<serde_json::Value>(&r.text().await.unwrap()).unwrap()
+    };
+
+    assert_eq!(push("a", 1).await.unwrap().status().as_u16(), 200);
+    assert_eq!(push("b", 1).await.unwrap().status().as_u16(), 404, "no route b yet");
+    assert_eq!(reload().await["routing_file"]["result"], "unchanged");
+
+    std::fs::write(&cfg, format!("{store}{}{route_b}", route_a(2))).unwrap();
+    let report = reload().await;
+    assert_eq!(report["routing_file"]["result"], "applied", "{report}");
+    assert_eq!(report["routing_file"]["added"], serde_json::json!(["b"]));
+    assert_eq!(report["routing_file"]["changed"], serde_json::json!(["a"]));
+    assert_eq!(push("b", 2).await.unwrap().status().as_u16(), 200, "the new route serves");
+    assert_eq!(push("a", 2).await.unwrap().status().as_u16(), 200);
+    wait_until("route a delivered both", WAIT, || async { camunda.correlated_seqs("k") == vec![1, 2] }).await;
+
+    std::fs::write(&cfg, format!("{store}{}{route_b}retyr = 3\n", route_a(2))).unwrap();
+    let report = reload().await;
+    assert_eq!(report["routing_file"]["result"], "refused", "{report}");
+    assert!(report["routing_file"]["error"].as_str().unwrap().contains("unknown field `retyr`"), "{report}");
+    assert_eq!(reload().await["routing_file"]["error"], "same refused version as before", "reported once");
+    assert_eq!(push("b", 3).await.unwrap().status().as_u16(), 200, "the running configuration stays");
+
+    std::fs::write(&cfg, format!("[store]\nurl = \"sqlite://other.db\"\n\n{}", route_a(2))).unwrap();
+    let report = reload().await;
+    assert!(report["routing_file"]["error"].as_str().unwrap().contains("needs a restart"), "{report}");
+
+    std::fs::write(&cfg, format!("{store}{}", route_a(2))).unwrap();
+    let report = reload().await;
+    assert_eq!(report["routing_file"]["removed"], serde_json::json!(["b"]), "{report}");
+    assert_eq!(report["routing_file"]["changed"], serde_json::json!([]), "route a unchanged: {report}");
+    assert_eq!(push("b", 4).await.unwrap().status().as_u16(), 404, "route b is gone");
+
+    let entries = store_entries(&running, "b").await;
+    assert_eq!(entries.len(), 2, "what route b stored stays in the inbox");
+    running.stop().await;
+}
+
+async fn store_entries(running: &app::Running, route: &str) -> Vec<inlet::inbox::Entry> {
+    running
+        .shared
+        .store
+        .list(&ListFilter { route: Some(route.into()), limit: 100, ..Default::default() })
+        .await
+        .unwrap()
+}

@@ -4,7 +4,7 @@
 //! - `GET  /api/entries/{id}`
 //! - `POST /api/entries/{id}/requeue` — a PARKED entry becomes due now
 //! - `POST /api/entries/{id}/park` — body `{"reason": "…"}`
-//! - `POST /api/reload` — swap in changed plugin files now
+//! - `POST /api/reload` — apply a changed routing file and plugin files now
 //! - `GET  /metrics`, `GET /healthz` (process up), `GET /readyz` (inbox reachable)
 
 use std::sync::Arc;
@@ -78,7 +78,7 @@ pub async fn requeue(State(s): State<Arc<Shared>>, Path(id): Path<i64>) -> Respo
     match s.store.requeue(id, s.clock.now()).await {
         Ok(true) => {
             if let Ok(Some(e)) = s.store.get(id).await
-                && let Some(route) = s.routes.get(&e.route)
+                && let Some(route) = s.routes().get(&e.route)
             {
                 route.stored.notify_one();
             }
@@ -124,20 +124,6 @@ pub async fn readyz(State(s): State<Arc<Shared>>) -> Response {
 }
 
 pub async fn reload(State(s): State<Arc<Shared>>) -> Response {
-    let results = crate::app::reload_plugins(&s).await;
-    let body: serde_json::Map<String, serde_json::Value> = results
-        .into_iter()
-        .map(|(route, r)| {
-            let v = match r {
-                Ok(crate::routing::Reload::Unchanged) => json!({ "result": "unchanged" }),
-                Ok(crate::routing::Reload::Swapped { digest }) => json!({ "result": "reloaded", "sha256": digest }),
-                Ok(crate::routing::Reload::StillBroken) => {
-                    json!({ "result": "refused", "error": "same broken version as before" })
-                }
-                Err(e) => json!({ "result": "refused", "error": e }),
-            };
-            (route, v)
-        })
-        .collect();
-    Json(serde_json::Value::Object(body)).into_response()
+    let report = crate::reload::reload_now(&s).await;
+    Json(report).into_response()
 }

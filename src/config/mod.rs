@@ -19,7 +19,7 @@ use std::time::Duration;
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 
 /// A loaded, validated routing file.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// The file this configuration was read from.
     pub path: PathBuf,
@@ -94,7 +94,7 @@ impl TryFrom<String> for RouteName {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RouteConfig {
     pub name: RouteName,
     /// The plugin component, resolved against the routing file's folder.

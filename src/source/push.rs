@@ -76,7 +76,8 @@ pub async fn handle(
     Path(route): Path<String>,
     body: Bytes,
 ) -> (StatusCode, Json<serde_json::Value>) {
-    let Some(route) = shared.routes.get(&route) else {
+    let routes = shared.routes();
+    let Some(route) = routes.get(&route) else {
         return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no route named `{route}`") })));
     };
     let incoming = match serde_json::from_slice::<PushEnvelope>(&body)
