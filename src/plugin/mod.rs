@@ -168,6 +168,7 @@ pub struct Plugin {
     pre: RouterPre<HostState>,
     limits: PluginLimits,
     warm: Mutex<Vec<Warm>>,
+    pool_size: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -202,7 +203,14 @@ impl Plugin {
         let instance_pre = linker.instantiate_pre(&component).map_err(contract)?;
         let pre = RouterPre::new(instance_pre).map_err(contract)?;
         let digest = crate::inbox::digest_hex(bytes);
-        Ok(Arc::new(Plugin { path: path.to_path_buf(), digest, pre, limits, warm: Mutex::new(Vec::new()) }))
+        Ok(Arc::new(Plugin {
+            path: path.to_path_buf(),
+            digest,
+            pre,
+            limits,
+            warm: Mutex::new(Vec::new()),
+            pool_size: std::sync::atomic::AtomicUsize::new(POOL_SIZE),
+        }))
     }
 
     pub fn path(&self) -> &Path {
@@ -277,7 +285,7 @@ impl Plugin {
                 warm.uses += 1;
                 if warm.uses < MAX_USES {
                     let mut pool = self.warm.lock().expect("plugin pool lock");
-                    if pool.len() < POOL_SIZE {
+                    if pool.len() < self.pool_size.load(std::sync::atomic::Ordering::Relaxed) {
                         pool.push(warm);
                     }
                 }
@@ -289,17 +297,24 @@ impl Plugin {
         }
     }
 
-    async fn call<R: Send + 'static>(
+    /// Runs a blocking plugin call on tokio's blocking pool.
+    async fn off_thread<R: Send + 'static>(
         self: &Arc<Self>,
-        f: impl FnOnce(&Router, &mut Store<HostState>) -> wasmtime::Result<R> + Send + 'static,
+        f: impl FnOnce(&Plugin) -> Result<R, PluginFault> + Send + 'static,
     ) -> Result<R, PluginFault> {
         let this = Arc::clone(self);
-        match tokio::task::spawn_blocking(move || this.call_blocking(f)).await {
+        match tokio::task::spawn_blocking(move || f(&this)).await {
             Ok(r) => r,
             Err(join) => {
                 Err(PluginFault::Trap { message: format!("plugin call thread failed: {join}"), stderr: String::new() })
             }
         }
+    }
+
+    /// How many warm instances to keep; 0 makes every call instantiate afresh.
+    pub fn set_warm_instances(&self, n: usize) {
+        self.pool_size.store(n, std::sync::atomic::Ordering::Relaxed);
+        self.warm.lock().expect("plugin pool lock").truncate(n);
     }
 
     /// `decode`: the plugin's reading of a broker message. The outer error is the
@@ -308,21 +323,11 @@ impl Plugin {
         self: &Arc<Self>,
         msg: wit::Message,
     ) -> Result<Result<wit::Decoded, wit::DecodeError>, PluginFault> {
-        let out = self.call(move |r, s| r.inlet_plugin_handler().call_decode(s, &msg)).await?;
-        if let Ok(wit::Decoded::Event(ev)) = &out {
-            check_size(ev.body.len())?;
-        }
-        Ok(out)
+        self.off_thread(move |p| p.decode_blocking(msg)).await
     }
 
     pub async fn render(self: &Arc<Self>, ev: wit::Event) -> Result<Result<wit::Request, String>, PluginFault> {
-        let out = self.call(move |r, s| r.inlet_plugin_handler().call_render(s, &ev)).await?;
-        if let Ok(req) = &out {
-            check_size(
-                req.body.len() + req.path.len() + req.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>(),
-            )?;
-        }
-        Ok(out)
+        self.off_thread(move |p| p.render_blocking(ev)).await
     }
 
     pub async fn classify(
@@ -331,7 +336,35 @@ impl Plugin {
         exchange: wit::Exchange,
         outcome: wit::Outcome,
     ) -> Result<wit::Disposition, PluginFault> {
-        let out = self.call(move |r, s| r.inlet_plugin_handler().call_classify(s, &ev, &exchange, &outcome)).await?;
+        self.off_thread(move |p| p.classify_blocking(ev, exchange, outcome)).await
+    }
+
+    /// [`Plugin::decode`] on the calling thread (benchmarks, tools).
+    pub fn decode_blocking(&self, msg: wit::Message) -> Result<Result<wit::Decoded, wit::DecodeError>, PluginFault> {
+        let out = self.call_blocking(move |r, s| r.inlet_plugin_handler().call_decode(s, &msg))?;
+        if let Ok(wit::Decoded::Event(ev)) = &out {
+            check_size(ev.body.len())?;
+        }
+        Ok(out)
+    }
+
+    pub fn render_blocking(&self, ev: wit::Event) -> Result<Result<wit::Request, String>, PluginFault> {
+        let out = self.call_blocking(move |r, s| r.inlet_plugin_handler().call_render(s, &ev))?;
+        if let Ok(req) = &out {
+            check_size(
+                req.body.len() + req.path.len() + req.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>(),
+            )?;
+        }
+        Ok(out)
+    }
+
+    pub fn classify_blocking(
+        &self,
+        ev: wit::Event,
+        exchange: wit::Exchange,
+        outcome: wit::Outcome,
+    ) -> Result<wit::Disposition, PluginFault> {
+        let out = self.call_blocking(move |r, s| r.inlet_plugin_handler().call_classify(s, &ev, &exchange, &outcome))?;
         if let wit::Disposition::Next(next) = &out {
             check_size(next.request.body.len() + next.state.len())?;
         }
