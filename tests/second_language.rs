@@ -3,13 +3,16 @@
 //!
 //! - `inlet plugin test` on the Python plugin prints the Rust plugin's golden files
 //!   (`tests/plugin_cli/work-order-*.out`), except the wording of a JSON parse error;
-//! - decode, render and classify agree, call for call, on a corpus of awkward inputs;
+//! - decode, render and classify agree, call for call, on a corpus of awkward inputs
+//!   (where serde_json and Python's json differ by default) and on 3,000 random
+//!   mutations of valid payloads;
 //! - end to end: pushed messages are relayed through the Python plugin in per-key order,
 //!   and a not-yet answer is retried until the process is there.
 //!
 //! A Python component is ~18 MB and its first compile takes tens of seconds (the host
 //! caches the result in ~/.cache/inlet/components), so every test first goes through
 //! [`warm_cache`]: one compile per test process, not one per test thread.
+//!
 
 mod common;
 
@@ -118,62 +121,43 @@ fn order(work_order_id: &str, completed_items: &str, timestamp: &str) -> Vec<u8>
         .into_bytes()
 }
 
+/// (label, payload, attributes)
+type Payload = (String, Vec<u8>, Vec<(&'static str, &'static str)>);
+
 /// Payloads where serde_json and Python's json could part ways, with attributes.
-fn decode_corpus() -> Vec<(String, Vec<u8>, Vec<(&'static str, &'static str)>)> {
+fn decode_corpus() -> Vec<Payload> {
     let ts = r#""2026-08-01T10:00:00Z""#;
-    let mut c: Vec<(String, Vec<u8>, Vec<(&'static str, &'static str)>)> = Vec::new();
+    // An object with these members before the three required ones.
+    let with =
+        |before: &[u8]| [b"{", before, br#""workOrderId":"1","completedItems":1,"completionTimestamp":"t"}"#].concat();
+    // An object with these members after the three required ones.
+    let then = |after: &str| format!(r#"{{"workOrderId":"1","completedItems":1,"completionTimestamp":"t",{after}}}"#);
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let no: &[(&'static str, &'static str)] = &[];
+    let mut c: Vec<Payload> = Vec::new();
     let mut add = |label: &str, data: Vec<u8>, attrs: &[(&'static str, &'static str)]| {
         c.push((label.to_owned(), data, attrs.to_vec()));
     };
-    add("plain", order(r#""4711""#, "3", ts), &[]);
+    add("plain", order(r#""4711""#, "3", ts), no);
     add("event id attribute", order(r#""4711""#, "3", ts), &[("eventId", "evt-9")]);
-    add(
-        "event id field",
-        br#"{"workOrderId":"1","completedItems":1,"completionTimestamp":"t","eventId":"e-1"}"#.to_vec(),
-        &[],
-    );
-    add(
-        "attribute beats field",
-        br#"{"workOrderId":"1","completedItems":1,"completionTimestamp":"t","eventId":"e-1"}"#.to_vec(),
-        &[("eventId", "a-1")],
-    );
+    add("event id field", then(r#""eventId":"e-1""#).into(), no);
+    add("attribute beats field", then(r#""eventId":"e-1""#).into(), &[("eventId", "a-1")]);
     add("first attribute wins", order(r#""1""#, "1", ts), &[("eventId", "a-1"), ("eventId", "a-2")]);
     add("attribute names are case-sensitive", order(r#""1""#, "1", ts), &[("EventId", "a-1")]);
     add("empty event id attribute", order(r#""1""#, "1", ts), &[("eventId", "")]);
-    add(
-        "event id null",
-        br#"{"workOrderId":"1","completedItems":1,"completionTimestamp":"t","eventId":null}"#.to_vec(),
-        &[],
-    );
-    add(
-        "event id number",
-        br#"{"workOrderId":"1","completedItems":1,"completionTimestamp":"t","eventId":7}"#.to_vec(),
-        &[],
-    );
+    add("event id null", then(r#""eventId":null"#).into(), no);
+    add("event id number", then(r#""eventId":7"#).into(), no);
     add(
         "fields in another order",
-        br#"{"completionTimestamp":"t","eventId":"e","completedItems":2,"workOrderId":"x"}"#.to_vec(),
-        &[],
+        br#"{"completionTimestamp":"t","eventId":"e","completedItems":2,"workOrderId":"x"}"#.into(),
+        no,
     );
-    for items in [
-        "0",
-        "4294967295",
-        "4294967296",
-        "-1",
-        "3.0",
-        "3e0",
-        "-0",
-        "0.5",
-        "true",
-        "\"3\"",
-        "null",
-        "1e400",
-        "03",
-        "+3",
-        "18446744073709551616",
-    ] {
-        add(&format!("completedItems {items}"), order(r#""1""#, items, ts), &[]);
+    for items in
+        ["0", "4294967295", "4294967296", "-1", "3.0", "3e0", "-0", "0.5", "true", "\"3\"", "null", "1e400", "03", "+3"]
+    {
+        add(&format!("completedItems {items}"), order(r#""1""#, items, ts), no);
     }
+    add("completedItems above u64", order(r#""1""#, "18446744073709551616", ts), no);
     for id in [
         r#""""#,
         r#""   ""#,
@@ -187,171 +171,79 @@ fn decode_corpus() -> Vec<(String, Vec<u8>, Vec<(&'static str, &'static str)>)> 
         r#""\udc00x""#,
         r#""\u0001\u001f\u007f""#,
         r#""\"\\\/\b\f\n\r\t""#,
-        r#""tab	raw""#,
+        "\"tab\traw\"",
         "7",
         "null",
     ] {
-        add(&format!("workOrderId {id}"), order(id, "1", ts), &[]);
+        add(&format!("workOrderId {id}"), order(id, "1", ts), no);
     }
     add(
         "workOrderId with invalid UTF-8",
-        [&b"{\"workOrderId\":\"a\xff\",\"completedItems\":1,\"completionTimestamp\":\"t\"}"[..]].concat(),
-        &[],
+        b"{\"workOrderId\":\"a\xff\",\"completedItems\":1,\"completionTimestamp\":\"t\"}".into(),
+        no,
     );
-    add("timestamp number", order(r#""1""#, "1", "5"), &[]);
-    add("timestamp with U+2028", order(r#""1""#, "1", "\"a\u{2028}b\""), &[]);
-    add("missing workOrderId", br#"{"completedItems":1,"completionTimestamp":"t"}"#.to_vec(), &[]);
-    add("missing completedItems", br#"{"workOrderId":"1","completionTimestamp":"t"}"#.to_vec(), &[]);
-    add("missing timestamp", br#"{"workOrderId":"1","completedItems":1}"#.to_vec(), &[]);
+    add("timestamp number", order(r#""1""#, "1", "5"), no);
+    add("timestamp with U+2028", order(r#""1""#, "1", "\"a\u{2028}b\""), no);
+    add("missing workOrderId", br#"{"completedItems":1,"completionTimestamp":"t"}"#.into(), no);
+    add("missing completedItems", br#"{"workOrderId":"1","completionTimestamp":"t"}"#.into(), no);
+    add("missing timestamp", br#"{"workOrderId":"1","completedItems":1}"#.into(), no);
+    add("duplicate known field", with(br#""workOrderId":"2","#), no);
+    add("duplicate event id, first null", then(r#""eventId":null,"eventId":"e""#).into(), no);
+    add("duplicate unknown field", with(br#""x":1,"x":2,"#), no);
+    add("escaped key", br#"{"workOrder\u0049d":"1","completedItems":1,"completionTimestamp":"t"}"#.into(), no);
+    add("unknown key with invalid UTF-8", with(b"\"k\xff\":1,"), no);
+    add("unknown key with a lone surrogate", with(br#""\ud800":1,"#), no);
+    add("unknown value with invalid UTF-8", with(b"\"k\":\"\xff\xfe\","), no);
+    add("unknown value with a lone surrogate", with(br#""k":"\udc00","#), no);
+    add("unknown value NaN", with(br#""k":NaN,"#), no);
+    add("unknown value Infinity", with(br#""k":[-Infinity],"#), no);
+    add("unknown value huge integer", with(format!(r#""k":{},"#, "9".repeat(5000)).as_bytes()), no);
+    add("unknown value float", with(br#""k":-1.5e-300,"#), no);
+    add("unknown value bad number", with(br#""k":01,"#), no);
+    add("unknown value bad escape", with(br#""k":"\x","#), no);
+    add("unknown value raw control character", with(b"\"k\":\"\x01\","), no);
+    add("unknown value nested objects", with(br#""k":{"a":{"b":[1,{"c":null}]}},"#), no);
+    add("unknown value nested 300 deep", with(format!(r#""k":{},"#, deep(300)).as_bytes()), no);
+    add("unknown value nested 3000 deep", with(format!(r#""k":{},"#, deep(3000)).as_bytes()), no);
+    add("unknown value nested 3000 deep, unclosed", with(format!(r#""k":{},"#, "[".repeat(3000)).as_bytes()), no);
     add(
-        "duplicate known field",
-        br#"{"workOrderId":"1","workOrderId":"2","completedItems":1,"completionTimestamp":"t"}"#.to_vec(),
-        &[],
-    );
-    add(
-        "duplicate event id, first null",
-        br#"{"workOrderId":"1","completedItems":1,"completionTimestamp":"t","eventId":null,"eventId":"e"}"#.to_vec(),
-        &[],
-    );
-    add(
-        "duplicate unknown field",
-        br#"{"workOrderId":"1","x":1,"x":2,"completedItems":1,"completionTimestamp":"t"}"#.to_vec(),
-        &[],
-    );
-    add("escaped key", br#"{"workOrder\u0049d":"1","completedItems":1,"completionTimestamp":"t"}"#.to_vec(), &[]);
-    add(
-        "unknown key with invalid UTF-8",
-        b"{\"k\xff\":1,\"workOrderId\":\"1\",\"completedItems\":1,\"completionTimestamp\":\"t\"}".to_vec(),
-        &[],
-    );
-    add(
-        "unknown key with a lone surrogate",
-        br#"{"\ud800":1,"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}"#.to_vec(),
-        &[],
-    );
-    add(
-        "unknown value with invalid UTF-8",
-        b"{\"k\":\"\xff\xfe\",\"workOrderId\":\"1\",\"completedItems\":1,\"completionTimestamp\":\"t\"}".to_vec(),
-        &[],
-    );
-    add(
-        "unknown value with a lone surrogate",
-        br#"{"k":"\udc00","workOrderId":"1","completedItems":1,"completionTimestamp":"t"}"#.to_vec(),
-        &[],
-    );
-    add(
-        "unknown value NaN",
-        br#"{"k":NaN,"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}"#.to_vec(),
-        &[],
-    );
-    add(
-        "unknown value Infinity",
-        br#"{"k":[-Infinity],"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}"#.to_vec(),
-        &[],
-    );
-    add(
-        "unknown value huge integer",
-        format!(r#"{{"k":{},"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}}"#, "9".repeat(5000))
-            .into_bytes(),
-        &[],
-    );
-    add(
-        "unknown value float",
-        br#"{"k":-1.5e-300,"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}"#.to_vec(),
-        &[],
-    );
-    add(
-        "unknown value bad number",
-        br#"{"k":01,"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}"#.to_vec(),
-        &[],
-    );
-    add(
-        "unknown value bad escape",
-        br#"{"k":"\x","workOrderId":"1","completedItems":1,"completionTimestamp":"t"}"#.to_vec(),
-        &[],
-    );
-    add(
-        "unknown value raw control character",
-        b"{\"k\":\"\x01\",\"workOrderId\":\"1\",\"completedItems\":1,\"completionTimestamp\":\"t\"}".to_vec(),
-        &[],
-    );
-    add(
-        "unknown value nested 300 deep",
-        format!(
-            r#"{{"k":{}{},"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}}"#,
-            "[".repeat(300),
-            "]".repeat(300)
-        )
-        .into_bytes(),
-        &[],
-    );
-    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
-    add(
-        "unknown value nested 3000 deep",
-        format!(r#"{{"k":{},"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}}"#, deep(3000))
-            .into_bytes(),
-        &[],
-    );
-    add(
-        "unknown value nested 3000 deep, unclosed",
-        format!(r#"{{"k":{},"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}}"#, "[".repeat(3000))
-            .into_bytes(),
-        &[],
-    );
-    add(
-        "unknown value nested objects 1000 deep",
-        format!(
-            r#"{{"workOrderId":"1","completedItems":1,"completionTimestamp":"t","k":{}1{}}}"#,
-            r#"{"a":"#.repeat(1000),
-            "}".repeat(1000)
-        )
-        .into_bytes(),
-        &[],
+        "unknown objects nested 1000 deep",
+        then(&format!(r#""k":{}1{}"#, r#"{"a":"#.repeat(1000), "}".repeat(1000))).into(),
+        no,
     );
     add(
         "unknown value with 1000 empty lists",
-        format!(
-            r#"{{"k":[{}],"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}}"#,
-            vec!["[]"; 1000].join(",")
-        )
-        .into_bytes(),
-        &[],
+        with(format!(r#""k":[{}],"#, vec!["[]"; 1000].join(",")).as_bytes()),
+        no,
     );
-    add("workOrderId nested 3000 deep", order(&deep(3000), "1", ts), &[]);
-    add("array nested 3000 deep", deep(3000).into_bytes(), &[]);
-    add(
-        "unknown value nested objects",
-        br#"{"k":{"a":{"b":[1,{"c":null}]}},"workOrderId":"1","completedItems":1,"completionTimestamp":"t"}"#.to_vec(),
-        &[],
-    );
-    add("array form", br#"["4711",3,"t"]"#.to_vec(), &[]);
-    add("array form with event id", br#"["4711",3,"t","e-1"]"#.to_vec(), &[]);
-    add("array form with null event id", br#"["4711",3,"t",null]"#.to_vec(), &[]);
-    add("array form too short", br#"["4711",3]"#.to_vec(), &[]);
-    add("array form too long", br#"["4711",3,"t","e",5]"#.to_vec(), &[]);
-    add("empty array", b"[]".to_vec(), &[]);
-    add("empty object", b"{}".to_vec(), &[]);
-    add("string", br#""4711""#.to_vec(), &[]);
-    add("number", b"3".to_vec(), &[]);
-    add("null", b"null".to_vec(), &[]);
-    add("empty", b"".to_vec(), &[]);
-    add("whitespace", b" \n\t\r".to_vec(), &[]);
-    add("surrounding whitespace", [&b" \n"[..], &order(r#""1""#, "1", ts), b"\r\n\t "].concat(), &[]);
-    add("form feed around", [&b"\x0c"[..], &order(r#""1""#, "1", ts)].concat(), &[]);
-    add("trailing characters", [&order(r#""1""#, "1", ts)[..], b" x"].concat(), &[]);
-    add("two documents", [&order(r#""1""#, "1", ts)[..], b"{}"].concat(), &[]);
-    add("trailing comma", br#"{"workOrderId":"1","completedItems":1,"completionTimestamp":"t",}"#.to_vec(), &[]);
-    add("byte order mark", [&b"\xef\xbb\xbf"[..], &order(r#""1""#, "1", ts)].concat(), &[]);
-    add(
-        "utf-16",
-        "{\"workOrderId\":\"1\",\"completedItems\":1,\"completionTimestamp\":\"t\"}"
-            .encode_utf16()
-            .flat_map(u16::to_le_bytes)
-            .collect(),
-        &[],
-    );
-    add("single quotes", b"{'workOrderId':'1','completedItems':1,'completionTimestamp':'t'}".to_vec(), &[]);
-    add("garbage", b"\xff\xfe{not json at all".to_vec(), &[]);
+    add("workOrderId nested 3000 deep", order(&deep(3000), "1", ts), no);
+    add("array nested 3000 deep", deep(3000).into_bytes(), no);
+    add("array form", br#"["4711",3,"t"]"#.into(), no);
+    add("array form with event id", br#"["4711",3,"t","e-1"]"#.into(), no);
+    add("array form with null event id", br#"["4711",3,"t",null]"#.into(), no);
+    add("array form too short", br#"["4711",3]"#.into(), no);
+    add("array form too long", br#"["4711",3,"t","e",5]"#.into(), no);
+    for (label, data) in [
+        ("empty array", &b"[]"[..]),
+        ("empty object", b"{}"),
+        ("string", br#""4711""#),
+        ("number", b"3"),
+        ("null", b"null"),
+        ("empty", b""),
+        ("whitespace", b" \n\t\r"),
+        ("trailing comma", br#"{"workOrderId":"1","completedItems":1,"completionTimestamp":"t",}"#),
+        ("single quotes", b"{'workOrderId':'1','completedItems':1,'completionTimestamp':'t'}"),
+        ("garbage", b"\xff\xfe{not json at all"),
+    ] {
+        add(label, data.into(), no);
+    }
+    let plain = order(r#""1""#, "1", ts);
+    add("surrounding whitespace", [&b" \n"[..], &plain, b"\r\n\t "].concat(), no);
+    add("form feed before", [&b"\x0c"[..], &plain].concat(), no);
+    add("trailing characters", [&plain[..], b" x"].concat(), no);
+    add("two documents", [&plain[..], b"{}"].concat(), no);
+    add("byte order mark", [&b"\xef\xbb\xbf"[..], &plain].concat(), no);
+    add("utf-16", String::from_utf8(plain.clone()).unwrap().encode_utf16().flat_map(u16::to_le_bytes).collect(), no);
     // Every object again behind a member with 600 brackets: more than the Python twin
     // hands to CPython's recursive scanner, so these take its iterative parser.
     let padded: Vec<_> = c
@@ -529,6 +421,85 @@ async fn rust_and_python_twins_agree_call_for_call() {
     assert!(differences.is_empty(), "{} differences:\n{}", differences.len(), differences.join("\n"));
 }
 
+/// Random mutations of valid payloads (fixed seed): the same verdict, the same event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_and_python_twins_agree_on_mutated_payloads() {
+    let rust = load("work_order").await;
+    let python = load("work_order_py").await;
+    let seeds: [&[u8]; 4] = [
+        br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z","eventId":"e-1"}"#,
+        br#"{"x":[1,-2.5e3,{"y":null}],"workOrderId":"A\u00e9","completedItems":0,"completionTimestamp":"t"}"#,
+        br#"["4711",3,"t",null]"#,
+        br#" {"completedItems":4294967295,"workOrderId":" k ","completionTimestamp":"\ud83d\ude00","z":"\udc00"} "#,
+    ];
+    let alphabet: &[&[u8]] = &[
+        b"{",
+        b"}",
+        b"[",
+        b"]",
+        b",",
+        b":",
+        b"\"",
+        b"\\",
+        b" ",
+        b"0",
+        b"1",
+        b"-",
+        b".",
+        b"e",
+        b"+",
+        b"\n",
+        b"\t",
+        b"\x01",
+        b"\xff",
+        b"\xc3",
+        b"\xa9",
+        b"null",
+        b"true",
+        b"NaN",
+        b"\\u",
+        b"d8",
+        b"00",
+        b"workOrderId",
+        b"eventId",
+    ];
+    let mut rng = fastrand::Rng::with_seed(0x5eed);
+    let (mut accepted, mut differences) = (0, Vec::new());
+    for round in 0..3_000 {
+        let mut data = seeds[round % seeds.len()].to_vec();
+        for _ in 0..rng.usize(1..=3) {
+            let at = rng.usize(0..=data.len());
+            let insert = alphabet[rng.usize(0..alphabet.len())];
+            match rng.u8(0..3) {
+                0 if at < data.len() => {
+                    data.remove(at);
+                }
+                1 if at < data.len() => {
+                    data.splice(at..at + 1, insert.iter().copied());
+                }
+                _ => {
+                    data.splice(at..at, insert.iter().copied());
+                }
+            }
+        }
+        let r = rust.decode(message(&data, &[])).await.unwrap();
+        let p = python.decode(message(&data, &[])).await.unwrap();
+        let same = match (&r, &p) {
+            (Ok(rv), Ok(pv)) => format!("{rv:?}") == format!("{pv:?}"),
+            (Err(re), Err(pe)) => {
+                re.message == pe.message || (re.message.starts_with(PARSE) && pe.message.starts_with(PARSE))
+            }
+            _ => false,
+        };
+        accepted += usize::from(r.is_ok());
+        if !same {
+            differences.push(format!("{:?}:\n  rust:   {r:?}\n  python: {p:?}", String::from_utf8_lossy(&data)));
+        }
+    }
+    assert!(differences.is_empty(), "{} differences:\n{}", differences.len(), differences.join("\n"));
+    assert!(accepted > 150, "mutations should leave some payloads valid ({accepted} of 3000)");
+}
+
 // ---------------------------------------------------------------------------------------
 // End to end: an Inlet instance relaying through the Python plugin
 // ---------------------------------------------------------------------------------------
@@ -664,94 +635,4 @@ async fn python_plugin_relays_in_per_key_order_and_retries_not_yet() {
     assert_eq!((e.status, e.attempts), (Status::Done, 3), "delivered once the process was ready");
     assert_eq!(camunda.deliveries_for("late").iter().map(|d| d.status).collect::<Vec<_>>(), vec![400, 400, 204]);
     Arc::into_inner(inlet).expect("pushers finished").stop().await;
-}
-
-// ---------------------------------------------------------------------------------------
-// Numbers (not run by default): `cargo test --test second_language -- --ignored --nocapture`
-// ---------------------------------------------------------------------------------------
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "measurement: prints compile, load, instantiate and per-call times"]
-async fn measure_rust_and_python_twins() {
-    for name in ["work_order", "work_order_py"] {
-        let path = common::plugin_path(name);
-        let bytes = std::fs::read(&path).unwrap();
-        // The host's path, from a cold cache: compile, serialize, write, link.
-        let cold = tempfile::tempdir().unwrap();
-        let t = Instant::now();
-        drop(Plugin::load(&path, PluginLimits::default(), Some(cold.path())).unwrap());
-        let compile = t.elapsed();
-        let cached_size: u64 =
-            std::fs::read_dir(cold.path()).unwrap().map(|f| f.unwrap().metadata().unwrap().len()).sum();
-        let t = Instant::now();
-        let plugin = Plugin::load(&path, PluginLimits::default(), Some(cold.path())).unwrap();
-        let load = t.elapsed();
-        // What the component imports (compiled once more, outside the host).
-        let engine = wasmtime::Engine::default();
-        let component = wasmtime::component::Component::new(&engine, &bytes).unwrap();
-        let imports: Vec<String> = component.component_type().imports(&engine).map(|(n, _)| n.to_string()).collect();
-
-        let msg = message(&work_order(3, "4711"), &[("eventId", "e-1")]);
-        let t = Instant::now();
-        let first = plugin.decode(msg.clone()).await.unwrap().unwrap();
-        let first_call = t.elapsed();
-        let wit::Decoded::Event(ev) = first else { panic!() };
-        let n = 2_000u32;
-        let t = Instant::now();
-        for _ in 0..n {
-            plugin.decode(msg.clone()).await.unwrap().unwrap();
-        }
-        let decode = t.elapsed() / n;
-        let t = Instant::now();
-        for _ in 0..n {
-            plugin.render(ev.clone()).await.unwrap().unwrap();
-        }
-        let render = t.elapsed() / n;
-        let outcome = wit::Outcome::Response(wit::Response {
-            status: 400,
-            headers: Vec::new(),
-            body: br#"{"type":"RestException","message":"No process definition or execution matches"}"#.to_vec(),
-        });
-        let exchange = wit::Exchange { step: 1, state: Vec::new() };
-        let t = Instant::now();
-        for _ in 0..n {
-            plugin.classify(ev.clone(), exchange.clone(), outcome.clone()).await.unwrap();
-        }
-        let classify = t.elapsed() / n;
-        // Memory: resident set growth for 16 instances at once (the pool keeps up to 16
-        // warm), and the smallest `memory_mib` a first call succeeds with.
-        let rss_before = rss_kib();
-        let calls: Vec<_> = (0..16)
-            .map(|_| {
-                let (plugin, msg) = (Arc::clone(&plugin), msg.clone());
-                tokio::spawn(async move { plugin.decode(msg).await.unwrap().unwrap() })
-            })
-            .collect();
-        for c in calls {
-            c.await.unwrap();
-        }
-        let rss_growth = rss_kib() - rss_before;
-        let mut smallest = None;
-        for mib in [2usize, 4, 8, 16, 24, 32, 48, 64] {
-            let limits = PluginLimits { memory_bytes: mib << 20, ..PluginLimits::default() };
-            let small = Plugin::load(&path, limits, Some(cold.path())).unwrap();
-            if small.decode(msg.clone()).await.is_ok() {
-                smallest = Some(mib);
-                break;
-            }
-        }
-        eprintln!(
-            "{name}: {} bytes; compile {compile:?} -> {cached_size} bytes cached; load from cache {load:?}; \
-             first call (instantiate + decode) {first_call:?}; warm decode {decode:?}, render {render:?}, \
-             classify {classify:?}; RSS +{rss_growth} KiB after 16 concurrent calls; smallest memory_mib \
-             that works: {smallest:?}\n  imports: {imports:?}",
-            bytes.len()
-        );
-    }
-}
-
-fn rss_kib() -> i64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }

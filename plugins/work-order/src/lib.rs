@@ -102,7 +102,7 @@ fn retry_after_ms(headers: &[(String, String)]) -> Option<u64> {
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case("retry-after"))
         .and_then(|(_, v)| v.trim().parse::<u64>().ok())
-        .map(|secs| secs * 1000)
+        .map(|secs| secs.saturating_mul(1000))
 }
 
 export!(Plugin);
