@@ -72,6 +72,7 @@ impl Shared {
                     clock: Arc::clone(&self.clock),
                     metrics: Arc::clone(&self.metrics),
                     options: self.relay_options.clone(),
+                    last_release: std::sync::Mutex::default(),
                 });
                 relays.running.insert(route.name().to_string(), (stop, tokio::spawn(relay.run(stop_rx))));
             }

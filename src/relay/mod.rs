@@ -31,12 +31,17 @@ pub struct RelayOptions {
     pub poll: Duration,
 }
 
+/// How often a relay looks for expired leases to take back.
+const RELEASE_EVERY: Duration = Duration::from_secs(1);
+
 pub struct Relay {
     pub route: Arc<Route>,
     pub store: Arc<dyn Store>,
     pub clock: Arc<dyn Clock>,
     pub metrics: Arc<Metrics>,
     pub options: RelayOptions,
+    /// When expired leases were last looked for.
+    pub last_release: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Relay {
@@ -80,6 +85,9 @@ impl Relay {
                 _ = tokio::time::sleep(self.options.poll) => {}
                 _ = shutdown.changed() => {}
             }
+            // Collect every attempt that has finished meanwhile, so one claim fills all
+            // the free slots instead of one claim (one commit) per finished attempt.
+            while in_flight.try_join_next().is_some() {}
         }
         tracing::info!(route, in_flight = in_flight.len(), "relay stopping; letting in-flight attempts finish");
         while in_flight.join_next().await.is_some() {}
@@ -88,9 +96,21 @@ impl Relay {
     async fn claim(&self, limit: u32) -> Result<Vec<Claimed>, StoreError> {
         let cfg = &self.route.config;
         let now = self.clock.now();
-        let released = self.store.release_expired(self.route.name(), now).await?;
-        if released > 0 {
-            tracing::warn!(route = self.route.name(), released, "took back entries whose lease expired");
+        // Expired leases are rare and a second late is harmless next to a lease of
+        // seconds: look for them at most once a second, not before every claim.
+        let due = {
+            let mut last = self.last_release.lock().expect("release lock");
+            let due = last.is_none_or(|t| t.elapsed() >= RELEASE_EVERY);
+            if due {
+                *last = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            let released = self.store.release_expired(self.route.name(), now).await?;
+            if released > 0 {
+                tracing::warn!(route = self.route.name(), released, "took back entries whose lease expired");
+            }
         }
         self.store
             .claim(&ClaimRequest {
