@@ -1,6 +1,7 @@
 //! Per-call cost of the work-order plugin (decode + render + classify) on a warm
 //! instance and on a fresh store per call, beside the same logic compiled natively,
-//! plus compile and cache-hit load times and the cost of fuel metering. Prints
+//! plus compile and cache-hit load times and the cost of the epoch deadline and of
+//! fuel metering. Prints
 //! figures; asserts nothing.
 //!
 //!     cargo bench --bench plugin_calls [-- --iterations N]
@@ -10,7 +11,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use inlet::config::PluginLimits;
-use inlet::plugin::{Plugin, wit};
+use inlet::plugin::{Metering, Plugin, wit};
 use serde_json::json;
 
 const PAYLOAD: &[u8] = br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
@@ -98,14 +99,22 @@ fn main() {
     let fresh_plugin = Plugin::load(&path, PluginLimits::default(), Some(cache.path())).unwrap();
     fresh_plugin.set_warm_instances(0);
     let fresh = per_call(iterations / 10, || plugin_cycle(&fresh_plugin));
+    let bytes = std::fs::read(&path).unwrap();
+    let unbounded_plugin =
+        Plugin::with_metering(&path, &bytes, PluginLimits::default(), Some(cache.path()), Metering::Unbounded).unwrap();
+    let unbounded = per_call(iterations, || plugin_cycle(&unbounded_plugin));
     let fuel_limits = PluginLimits { fuel: Some(u64::MAX / 4), ..PluginLimits::default() };
     let fuel_plugin = Plugin::load(&path, fuel_limits, Some(cache.path())).unwrap();
     let fuel = per_call(iterations, || plugin_cycle(&fuel_plugin));
 
     let ratio = |d: Duration| d.as_secs_f64() / native.as_secs_f64();
-    println!("work-order plugin: decode + render + classify, {iterations} iterations, {} cores", std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!(
+        "work-order plugin: decode + render + classify, {iterations} iterations, {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
     println!("{:<46} {:>12} {:>10}", "what", "per cycle", "vs native");
     println!("{:<46} {:>12.2?} {:>9.1}x", "native Rust (same logic, same crates)", native, 1.0);
+    println!("{:<46} {:>12.2?} {:>9.1}x", "plugin, warm instance, no deadline (unsafe)", unbounded, ratio(unbounded));
     println!("{:<46} {:>12.2?} {:>9.1}x", "plugin, warm instance (epoch deadline on)", warm, ratio(warm));
     println!("{:<46} {:>12.2?} {:>9.1}x", "plugin, warm instance, fuel metering on", fuel, ratio(fuel));
     println!("{:<46} {:>12.2?} {:>9.1}x", "plugin, fresh store + instance per call", fresh, ratio(fresh));

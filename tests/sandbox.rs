@@ -22,7 +22,7 @@ async fn hostile_plugins_are_contained_while_a_good_route_keeps_delivering() {
         format!(
             "[store]\nurl = \"sqlite://inbox.db\"\n\n\
              [[route]]\nname = \"good\"\nplugin = \"{wo}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\" }}\n\n\
-             [[route]]\nname = \"hostile\"\nplugin = \"{h}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\nlimits = {{ call_timeout = \"1s\", memory_mib = 64 }}\n",
+             [[route]]\nname = \"hostile\"\nplugin = \"{h}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\nlimits = {{ call_timeout = \"1s\", memory_mib = 64, max_output_mib = 8 }}\n",
             wo = common::plugin_path("work_order").display(),
             h = common::plugin_path("hostile").display(),
             url = camunda.url(),

@@ -217,10 +217,17 @@ pub struct PluginLimits {
     /// limit whatever the machine's load. Costs roughly a third more per call; the
     /// time limit still applies.
     pub fuel: Option<u64>,
+    /// Largest event body or request (body, path and headers) a call may return.
+    pub max_output_bytes: usize,
 }
 
 impl Default for PluginLimits {
     fn default() -> Self {
-        PluginLimits { call_timeout: Duration::from_millis(500), memory_bytes: 64 << 20, fuel: None }
+        PluginLimits {
+            call_timeout: Duration::from_millis(500),
+            memory_bytes: 64 << 20,
+            fuel: None,
+            max_output_bytes: 8 << 20,
+        }
     }
 }

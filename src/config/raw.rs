@@ -188,6 +188,8 @@ pub(super) struct RawLimits {
     /// Instructions one call may execute (wasmtime fuel): a deterministic limit,
     /// independent of the machine's load. Off by default; `call_timeout` still applies.
     pub fuel: Option<Spanned<u64>>,
+    /// Largest event body or request one call may return, in MiB (default 8).
+    pub max_output_mib: Option<Spanned<u32>>,
 }
 
 /// A duration written for people: `"250ms"`, `"10s"`, `"30m"`, `"1h 30m"`.

@@ -343,6 +343,17 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
             }
             limits.memory_bytes = (mib as usize) << 20;
         }
+        if let Some(m) = &l.max_output_mib {
+            let mib = *m.get_ref();
+            if !(1..=1024).contains(&mib) {
+                c.error::<()>(
+                    m.span(),
+                    at("limits.max_output_mib"),
+                    ConfigErrorKind::Invalid("must be between 1 and 1024".into()),
+                );
+            }
+            limits.max_output_bytes = (mib as usize) << 20;
+        }
         if let Some(f) = &l.fuel {
             if *f.get_ref() == 0 {
                 c.error::<()>(f.span(), at("limits.fuel"), ConfigErrorKind::Invalid("must be at least 1".into()));

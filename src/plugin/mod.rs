@@ -36,8 +36,6 @@ const POOL_SIZE: usize = 16;
 const TICK: Duration = Duration::from_millis(5);
 /// Bytes of guest stderr kept per instance (the start of a panic message).
 const STDERR_CAPACITY: usize = 16 * 1024;
-/// Largest body or request a plugin may return.
-pub const MAX_OUTPUT_BYTES: usize = 8 << 20;
 
 /// A failure that is the plugin's fault. The entry is parked (decode, render) or the
 /// attempt counts as failed (classify); the host carries on.
@@ -96,13 +94,29 @@ pub const CONTRACT: &str = "inlet:plugin/handler@0.1.0";
 /// setting that costs every call — each with a thread that advances its epoch every
 /// [`TICK`]. A component compiled by one cannot run on the other.
 pub fn engine(fuel: bool) -> &'static Engine {
-    static PLAIN: OnceLock<Engine> = OnceLock::new();
-    static FUEL: OnceLock<Engine> = OnceLock::new();
-    (if fuel { &FUEL } else { &PLAIN }).get_or_init(|| {
+    engine_for(if fuel { Metering::EpochAndFuel } else { Metering::Epoch })
+}
+
+/// How an engine bounds a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metering {
+    /// A wall-clock deadline (every plugin).
+    Epoch,
+    /// A deadline and an instruction budget (routes with `limits.fuel`).
+    EpochAndFuel,
+    /// No deadline at all: only for measuring what the deadline costs. Never for
+    /// running plugins: a loop would hold its thread forever.
+    #[doc(hidden)]
+    Unbounded,
+}
+
+fn engine_for(metering: Metering) -> &'static Engine {
+    static ENGINES: [OnceLock<Engine>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    ENGINES[metering as usize].get_or_init(|| {
         let mut config = wasmtime::Config::new();
         config.wasm_component_model(true);
-        config.epoch_interruption(true);
-        config.consume_fuel(fuel);
+        config.epoch_interruption(metering != Metering::Unbounded);
+        config.consume_fuel(metering == Metering::EpochAndFuel);
         let engine = Engine::new(&config).expect("the wasmtime configuration is valid");
         let ticker = engine.weak();
         std::thread::Builder::new()
@@ -193,7 +207,21 @@ impl Plugin {
         limits: PluginLimits,
         cache: Option<&Path>,
     ) -> Result<Arc<Plugin>, PluginLoadError> {
-        let engine = engine(limits.fuel.is_some());
+        let metering = if limits.fuel.is_some() { Metering::EpochAndFuel } else { Metering::Epoch };
+        Self::with_metering(path, bytes, limits, cache, metering)
+    }
+
+    /// Loads a plugin on the engine of the given metering. `Metering::Unbounded` is
+    /// for benchmarks only.
+    #[doc(hidden)]
+    pub fn with_metering(
+        path: &Path,
+        bytes: &[u8],
+        limits: PluginLimits,
+        cache: Option<&Path>,
+        metering: Metering,
+    ) -> Result<Arc<Plugin>, PluginLoadError> {
+        let engine = engine_for(metering);
         let component = compile_cached(engine, path, bytes, cache)?;
         check_contract(path, engine, &component)?;
         let mut linker = Linker::<HostState>::new(engine);
@@ -343,7 +371,7 @@ impl Plugin {
     pub fn decode_blocking(&self, msg: wit::Message) -> Result<Result<wit::Decoded, wit::DecodeError>, PluginFault> {
         let out = self.call_blocking(move |r, s| r.inlet_plugin_handler().call_decode(s, &msg))?;
         if let Ok(wit::Decoded::Event(ev)) = &out {
-            check_size(ev.body.len())?;
+            self.check_size(ev.body.len())?;
         }
         Ok(out)
     }
@@ -351,7 +379,7 @@ impl Plugin {
     pub fn render_blocking(&self, ev: wit::Event) -> Result<Result<wit::Request, String>, PluginFault> {
         let out = self.call_blocking(move |r, s| r.inlet_plugin_handler().call_render(s, &ev))?;
         if let Ok(req) = &out {
-            check_size(
+            self.check_size(
                 req.body.len() + req.path.len() + req.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>(),
             )?;
         }
@@ -364,9 +392,10 @@ impl Plugin {
         exchange: wit::Exchange,
         outcome: wit::Outcome,
     ) -> Result<wit::Disposition, PluginFault> {
-        let out = self.call_blocking(move |r, s| r.inlet_plugin_handler().call_classify(s, &ev, &exchange, &outcome))?;
+        let out =
+            self.call_blocking(move |r, s| r.inlet_plugin_handler().call_classify(s, &ev, &exchange, &outcome))?;
         if let wit::Disposition::Next(next) = &out {
-            check_size(next.request.body.len() + next.state.len())?;
+            self.check_size(next.request.body.len() + next.state.len())?;
         }
         Ok(out)
     }
@@ -451,9 +480,12 @@ fn check_contract(path: &Path, engine: &Engine, component: &Component) -> Result
     }
 }
 
-fn check_size(size: usize) -> Result<(), PluginFault> {
-    if size > MAX_OUTPUT_BYTES {
-        return Err(PluginFault::OversizedOutput { size, limit: MAX_OUTPUT_BYTES });
+impl Plugin {
+    fn check_size(&self, size: usize) -> Result<(), PluginFault> {
+        let limit = self.limits.max_output_bytes;
+        if size > limit {
+            return Err(PluginFault::OversizedOutput { size, limit });
+        }
+        Ok(())
     }
-    Ok(())
 }
