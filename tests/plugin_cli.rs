@@ -26,6 +26,8 @@ const CASES: &[Case] = &[
     ("camunda8-overloaded", "camunda8", "work-order.json", &[], Some("camunda8-503.json")),
     ("template-done", "template", "template-event.json", &[], Some("camunda8-200.json")),
     ("template-refused", "template", "template-event.json", &[], Some("http-422.json")),
+    ("forwarder-published", "forwarder", "legacy-work-order.json", &[], Some("pubsub-published.json")),
+    ("forwarder-no-topic", "forwarder", "legacy-work-order.json", &[], Some("pubsub-no-topic.json")),
     ("flowable-zero", "flowable", "work-order.json", &[], Some("flowable-query-zero.json")),
 ];
 
