@@ -80,12 +80,13 @@ impl TestPg {
         // Concurrent CREATE DATABASE can briefly collide on the template database
         // (SQLSTATE 55006, object_in_use): retry a few times.
         let mut tries = 0;
+        let mut backoff = tokio::time::interval(Duration::from_millis(20));
         loop {
             match sqlx::raw_sql(&create).execute(&mut admin).await {
                 Ok(_) => break,
                 Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55006") && tries < 50 => {
                     tries += 1;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    backoff.tick().await;
                 }
                 Err(e) => panic!("TestPg: cannot create database {name} via {admin_url}: {e}"),
             }
@@ -693,7 +694,9 @@ impl PubSubEmulator {
         let probe = format!("http://{host}/v1/projects/{project}/topics");
         let http = emulator.http.clone();
         let started = Instant::now();
+        let mut ticks = tokio::time::interval(POLL_INTERVAL * 5);
         loop {
+            ticks.tick().await;
             if let Ok(r) = http.get(&probe).send().await
                 && r.status().is_success()
             {
@@ -703,7 +706,6 @@ impl PubSubEmulator {
                 let tail = std::fs::read_to_string(&log).unwrap_or_default();
                 panic!("the Pub/Sub emulator did not answer on {host} within 90 s; its log:\n{tail}");
             }
-            tokio::time::sleep(POLL_INTERVAL * 5).await;
         }
         emulator
     }
@@ -768,16 +770,8 @@ impl PubSubEmulator {
 impl Drop for PubSubEmulator {
     fn drop(&mut self) {
         // The gcloud wrapper leaves its Java child running if only the wrapper dies:
-        // signal the whole group.
+        // kill the whole group. The emulator keeps nothing worth a graceful stop.
         let group = format!("-{}", self.child.id());
-        let _ = std::process::Command::new("kill").args(["-TERM", "--", &group]).status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
         let _ = std::process::Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.child.wait();
     }
