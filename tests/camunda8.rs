@@ -14,8 +14,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use common::{push_envelope, wait_for};
-use inlet::app;
-use inlet::config::Config;
 use inlet::inbox::{ListFilter, Status};
 use serde_json::{Value, json};
 
@@ -60,22 +58,12 @@ async fn a_lost_answer_is_retried_and_zeebe_deduplicates_by_message_id() {
     let url = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("inlet.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[store]\nurl = \"sqlite://inbox.db\"\n\n[[route]]\nname = \"zeebe\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}\nretry = {{ initial = \"20ms\", max = \"50ms\" }}\n",
-            common::plugin_path("camunda8").display()
-        ),
-    )
-    .unwrap();
-    let options = app::Options {
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        poll: Duration::from_millis(20),
-        ..app::Options::default()
-    };
-    let running = app::start(&Config::load(&cfg).unwrap(), options).await.unwrap();
+    let routes = format!(
+        "[[route]]\nname = \"zeebe\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}\nretry = {{ initial = \"20ms\", max = \"50ms\" }}\n",
+        common::plugin_path("camunda8").display()
+    );
+    let inlet = common::start_on_sqlite(&routes, |_| {}).await;
+    let running = &inlet.running;
     let data = br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
     let res = reqwest::Client::new()
         .post(format!("http://{}/push/zeebe", running.addr))
@@ -103,6 +91,6 @@ async fn a_lost_answer_is_retried_and_zeebe_deduplicates_by_message_id() {
         assert_eq!(message["timeToLive"], 3_600_000);
         assert_eq!(message["variables"]["completedItems"], 3);
     }
-    running.stop().await;
+    inlet.running.stop().await;
     server.abort();
 }

@@ -13,9 +13,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{post, put};
 use common::{push_envelope, wait_for};
-use inlet::app;
 use inlet::clock::{Clock, ManualClock};
-use inlet::config::Config;
 use inlet::inbox::{Entry, ListFilter, Status};
 use serde_json::{Value, json};
 
@@ -107,24 +105,13 @@ async fn zero_executions_is_not_yet_one_is_triggered_two_are_parked() {
     let url = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("inlet.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[store]\nurl = \"sqlite://inbox.db\"\n\n[[route]]\nname = \"flowable\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}\nmax_steps = 2\n",
-            common::plugin_path("flowable").display()
-        ),
-    )
-    .unwrap();
+    let routes = format!(
+        "[[route]]\nname = \"flowable\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}\nmax_steps = 2\n",
+        common::plugin_path("flowable").display()
+    );
     let clock = ManualClock::new(1_800_000_000_000);
-    let options = app::Options {
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        poll: Duration::from_millis(20),
-        clock: Some(Arc::clone(&clock) as Arc<dyn Clock>),
-        ..app::Options::default()
-    };
-    let running = app::start(&Config::load(&cfg).unwrap(), options).await.unwrap();
+    let inlet = common::start_on_sqlite(&routes, |o| o.clock = Some(Arc::clone(&clock) as Arc<dyn Clock>)).await;
+    let running = &inlet.running;
     let http = reqwest::Client::new();
     for key in ["zero", "one", "two", "gone"] {
         let data =
@@ -168,6 +155,6 @@ async fn zero_executions_is_not_yet_one_is_triggered_two_are_parked() {
     assert_eq!(state.lock().unwrap().triggers.len(), 2);
     assert_eq!(state.lock().unwrap().queries.iter().filter(|k| *k == "zero").count(), 2);
 
-    running.stop().await;
+    inlet.running.stop().await;
     server.abort();
 }

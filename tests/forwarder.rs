@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use common::{PubSubEmulator, push_envelope};
-use inlet::app;
-use inlet::config::Config;
 use inlet::inbox::{ListFilter, Status};
 use serde_json::Value;
 
@@ -20,23 +18,13 @@ async fn legacy_events_are_normalized_and_published_once_with_the_ordering_key()
     emulator.create_topic("work-orders").await;
     emulator.create_subscription("work-orders", "audit", true).await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("inlet.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[store]\nurl = \"sqlite://inbox.db\"\n\n[[route]]\nname = \"normalize\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{}/topics/work-orders:publish\" }}\n",
-            common::plugin_path("forwarder").display(),
-            emulator.url()
-        ),
-    )
-    .unwrap();
-    let options = app::Options {
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        poll: Duration::from_millis(20),
-        ..app::Options::default()
-    };
-    let running = app::start(&Config::load(&cfg).unwrap(), options).await.unwrap();
+    let routes = format!(
+        "[[route]]\nname = \"normalize\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{}/topics/work-orders:publish\" }}\n",
+        common::plugin_path("forwarder").display(),
+        emulator.url()
+    );
+    let inlet = common::start_on_sqlite(&routes, |_| {}).await;
+    let running = &inlet.running;
     let http = reqwest::Client::new();
     for n in 1..=10 {
         let wo = if n % 2 == 0 { "WO-2" } else { "WO-1" };
@@ -99,5 +87,5 @@ async fn legacy_events_are_normalized_and_published_once_with_the_ordering_key()
     let bad = entries.iter().find(|e| e.message_id == "m-bad").unwrap();
     assert_eq!(bad.status, Status::Parked);
     assert!(bad.last_error.as_deref().unwrap().contains("items `three`"), "{:?}", bad.last_error);
-    running.stop().await;
+    inlet.running.stop().await;
 }

@@ -8,33 +8,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{FakeCamunda, push_envelope, wait_until};
-use inlet::app;
-use inlet::config::Config;
 use inlet::inbox::{ListFilter, Status};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_plugins_are_contained_while_a_good_route_keeps_delivering() {
     let camunda = Arc::new(FakeCamunda::start().await);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("inlet.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[store]\nurl = \"sqlite://inbox.db\"\n\n\
-             [[route]]\nname = \"good\"\nplugin = \"{wo}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\" }}\n\n\
-             [[route]]\nname = \"hostile\"\nplugin = \"{h}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\nlimits = {{ call_timeout = \"1s\", memory_mib = 64, max_output_mib = 8 }}\n",
-            wo = common::plugin_path("work_order").display(),
-            h = common::plugin_path("hostile").display(),
-            url = camunda.url(),
-        ),
-    )
-    .unwrap();
-    let options = app::Options {
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        poll: Duration::from_millis(20),
-        ..app::Options::default()
-    };
-    let running = app::start(&Config::load(&cfg).unwrap(), options).await.unwrap();
+    let routes = format!(
+        "[[route]]\nname = \"good\"\nplugin = \"{wo}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\" }}\n\n\
+         [[route]]\nname = \"hostile\"\nplugin = \"{h}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\nlimits = {{ call_timeout = \"1s\", memory_mib = 64, max_output_mib = 8 }}\n",
+        wo = common::plugin_path("work_order").display(),
+        h = common::plugin_path("hostile").display(),
+        url = camunda.url(),
+    );
+    let inlet = common::start_on_sqlite(&routes, |_| {}).await;
+    let running = &inlet.running;
     let base = format!("http://{}", running.addr);
     let http = reqwest::Client::new();
     let push = move |route: &'static str, data: Vec<u8>, id: String| {
@@ -118,5 +105,5 @@ async fn hostile_plugins_are_contained_while_a_good_route_keeps_delivering() {
         latencies.last().unwrap(),
         hostile
     );
-    running.stop().await;
+    inlet.running.stop().await;
 }
