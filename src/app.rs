@@ -54,6 +54,7 @@ impl Shared {
     /// stop claiming (their in-flight attempts finish), relays of `fresh` routes start.
     pub(crate) fn replace_routes(&self, routes: Arc<Routes>, fresh: &[String]) {
         let mut relays = self.relays.lock().expect("relays lock");
+        relays.stopping.retain(|h| !h.is_finished());
         let names: Vec<String> = relays.running.keys().cloned().collect();
         for name in names {
             if routes.get(&name).is_none() || fresh.contains(&name) {
@@ -238,6 +239,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     });
     let names: Vec<String> = routes.iter().map(|r| r.name().to_string()).collect();
     shared.replace_routes(Arc::new(routes), &names);
+    crate::reload::remember_applied(&shared);
     tracing::info!(%addr, routes = names.len(), store = shared.store.backend(), "inlet listening");
     tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx.clone()));
     tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));

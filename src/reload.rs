@@ -34,7 +34,6 @@ fn config_digest(shared: &Shared) -> Option<String> {
 pub async fn watch(shared: Arc<Shared>, every: Option<Duration>, mut shutdown: watch::Receiver<bool>) {
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    remember_applied(&shared);
     loop {
         let tick = async {
             match every {
@@ -64,7 +63,8 @@ fn with_seen<R>(shared: &Shared, f: impl FnOnce(&mut Seen) -> R) -> R {
     f(&mut shared.config_seen.lock().expect("seen lock"))
 }
 
-fn remember_applied(shared: &Shared) {
+/// Records the routing file as it was when the instance started.
+pub(crate) fn remember_applied(shared: &Shared) {
     let digest = config_digest(shared);
     with_seen(shared, |s| s.applied = digest);
 }
