@@ -451,6 +451,10 @@ async fn unreachable_store_answers_503_and_acks_nothing() {
     let mut direct = pg.connect().await;
 
     assert_eq!(inlet.push("wo", &work_order(1, "K"), "m-1").await, 200);
+    // Settled before the cut: an attempt whose settle fails in an outage stays
+    // IN_PROGRESS until its lease expires and is then delivered again (at least once).
+    let first = inlet.entries("wo").await[0].id;
+    inlet.wait_status(first, Status::Done).await;
     proxy.set_up(false);
     assert_eq!(inlet.push("wo", &work_order(2, "K"), "m-2").await, 503, "no commit, no ack");
     assert_eq!(inlet.push("wo", &work_order(2, "K"), "m-2").await, 503);
