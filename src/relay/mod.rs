@@ -54,14 +54,14 @@ impl Relay {
         tracing::info!(route, concurrency, owner = %self.options.owner, "relay started");
         while !*shutdown.borrow() {
             let free = concurrency - in_flight.len();
-            let mut claimed_any = false;
+            let mut full_batch = false;
             if free > 0 {
                 match self.claim(free as u32).await {
                     Ok(claimed) => {
                         if let Some(since) = store_down_since.take() {
                             tracing::info!(route, down_for = ?since.elapsed(), "inbox reachable again; relay resumes");
                         }
-                        claimed_any = !claimed.is_empty();
+                        full_batch = claimed.len() == free;
                         for c in claimed {
                             let relay = Arc::clone(&self);
                             in_flight.spawn(async move { relay.attempt(c).await });
@@ -76,7 +76,7 @@ impl Relay {
                 }
             }
             // A full batch may have more behind it: claim again at once if there is room.
-            if claimed_any && in_flight.len() < concurrency {
+            if full_batch && in_flight.len() < concurrency {
                 continue;
             }
             tokio::select! {
