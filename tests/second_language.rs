@@ -22,9 +22,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::{FakeCamunda, Reply, push_envelope, wait_for, wait_until};
-use inlet::app::{self, Running};
+use inlet::app::Running;
 use inlet::clock::{Clock, ManualClock};
-use inlet::config::{Config, PluginLimits};
+use inlet::config::PluginLimits;
 use inlet::inbox::{Entry, ListFilter, Status, Store};
 use inlet::plugin::{Plugin, wit};
 
@@ -514,25 +514,14 @@ struct Inlet {
 
 impl Inlet {
     async fn start(routes: &str, clock: Arc<ManualClock>) -> Inlet {
-        let dir = tempfile::tempdir().expect("tempdir");
         inlet::telemetry::init_logging();
-        let config_path = dir.path().join("inlet.toml");
-        let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
-        std::fs::write(&config_path, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
-        let config = Config::load(&config_path).unwrap_or_else(|e| panic!("test config is invalid:\n{e}"));
-        let options = app::Options {
-            clock: Some(clock as Arc<dyn Clock>),
-            poll: Duration::from_millis(20),
-            listen: Some("127.0.0.1:0".parse().unwrap()),
-            ..app::Options::default()
-        };
-        let running = app::start(&config, options).await.expect("inlet starts");
+        let started = common::start_on_sqlite(routes, |o| o.clock = Some(clock as Arc<dyn Clock>)).await;
         Inlet {
-            base: format!("http://{}", running.addr),
-            store: Arc::clone(&running.shared.store),
-            running: Some(running),
+            base: started.base(),
+            store: Arc::clone(&started.running.shared.store),
+            running: Some(started.running),
             http: reqwest::Client::new(),
-            _dir: dir,
+            _dir: started.dir,
         }
     }
 
