@@ -65,3 +65,12 @@ async fn fuel_stops_a_loop_by_instruction_count_whatever_the_clock() {
     let ok = plugin.decode(message(b"k:1")).await.expect("an ordinary call fits in the fuel");
     assert!(matches!(ok, Ok(wit::Decoded::Event(_))), "{ok:?}");
 }
+
+#[test]
+fn a_plugin_that_cannot_start_within_its_memory_limit_is_refused_at_load() {
+    let limits = PluginLimits { memory_bytes: 64 << 10, ..PluginLimits::default() };
+    let err =
+        Plugin::load(&common::plugin_path("work_order"), limits, None).expect_err("64 KiB is too little to start");
+    let text = err.to_string();
+    assert!(text.contains("cannot start within its limits") && text.contains("memory limit of 65536 bytes"), "{text}");
+}

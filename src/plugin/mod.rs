@@ -83,6 +83,8 @@ pub enum PluginLoadError {
     Compile { path: PathBuf, reason: String },
     #[error("`{path}` does not implement the inlet:plugin/router world: {reason}")]
     Contract { path: PathBuf, reason: String },
+    #[error("`{path}` cannot start within its limits: {reason}")]
+    Instantiate { path: PathBuf, reason: String },
     #[error("`{path}` was built against plugin contract {found}, but this host supports {supported}")]
     UnsupportedVersion { path: PathBuf, found: String, supported: &'static str },
 }
@@ -231,14 +233,22 @@ impl Plugin {
         let instance_pre = linker.instantiate_pre(&component).map_err(contract)?;
         let pre = RouterPre::new(instance_pre).map_err(contract)?;
         let digest = crate::inbox::digest_hex(bytes);
-        Ok(Arc::new(Plugin {
+        let plugin = Plugin {
             path: path.to_path_buf(),
             digest,
             pre,
             limits,
             warm: Mutex::new(Vec::new()),
             pool_size: std::sync::atomic::AtomicUsize::new(POOL_SIZE),
-        }))
+        };
+        // Instantiate once now, so a plugin that cannot start within its limits (too
+        // little memory, a trap in its start-up) is refused at load — by `inlet check`
+        // and before a reload swaps it in — rather than on its first message.
+        let first = plugin
+            .instantiate()
+            .map_err(|fault| PluginLoadError::Instantiate { path: path.to_path_buf(), reason: fault.to_string() })?;
+        plugin.warm.lock().expect("plugin pool lock").push(first);
+        Ok(Arc::new(plugin))
     }
 
     pub fn path(&self) -> &Path {
