@@ -28,20 +28,19 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use inlet::app;
 use inlet::config::Config;
 use inlet::inbox::Status;
-use sqlx::Connection as _;
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 
-const DEFAULT_PG_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 /// Connections of the baseline's pool: Inlet's default `store.max_connections`.
 const POOL_SIZE: u32 = 8;
 /// The route's delivery concurrency.
@@ -155,11 +154,11 @@ async fn bench_store(backend: Backend, args: &Args, plugin: &Path, table: &mut T
     let (url, pg) = match backend {
         Backend::Sqlite => (format!("sqlite://{}", dir.path().join("inbox.db").display()), None),
         Backend::Postgres => {
-            let pg = BenchPg::create().await;
+            let pg = common::TestPg::new().await;
             (pg.url.clone(), Some(pg))
         }
     };
-    eprintln!("{store}: {}", pg.as_ref().map_or(url.as_str(), |p| p.name.as_str()));
+    eprintln!("{store}: {}", pg.as_ref().map_or(url.as_str(), |p| p.name()));
     let db = Db::open(backend, &url).await;
 
     // Raw inserts, same database, before Inlet touches it.
@@ -325,15 +324,7 @@ async fn wait_done(db: &Db, want: i64, start: Instant) -> Duration {
 }
 
 fn envelope(data: &[u8], message_id: &str) -> String {
-    serde_json::json!({
-        "message": {
-            "data": base64::engine::general_purpose::STANDARD.encode(data),
-            "messageId": message_id,
-            "publishTime": "2026-08-01T10:00:00.000Z",
-        },
-        "subscription": "projects/bench/subscriptions/bench",
-    })
-    .to_string()
+    common::push_envelope(data, &[], message_id).to_string()
 }
 
 fn rate(n: usize, d: Duration, unit: &str) -> String {
@@ -464,15 +455,9 @@ enum Db {
 impl Db {
     async fn open(backend: Backend, url: &str) -> Db {
         match backend {
-            // The pragmas Inlet's SQLite store uses (src/inbox/sqlite.rs).
+            // Exactly the pragmas Inlet's SQLite store uses.
             Backend::Sqlite => {
-                let options = SqliteConnectOptions::from_str(url)
-                    .expect("sqlite url")
-                    .create_if_missing(true)
-                    .journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(SqliteSynchronous::Full)
-                    .busy_timeout(Duration::from_secs(10))
-                    .foreign_keys(true);
+                let options = inlet::inbox::sqlite::connect_options(url).expect("sqlite url");
                 let pool = SqlitePoolOptions::new()
                     .max_connections(POOL_SIZE)
                     .acquire_timeout(Duration::from_secs(30))
@@ -542,87 +527,6 @@ impl Db {
             Db::Pg(p) => p.close().await,
         }
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// PostgreSQL database for one run
-// ---------------------------------------------------------------------------------------
-
-/// A fresh database `inlet_bench_<pid>_<rand>`, dropped (with FORCE) when this is dropped.
-struct BenchPg {
-    url: String,
-    name: String,
-    admin_url: String,
-}
-
-impl BenchPg {
-    async fn create() -> BenchPg {
-        let admin_url = std::env::var("INLET_TEST_PG_ADMIN_URL")
-            .ok()
-            .filter(|u| !u.trim().is_empty())
-            .unwrap_or_else(|| DEFAULT_PG_ADMIN_URL.to_owned());
-        let mut admin =
-            match tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect(&admin_url)).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => pg_unreachable(&admin_url, &e.to_string()),
-                Err(_) => pg_unreachable(&admin_url, "no connection after 10s"),
-            };
-        let name = format!("inlet_bench_{}_{:08x}", std::process::id(), fastrand::u32(..));
-        sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&mut admin)
-            .await
-            .unwrap_or_else(|e| panic!("cannot create database {name} via {admin_url}: {e}"));
-        let _ = admin.close().await;
-        BenchPg { url: url_with_database(&admin_url, &name), name, admin_url }
-    }
-}
-
-fn pg_unreachable(admin_url: &str, why: &str) -> ! {
-    panic!(
-        "\n\n*** PostgreSQL is NOT reachable at {admin_url}: {why}\n\
-         *** Start it with `scripts/ensure-postgres`, point INLET_TEST_PG_ADMIN_URL at a\n\
-         *** cluster you own, or run with `--store sqlite`.\n\n"
-    )
-}
-
-impl Drop for BenchPg {
-    fn drop(&mut self) {
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        // Drop runs inside the runtime, where block_on is forbidden: use a thread.
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            rt.block_on(async move {
-                let mut admin = sqlx::PgConnection::connect(&admin_url).await.map_err(std::io::Error::other)?;
-                sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                    .execute(&mut admin)
-                    .await
-                    .map_err(std::io::Error::other)?;
-                let _ = admin.close().await;
-                Ok::<(), std::io::Error>(())
-            })
-        })
-        .join();
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("push_to_done: could not drop database {}: {e}", self.name),
-            Err(_) => eprintln!("push_to_done: dropping database {} panicked", self.name),
-        }
-    }
-}
-
-fn url_with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let authority_end = base[scheme_end..].find('/').map(|i| scheme_end + i).unwrap_or(base.len());
-    let mut out = format!("{}/{database}", &base[..authority_end]);
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(query);
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------------------

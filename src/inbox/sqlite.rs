@@ -17,24 +17,29 @@ use super::sqlstore::store_impl;
 
 const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("sql/sqlite_0001_inbox.sql"))];
 
+/// The connection settings of the inbox file (also what the benchmark's raw-insert
+/// baseline uses, so the two are compared on equal terms).
+pub fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
+    Ok(SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        // FULL: a committed row survives power loss, which is what the ack promises.
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(10))
+        .foreign_keys(true))
+}
+
 pub struct SqliteStore {
     pool: SqlitePool,
 }
 
 impl SqliteStore {
     pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let options = SqliteConnectOptions::from_str(url)?;
+        let options = connect_options(url)?;
         // A fresh setup has no folder for the file yet.
         if let Some(dir) = options.get_filename().parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| StoreError::Unavailable(sqlx::Error::Io(e)))?;
         }
-        let options = options
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            // FULL: a committed row survives power loss, which is what the ack promises.
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(10))
-            .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(5))
