@@ -44,3 +44,20 @@ pub fn parse(data: &[u8], attributes: &[(String, String)]) -> Result<Parsed, Str
 pub fn from_body(body: &[u8]) -> Result<WorkOrderCompleted, String> {
     serde_json::from_slice(body).map_err(|e| format!("stored body is not a work order: {e}"))
 }
+
+/// The body of `decode` for every plugin that takes this event: expands inside the
+/// plugin, where its generated `Event`, `Decoded` and `DecodeError` types live.
+#[macro_export]
+macro_rules! decode {
+    ($msg:expr) => {{
+        let msg = $msg;
+        let parsed = $crate::parse(&msg.data, &msg.attributes).map_err(|message| DecodeError { message })?;
+        Ok(Decoded::Event(Event {
+            event_type: $crate::EVENT_TYPE.into(),
+            correlation_key: parsed.correlation_key,
+            dedup_key: parsed.dedup_key,
+            body: parsed.body,
+            schema_version: Some("1".into()),
+        }))
+    }};
+}

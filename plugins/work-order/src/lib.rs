@@ -18,14 +18,7 @@ struct Plugin;
 
 impl exports::inlet::plugin::handler::Guest for Plugin {
     fn decode(msg: Message) -> Result<Decoded, DecodeError> {
-        let parsed = work_order_event::parse(&msg.data, &msg.attributes).map_err(|message| DecodeError { message })?;
-        Ok(Decoded::Event(Event {
-            event_type: work_order_event::EVENT_TYPE.into(),
-            correlation_key: parsed.correlation_key,
-            dedup_key: parsed.dedup_key,
-            body: parsed.body,
-            schema_version: Some("1".into()),
-        }))
+        work_order_event::decode!(msg)
     }
 
     fn render(ev: Event) -> Result<Request, String> {
