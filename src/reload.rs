@@ -50,12 +50,15 @@ pub async fn watch(shared: Arc<Shared>, every: Option<Duration>, mut shutdown: w
         };
         #[cfg(not(unix))]
         let hangup = std::future::pending::<Option<()>>();
-        tokio::select! {
-            _ = tick => {}
-            _ = hangup => tracing::info!("SIGHUP: checking the routing file and plugins for new versions"),
+        let forced = tokio::select! {
+            _ = tick => false,
+            _ = hangup => {
+                tracing::info!("SIGHUP: checking the routing file and plugins for new versions");
+                true
+            }
             _ = shutdown.wait_for(|stop| *stop) => return,
-        }
-        reload_now(&shared).await;
+        };
+        check(&shared, forced).await;
     }
 }
 
@@ -69,11 +72,17 @@ pub(crate) fn remember_applied(shared: &Shared) {
     with_seen(shared, |s| s.applied = digest);
 }
 
-/// Checks the routing file, then every plugin file; returns what happened, per
-/// route, as the admin API shows it.
+/// Checks the routing file, then every plugin file (reading each in full, whatever
+/// its timestamp); returns what happened, per route, as the admin API shows it.
 pub async fn reload_now(shared: &Arc<Shared>) -> Value {
+    check(shared, true).await
+}
+
+/// The timer's check reads a plugin file only when its size or modification time
+/// moved, so a large plugin is not hashed every few seconds.
+async fn check(shared: &Arc<Shared>, forced: bool) -> Value {
     let config = reload_config(shared).await;
-    let plugins = reload_plugins(shared).await;
+    let plugins = reload_plugins(shared, forced).await;
     json!({ "routing_file": config, "plugins": plugins })
 }
 
@@ -133,9 +142,9 @@ async fn apply_config(shared: &Arc<Shared>) -> Result<Value, String> {
     Ok(json!({ "result": "applied", "added": added, "changed": changed, "removed": removed }))
 }
 
-async fn reload_plugins(shared: &Arc<Shared>) -> Value {
+async fn reload_plugins(shared: &Arc<Shared>, forced: bool) -> Value {
     let routes = shared.routes();
-    let results = tokio::task::spawn_blocking(move || routes.reload_plugins()).await.unwrap_or_default();
+    let results = tokio::task::spawn_blocking(move || routes.reload_plugins(forced)).await.unwrap_or_default();
     let mut out = serde_json::Map::new();
     for (route, r) in results {
         let (label, v) = match r {

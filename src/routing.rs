@@ -20,6 +20,8 @@ pub struct Route {
     plugin: RwLock<Arc<Plugin>>,
     /// Digest of the last version that failed to load, so it is reported once.
     last_failed: Mutex<Option<String>>,
+    /// Size and modification time of the plugin file when last read.
+    file_stamp: Mutex<Option<(u64, Option<std::time::SystemTime>)>>,
     pub target: Target,
     /// Notified after an entry of this route is committed.
     pub stored: Notify,
@@ -48,9 +50,18 @@ impl Route {
     }
 
     /// Loads the plugin file again if its content changed. A version that does not
-    /// load is refused and the running one keeps serving.
-    pub fn reload_plugin(&self, cache: Option<&Path>) -> Result<Reload, PluginLoadError> {
+    /// load is refused and the running one keeps serving. Unless `forced`, a file
+    /// whose size and modification time are as last seen is not read at all.
+    pub fn reload_plugin(&self, cache: Option<&Path>, forced: bool) -> Result<Reload, PluginLoadError> {
         let path = self.config.plugin.clone();
+        let stamp = std::fs::metadata(&path).ok().map(|m| (m.len(), m.modified().ok()));
+        {
+            let mut seen = self.file_stamp.lock().expect("stamp lock");
+            if !forced && stamp.is_some() && *seen == stamp {
+                return Ok(Reload::Unchanged);
+            }
+            *seen = stamp;
+        }
         let bytes = std::fs::read(&path).map_err(|source| PluginLoadError::Read { path: path.clone(), source })?;
         let digest = crate::inbox::digest_hex(&bytes);
         if digest == self.plugin().digest() {
@@ -83,6 +94,7 @@ impl Route {
             config,
             plugin: RwLock::new(plugin),
             last_failed: Mutex::new(None),
+            file_stamp: Mutex::new(None),
             stored: Notify::new(),
         })
     }
@@ -144,10 +156,10 @@ impl Routes {
 
     /// Reloads every plugin whose file changed; logs each outcome. Compiling is slow,
     /// so call this from a blocking thread.
-    pub fn reload_plugins(&self) -> Vec<(String, Result<Reload, PluginLoadError>)> {
+    pub fn reload_plugins(&self, forced: bool) -> Vec<(String, Result<Reload, PluginLoadError>)> {
         let mut out = Vec::new();
         for route in self.by_name.values() {
-            let result = route.reload_plugin(self.cache.as_deref());
+            let result = route.reload_plugin(self.cache.as_deref(), forced);
             match &result {
                 Ok(Reload::Swapped { digest }) => {
                     tracing::info!(
