@@ -8,13 +8,10 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{FakeCamunda, TestPg};
+use common::{FakeCamunda, InletProcess, TestPg};
 
 const KEYS: usize = 50;
 const PER_KEY: i64 = 20;
@@ -32,77 +29,6 @@ fn key(k: usize) -> String {
 
 fn event_id(k: usize, seq: i64) -> String {
     format!("evt-{}-{seq:02}", key(k))
-}
-
-/// One running `inlet run` process. Dropping it kills the process and waits for it; if
-/// the test is panicking, the tails of its logs are printed first.
-struct InletProcess {
-    name: &'static str,
-    child: Child,
-    base: String,
-    stdout: PathBuf,
-    stderr: PathBuf,
-}
-
-impl InletProcess {
-    fn spawn(name: &'static str, config: &Path, dir: &Path) -> InletProcess {
-        let port = common::free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let stdout = dir.join(format!("inlet-{name}.stdout.log"));
-        let stderr = dir.join(format!("inlet-{name}.stderr.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_inlet"))
-            .arg("run")
-            .arg(config)
-            .args(["--listen", &listen, "--instance", name, "--poll", "50ms"])
-            .env("RUST_LOG", "inlet=debug")
-            .env("NO_COLOR", "1")
-            .env_remove("INLET_INSTANCE")
-            .stdin(Stdio::null())
-            .stdout(File::create(&stdout).expect("create stdout log"))
-            .stderr(File::create(&stderr).expect("create stderr log"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start inlet {name}: {e}"));
-        InletProcess { name, child, base: format!("http://{listen}"), stdout, stderr }
-    }
-
-    fn stderr_text(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// Panics (with the logs) if the process has already exited.
-    fn assert_running(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!("inlet {} exited early with {status}", self.name);
-        }
-    }
-
-    fn print_tails(&self) {
-        for (what, path) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
-            let text = std::fs::read_to_string(path).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let from = lines.len().saturating_sub(40);
-            eprintln!(
-                "----- inlet {} {what} (last {} of {} lines, {}) -----",
-                self.name,
-                lines.len() - from,
-                lines.len(),
-                path.display()
-            );
-            for l in &lines[from..] {
-                eprintln!("{l}");
-            }
-        }
-    }
-}
-
-impl Drop for InletProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            self.print_tails();
-        }
-    }
 }
 
 /// The ids of the entries a process log reports as settled (`entry settled … id=N`).
@@ -159,20 +85,16 @@ concurrency = 8
     );
     std::fs::write(&config, &routing).expect("write routing file");
 
-    let mut a = InletProcess::spawn("a", &config, dir.path());
-    let mut b = InletProcess::spawn("b", &config, dir.path());
+    // One routing file, so each process gets its own --listen.
+    let spawn = |name: &str| {
+        let listen = format!("127.0.0.1:{}", common::free_port());
+        InletProcess::spawn_with_args(&config, &["--listen", &listen, "--poll", "50ms"], &[("INLET_INSTANCE", name)])
+    };
+    let (mut a, mut b) = (spawn("a"), spawn("b"));
 
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client");
     for p in [&mut a, &mut b] {
-        let url = format!("{}/healthz", p.base);
-        let name = p.name;
-        common::wait_until(&format!("inlet {name} to answer GET /healthz"), Duration::from_secs(30), || {
-            p.assert_running();
-            let http = http.clone();
-            let url = url.clone();
-            async move { http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) }
-        })
-        .await;
+        p.wait_healthy(Duration::from_secs(30)).await;
     }
     let bases = [a.base.clone(), b.base.clone()];
     eprintln!("both instances healthy after {:?}", started.elapsed());
@@ -311,7 +233,7 @@ concurrency = 8
     assert!(rows.iter().all(|r| r.4.is_none()), "a settled entry still names a lease owner");
 
     // --- The processes' view: both relayed, each entry settled exactly once ----------------
-    let (log_a, log_b) = (a.stderr_text(), b.stderr_text());
+    let (log_a, log_b) = (a.log(), b.log());
     let (settled_a, settled_b) = (settled_ids(&log_a), settled_ids(&log_b));
     eprintln!("entries settled: a={} b={} (pushes alternated between the two)", settled_a.len(), settled_b.len());
     for (name, log) in [("a", &log_a), ("b", &log_b)] {

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{FakeCamunda, Reply, TestPg, push_envelope, wait_for, wait_until};
+use common::{FakeCamunda, Reply, TcpProxy, TestPg, push_envelope, wait_for, wait_until};
 use inlet::app::{self, Running};
 use inlet::clock::{Clock, ManualClock, Millis};
 use inlet::config::Config;
@@ -471,55 +471,6 @@ async fn unreachable_store_answers_503_and_acks_nothing() {
     wait_until("both delivered", WAIT, || async { camunda.correlated_seqs("K") == vec![1, 2] }).await;
     inlet.stop().await;
     drop(pg);
-}
-
-/// A TCP proxy that can be switched off: the database "goes away" for the process
-/// under test while the test still reaches it directly.
-struct TcpProxy {
-    addr: String,
-    up: Arc<std::sync::atomic::AtomicBool>,
-    generation: Arc<tokio::sync::watch::Sender<u64>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TcpProxy {
-    async fn start(upstream: &'static str) -> TcpProxy {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let generation = Arc::new(tokio::sync::watch::channel(0u64).0);
-        let (up2, generation2) = (Arc::clone(&up), Arc::clone(&generation));
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else { return };
-                if !up2.load(std::sync::atomic::Ordering::SeqCst) {
-                    continue; // dropped: connection refused from the client's view
-                }
-                let mut cut = generation2.subscribe();
-                tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else { return };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = cut.changed() => {}
-                    }
-                });
-            }
-        });
-        TcpProxy { addr, up, generation, task }
-    }
-
-    fn set_up(&self, up: bool) {
-        self.up.store(up, std::sync::atomic::Ordering::SeqCst);
-        if !up {
-            self.generation.send_modify(|g| *g += 1);
-        }
-    }
-}
-
-impl Drop for TcpProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 #[allow(dead_code)]

@@ -5,8 +5,8 @@
 //! correlation endpoint, [`plugin_path`] points at the real compiled plugins. A test that
 //! needs a service it cannot reach fails loudly; nothing is skipped.
 //!
-//! Waiting is done only through [`wait_until`] / [`wait_for`]: poll with a deadline,
-//! never a fixed sleep.
+//! Waiting is done only through [`wait_until`] / [`wait_for`] ([`poll_blocking`] where
+//! awaiting is impossible): poll with a deadline, never a fixed sleep.
 
 #![allow(dead_code)]
 
@@ -307,6 +307,22 @@ where
         if tokio::time::Instant::now() >= deadline {
             panic!("timed out after {timeout:?} waiting for {what}");
         }
+    }
+}
+
+/// The blocking twin of [`wait_for`], for code that cannot await (`Drop`, a kill):
+/// polls `f` (at once, then every 20 ms) until it returns `Some`; `None` if that has
+/// not happened within `timeout`. Blocks the calling thread.
+pub fn poll_blocking<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = f() {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(POLL_INTERVAL);
     }
 }
 
@@ -657,61 +673,133 @@ fn correlation_key(body: &serde_json::Value) -> String {
 // Google Pub/Sub emulator
 // ---------------------------------------------------------------------------------------
 
+/// How long the emulator (a JVM) may take to answer after a start or restart.
+const EMULATOR_START_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// The real Pub/Sub emulator (`gcloud beta emulators pubsub start`), in its own process
 /// group on a free port, stopped — the whole group, Java server included — on drop.
 /// Spoken to through its REST API.
+///
+/// It keeps all state in memory: after [`PubSubEmulator::restart`] topics and
+/// subscriptions are gone (the caller recreates them) and message ids start at 1 again.
 pub struct PubSubEmulator {
     /// `127.0.0.1:PORT`, as `PUBSUB_EMULATOR_HOST` wants it.
     pub host: String,
     pub project: String,
-    child: std::process::Child,
+    /// The running `gcloud` wrapper; `None` between [`PubSubEmulator::kill`] and
+    /// [`PubSubEmulator::restart`].
+    child: Option<std::process::Child>,
+    /// stdout and stderr of every run on this host:port, appended.
+    log: PathBuf,
     http: reqwest::Client,
 }
 
 impl PubSubEmulator {
+    /// Starts an emulator for `project` on a free port and waits until it answers.
     pub async fn start(project: &str) -> PubSubEmulator {
-        use std::os::unix::process::CommandExt as _;
         let port = free_port();
-        let host = format!("127.0.0.1:{port}");
         let log = std::env::temp_dir().join(format!("inlet-pubsub-emulator-{port}.log"));
-        let out = std::fs::File::create(&log).expect("emulator log file");
+        // A fresh log: the port may have served an earlier run.
+        std::fs::File::create(&log).unwrap_or_else(|e| panic!("emulator log file {}: {e}", log.display()));
+        let mut emulator = PubSubEmulator {
+            host: format!("127.0.0.1:{port}"),
+            project: project.to_owned(),
+            child: None,
+            log,
+            http: reqwest::Client::new(),
+        };
+        emulator.spawn_and_wait().await;
+        emulator
+    }
+
+    /// Kills the emulator (the whole process group, SIGKILL: it keeps nothing worth a
+    /// graceful stop) and waits until its port refuses connections. Idempotent.
+    pub fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        kill_group(&mut child);
+        // The Java server is not our child, so it cannot be waited for: its listening
+        // socket closing is the sign it is gone (even while it is an unreaped zombie).
+        let addr: std::net::SocketAddr = self.host.parse().expect("the emulator host is an address");
+        let gone = poll_blocking(Duration::from_secs(10), || {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err().then_some(())
+        });
+        assert!(gone.is_some(), "the Pub/Sub emulator on {} still accepts connections 10 s after SIGKILL", self.host);
+    }
+
+    /// Starts the emulator again on the same host:port and project (killing it first if
+    /// it runs) and waits until it answers. It comes back empty: recreate topics and
+    /// subscriptions.
+    pub async fn restart(&mut self) {
+        self.kill();
+        use std::io::Write as _;
+        let mut log = std::fs::OpenOptions::new().append(true).open(&self.log).expect("emulator log file");
+        let _ = writeln!(log, "\n----- inlet tests: emulator restarted -----\n");
+        self.spawn_and_wait().await;
+    }
+
+    /// Path of the emulator's log (every run on this port).
+    pub fn log_path(&self) -> &std::path::Path {
+        &self.log
+    }
+
+    /// The spawn and the readiness wait shared by [`start`](Self::start) and
+    /// [`restart`](Self::restart).
+    async fn spawn_and_wait(&mut self) {
+        use std::os::unix::process::CommandExt as _;
+        let out = std::fs::OpenOptions::new().append(true).open(&self.log).expect("emulator log file");
         let child = std::process::Command::new("gcloud")
             .args([
                 "beta",
                 "emulators",
                 "pubsub",
                 "start",
-                &format!("--host-port={host}"),
-                &format!("--project={project}"),
+                &format!("--host-port={}", self.host),
+                &format!("--project={}", self.project),
             ])
-            .stdout(out.try_clone().unwrap())
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone().expect("emulator log file"))
             .stderr(out)
             .process_group(0)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start the Pub/Sub emulator (gcloud beta emulators pubsub start): {e}"));
-        let emulator =
-            PubSubEmulator { host: host.clone(), project: project.to_string(), child, http: reqwest::Client::new() };
-        let probe = format!("http://{host}/v1/projects/{project}/topics");
-        let http = emulator.http.clone();
+        self.child = Some(child);
+
+        let probe = format!("{}/topics", self.url());
         let started = Instant::now();
         let mut ticks = tokio::time::interval(POLL_INTERVAL * 5);
         loop {
             ticks.tick().await;
-            if let Ok(r) = http.get(&probe).send().await
+            if let Ok(r) = self.http.get(&probe).send().await
                 && r.status().is_success()
             {
-                break;
+                return;
             }
-            if started.elapsed() > Duration::from_secs(90) {
-                let tail = std::fs::read_to_string(&log).unwrap_or_default();
-                panic!("the Pub/Sub emulator did not answer on {host} within 90 s; its log:\n{tail}");
+            // An emulator that exits (e.g. the port was taken) will never answer.
+            let exited = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            if exited.is_some() || started.elapsed() > EMULATOR_START_TIMEOUT {
+                let why = match exited {
+                    Some(status) => format!("exited with {status}"),
+                    None => format!("did not answer within {EMULATOR_START_TIMEOUT:?}"),
+                };
+                let tail = std::fs::read_to_string(&self.log).unwrap_or_default();
+                panic!("the Pub/Sub emulator on {} {why}; its log ({}):\n{tail}", self.host, self.log.display());
             }
         }
-        emulator
     }
 
+    /// `http://HOST/v1/projects/PROJECT`, the base of the REST API.
     pub fn url(&self) -> String {
         format!("http://{}/v1/projects/{}", self.host, self.project)
+    }
+
+    /// `projects/PROJECT/topics/TOPIC`, the name clients use.
+    pub fn topic_path(&self, topic: &str) -> String {
+        format!("projects/{}/topics/{topic}", self.project)
+    }
+
+    /// `projects/PROJECT/subscriptions/SUBSCRIPTION`, the name clients use.
+    pub fn subscription_path(&self, subscription: &str) -> String {
+        format!("projects/{}/subscriptions/{subscription}", self.project)
     }
 
     pub async fn create_topic(&self, topic: &str) {
@@ -719,10 +807,23 @@ impl PubSubEmulator {
         assert!(r.status().is_success(), "create topic {topic}: {}", r.text().await.unwrap());
     }
 
+    /// A subscription with a 10 s ack deadline.
     pub async fn create_subscription(&self, topic: &str, subscription: &str, ordered: bool) {
+        self.create_subscription_with(topic, subscription, ordered, 10).await;
+    }
+
+    /// A subscription with the given ack deadline (the emulator accepts 10 to 600 s):
+    /// how long a message leased to a consumer that went away waits before redelivery.
+    pub async fn create_subscription_with(
+        &self,
+        topic: &str,
+        subscription: &str,
+        ordered: bool,
+        ack_deadline_seconds: u32,
+    ) {
         let body = serde_json::json!({
-            "topic": format!("projects/{}/topics/{topic}", self.project),
-            "ackDeadlineSeconds": 10,
+            "topic": self.topic_path(topic),
+            "ackDeadlineSeconds": ack_deadline_seconds,
             "enableMessageOrdering": ordered,
         });
         let r = self
@@ -738,43 +839,158 @@ impl PubSubEmulator {
 
     /// Pulls what is there now (up to 1,000) and acks it.
     pub async fn pull(&self, subscription: &str) -> Vec<serde_json::Value> {
-        let url = format!("{}/subscriptions/{subscription}", self.url());
-        let body = serde_json::json!({ "maxMessages": 1000, "returnImmediately": true }).to_string();
-        let r = self
-            .http
-            .post(format!("{url}:pull"))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
-        let received = v["receivedMessages"].as_array().cloned().unwrap_or_default();
+        let received = self.pull_now(subscription).await;
         if !received.is_empty() {
             let ack_ids: Vec<_> = received.iter().map(|m| m["ackId"].clone()).collect();
             let body = serde_json::json!({ "ackIds": ack_ids }).to_string();
             let r = self
                 .http
-                .post(format!("{url}:acknowledge"))
+                .post(format!("{}/subscriptions/{subscription}:acknowledge", self.url()))
                 .header("content-type", "application/json")
                 .body(body)
                 .send()
                 .await
                 .unwrap();
-            assert!(r.status().is_success());
+            assert!(r.status().is_success(), "acknowledge on {subscription}: {}", r.text().await.unwrap());
         }
         received.into_iter().map(|m| m["message"].clone()).collect()
+    }
+
+    /// One pull with `returnImmediately` (up to 1,000), not acked: the received
+    /// messages, `{ackId, message, …}` each.
+    async fn pull_now(&self, subscription: &str) -> Vec<serde_json::Value> {
+        let body = serde_json::json!({ "maxMessages": 1000, "returnImmediately": true }).to_string();
+        let r = self
+            .http
+            .post(format!("{}/subscriptions/{subscription}:pull", self.url()))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("pull on {subscription}: {e}"));
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        assert!(status.is_success(), "pull on {subscription} answered {status}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["receivedMessages"].as_array().cloned().unwrap_or_default()
     }
 }
 
 impl Drop for PubSubEmulator {
     fn drop(&mut self) {
-        // The gcloud wrapper leaves its Java child running if only the wrapper dies:
-        // kill the whole group. The emulator keeps nothing worth a graceful stop.
-        let group = format!("-{}", self.child.id());
-        let _ = std::process::Command::new("kill").args(["-KILL", "--", &group]).status();
-        let _ = self.child.wait();
+        if let Some(mut child) = self.child.take() {
+            kill_group(&mut child);
+        }
     }
+}
+
+/// SIGKILLs the process group `child` leads and reaps `child`. The gcloud wrapper
+/// leaves its Java child running if only the wrapper dies, hence the group.
+fn kill_group(child: &mut std::process::Child) {
+    let group = format!("-{}", child.id());
+    let _ = std::process::Command::new("kill").args(["-KILL", "--", &group]).status();
+    let _ = child.wait();
+}
+
+/// The python with Google's Pub/Sub client (`scripts/ensure-py-pubsub`).
+fn pubsub_python() -> std::ffi::OsString {
+    std::env::var_os("INLET_PUBSUB_PYTHON").filter(|p| !p.is_empty()).unwrap_or_else(|| {
+        panic!(
+            "\n\n*** INLET_PUBSUB_PYTHON is not set: the Pub/Sub tests use Google's Python client.\n\
+             *** Run the tests through scripts/test, or set it to the python that\n\
+             *** scripts/ensure-py-pubsub prints: export INLET_PUBSUB_PYTHON=$(scripts/ensure-py-pubsub)\n\
+             *** Tests are never skipped for a missing tool.\n\n"
+        )
+    })
+}
+
+/// What `tests/pubsub/publish.py` reports.
+#[derive(Clone, Copy, Debug, serde::Deserialize)]
+pub struct PublishReport {
+    pub published: usize,
+    /// From the first publish until every publish was confirmed.
+    pub seconds: f64,
+    /// Messages per second.
+    pub rate: f64,
+}
+
+/// Publishes `count` work-order events to `topic` (a name as given to `create_topic`)
+/// with Google's Python client, not Inlet's code (`tests/pubsub/publish.py`, run by
+/// `$INLET_PUBSUB_PYTHON`, which `scripts/test` sets). Message `i` (`start` ≤ i <
+/// `start + count`) is for correlation key `key-{i % keys}` with per-key sequence number
+/// `i / keys` (its `completedItems`, what [`FakeCamunda::correlated_seqs`] returns), has
+/// the attributes `seq` = i, `key` and `eventId` = `evt-{i}` (the plugin's dedup key),
+/// and, if `ordered`, the key as its ordering key. Returns once every publish is
+/// confirmed; panics with the publisher's errors if any failed.
+pub async fn publish_independent(
+    emulator: &PubSubEmulator,
+    topic: &str,
+    count: usize,
+    keys: usize,
+    start: usize,
+    ordered: bool,
+) -> PublishReport {
+    let python = pubsub_python();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("pubsub").join("publish.py");
+    let mut cmd = std::process::Command::new(&python);
+    cmd.arg(&script)
+        .args(["--topic", &emulator.topic_path(topic)])
+        .args(["--count", &count.to_string(), "--keys", &keys.to_string(), "--start", &start.to_string()])
+        .env("PUBSUB_EMULATOR_HOST", &emulator.host)
+        .stdin(std::process::Stdio::null());
+    if ordered {
+        cmd.arg("--ordered");
+    }
+    let described = format!("{cmd:?}");
+    // A blocking wait on its own thread: the test's runtime keeps serving (fakes, Inlet).
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("the publisher's thread panicked")
+        .unwrap_or_else(|e| panic!("cannot run the independent publisher {described}: {e}"));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        panic!("the independent publisher failed ({}): {described}\nstderr:\n{stderr}\nstdout:\n{stdout}", out.status);
+    }
+    let report: PublishReport =
+        stdout.lines().last().and_then(|line| serde_json::from_str(line).ok()).unwrap_or_else(|| {
+            panic!("the independent publisher printed no report: {described}\nstdout:\n{stdout}\nstderr:\n{stderr}")
+        });
+    assert_eq!(report.published, count, "the independent publisher's report: {stdout}");
+    report
+}
+
+/// Asserts that `subscription` holds nothing: listens with Google's Python client
+/// (a streaming pull, nacking whatever comes) for `quiet_for` and panics listing any
+/// message that arrives, since a message there was never acked.
+///
+/// A streaming pull and not the REST pull: the emulator's unary pull answers 500 (a
+/// NullPointerException in its OrderedMessageBacklog) on an ordered subscription that
+/// a streaming pull has consumed. Call it once the consumers are stopped, with
+/// `quiet_for` longer than the ack deadline, so that messages leased to a consumer
+/// that went away have had time to come back.
+pub async fn assert_drained(emulator: &PubSubEmulator, subscription: &str, quiet_for: Duration) {
+    let mut cmd = std::process::Command::new(pubsub_python());
+    cmd.arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/pubsub/drained.py"))
+        .args(["--subscription", &emulator.subscription_path(subscription)])
+        .args(["--quiet", &quiet_for.as_secs_f64().to_string()])
+        .env("PUBSUB_EMULATOR_HOST", &emulator.host)
+        .stdin(std::process::Stdio::null());
+    let described = format!("{cmd:?}");
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("the drain check's thread panicked")
+        .unwrap_or_else(|e| panic!("cannot run the drain check {described}: {e}"));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value =
+        stdout.lines().last().and_then(|l| serde_json::from_str(l).ok()).unwrap_or_else(|| {
+            panic!("the drain check printed no report: {described}\nstdout:\n{stdout}\nstderr:\n{stderr}")
+        });
+    assert!(out.status.success(), "the drain check failed: {report}\nstderr:\n{stderr}");
+    assert_eq!(
+        report["received"].as_u64(),
+        Some(0),
+        "subscription {subscription} is not drained: messages arrived that nobody acked: {report}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -813,4 +1029,243 @@ pub async fn start_on_sqlite(routes: &str, tune: impl FnOnce(&mut inlet::app::Op
     tune(&mut options);
     let running = inlet::app::start(&loaded, options).await.expect("inlet starts");
     Instance { running, config, dir }
+}
+
+// ---------------------------------------------------------------------------------------
+// Inlet as a process
+// ---------------------------------------------------------------------------------------
+
+/// Lines of a process log printed when a test fails.
+const LOG_TAIL_LINES: usize = 40;
+
+/// A real `inlet run CONFIG` process, stdout and stderr in one log file in a temp dir
+/// of its own, `RUST_LOG=inlet=debug`. Dropping it kills it (SIGKILL) and waits; if the
+/// test is panicking, the tail of the log is printed and the log kept.
+pub struct InletProcess {
+    /// `INLET_INSTANCE` if `spawn` was given one (then it is also the lease owner),
+    /// else `pid N`.
+    pub name: String,
+    /// `http://LISTEN`: push endpoint, admin API, health. LISTEN is `--listen` if given,
+    /// else the routing file's `[server] listen` (default `127.0.0.1:8080`).
+    pub base: String,
+    child: std::process::Child,
+    /// Set once the child has been reaped: from then on its pid may be someone else's.
+    exited: Option<std::process::ExitStatus>,
+    /// A panic of ours already showed the log's tail: `Drop` need not repeat it.
+    tail_shown: std::cell::Cell<bool>,
+    log: PathBuf,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl InletProcess {
+    /// Starts `inlet run config`. `envs` are set after the defaults (`RUST_LOG`,
+    /// `NO_COLOR=1`), so they may override them; `INLET_INSTANCE` is not inherited from
+    /// the test's environment, only taken from `envs`.
+    pub fn spawn(config: &std::path::Path, envs: &[(&str, &str)]) -> InletProcess {
+        Self::spawn_with_args(config, &[], envs)
+    }
+
+    /// Like [`spawn`](Self::spawn), with more arguments after `run CONFIG` (`--listen`,
+    /// `--poll`, …).
+    pub fn spawn_with_args(config: &std::path::Path, args: &[&str], envs: &[(&str, &str)]) -> InletProcess {
+        let dir = tempfile::Builder::new().prefix("inlet-process-").tempdir().expect("tempdir for an inlet log");
+        let log = dir.path().join("inlet.log");
+        let out = std::fs::File::create(&log).expect("create the inlet log");
+        let listen = match args.iter().position(|a| *a == "--listen") {
+            Some(i) => args.get(i + 1).expect("--listen needs a value").to_string(),
+            None => configured_listen(config),
+        };
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"))
+            .arg("run")
+            .arg(config)
+            .args(args)
+            .env("RUST_LOG", "inlet=debug")
+            .env("NO_COLOR", "1")
+            .env_remove("INLET_INSTANCE")
+            .envs(envs.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone().expect("inlet log file"))
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start inlet run {}: {e}", config.display()));
+        let name = envs
+            .iter()
+            .find(|(k, _)| *k == "INLET_INSTANCE")
+            .map(|(_, v)| (*v).to_owned())
+            .unwrap_or_else(|| format!("pid {}", child.id()));
+        InletProcess {
+            name,
+            base: format!("http://{listen}"),
+            child,
+            exited: None,
+            tail_shown: Default::default(),
+            log,
+            dir: Some(dir),
+        }
+    }
+
+    /// Waits until `GET /healthz` answers 2xx; panics (with the log) if the process
+    /// exits or `within` passes first.
+    pub async fn wait_healthy(&mut self, within: Duration) {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("http client");
+        let url = format!("{}/healthz", self.base);
+        let what = format!("inlet {} to answer GET {url}", self.name);
+        wait_until(&what, within, || {
+            self.assert_running();
+            let (http, url) = (http.clone(), url.clone());
+            async move { http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) }
+        })
+        .await;
+    }
+
+    /// Panics, with the tail of the log, if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.try_exited() {
+            panic!("inlet {} exited early with {status}\n{}", self.name, self.log_tail());
+        }
+    }
+
+    /// Kills the process with SIGKILL (a crash: nothing is flushed, acked or handed
+    /// back) and waits for it. Idempotent.
+    pub fn sigkill(&mut self) {
+        if self.exited.is_none() {
+            let _ = self.child.kill();
+            self.exited = Some(self.child.wait().unwrap_or_else(|e| panic!("wait for inlet {}: {e}", self.name)));
+        }
+    }
+
+    /// Sends SIGTERM (a graceful stop) and waits for the exit; panics with the log if
+    /// the process had already exited, or is still running after `within` (it is then
+    /// killed).
+    ///
+    /// On a multi-thread runtime the wait leaves this worker's tasks to the others
+    /// (`block_in_place`), so fakes in this process keep answering the deliveries Inlet
+    /// finishes while it stops; on a current-thread runtime they would stall.
+    pub fn sigterm_and_wait(&mut self, within: Duration) -> std::process::ExitStatus {
+        if let Some(status) = self.try_exited() {
+            panic!("inlet {} had already exited with {status} before SIGTERM\n{}", self.name, self.log_tail());
+        }
+        let pid = self.child.id().to_string();
+        let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(sent.as_ref().is_ok_and(|s| s.success()), "kill -TERM {pid} (inlet {}): {sent:?}", self.name);
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let mut wait = || poll_blocking(within, || self.try_exited());
+        let exited = if multi_thread { tokio::task::block_in_place(wait) } else { wait() };
+        exited.unwrap_or_else(|| {
+            self.sigkill();
+            panic!("inlet {} did not exit within {within:?} of SIGTERM (killed)\n{}", self.name, self.log_tail());
+        })
+    }
+
+    /// The whole log so far (stdout and stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_else(|e| panic!("read {}: {e}", self.log.display()))
+    }
+
+    /// The exit status, if the process has exited (reaping it).
+    fn try_exited(&mut self) -> Option<std::process::ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().unwrap_or_else(|e| panic!("wait for inlet {}: {e}", self.name));
+        }
+        self.exited
+    }
+
+    /// The last lines of the log, headed by where the whole log is.
+    fn log_tail(&self) -> String {
+        self.tail_shown.set(true);
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(LOG_TAIL_LINES);
+        format!(
+            "----- inlet {} log (last {} of {} lines, {}) -----\n{}",
+            self.name,
+            lines.len() - from,
+            lines.len(),
+            self.log.display(),
+            lines[from..].join("\n")
+        )
+    }
+}
+
+impl Drop for InletProcess {
+    fn drop(&mut self) {
+        self.sigkill();
+        if std::thread::panicking() {
+            if !self.tail_shown.get() {
+                eprintln!("{}", self.log_tail());
+            }
+            // Keep the whole log for a look after the failed test.
+            if let Some(dir) = self.dir.take() {
+                eprintln!("----- inlet {} log kept at {} -----", self.name, dir.keep().join("inlet.log").display());
+            }
+        }
+    }
+}
+
+/// `[server] listen` of a routing file, or Inlet's default; only to know where the
+/// process will listen (the process itself reads the file).
+fn configured_listen(config: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(config).unwrap_or_else(|e| panic!("read {}: {e}", config.display()));
+    let file: toml::Table = toml::from_str(&text).unwrap_or_else(|e| panic!("{} is not TOML: {e}", config.display()));
+    file.get("server").and_then(|s| s.get("listen")).and_then(|l| l.as_str()).unwrap_or("127.0.0.1:8080").to_owned()
+}
+
+// ---------------------------------------------------------------------------------------
+// Cutting connections
+// ---------------------------------------------------------------------------------------
+
+/// A TCP proxy that can be switched off: a service "goes away" for the process under
+/// test (which is pointed at `addr`) while the test still reaches it directly. Off, it
+/// closes new connections at once and cuts the open ones.
+pub struct TcpProxy {
+    /// `127.0.0.1:PORT` to use instead of the upstream.
+    pub addr: String,
+    up: Arc<AtomicBool>,
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Starts a proxy to `upstream` (`HOST:PORT`), switched on.
+    pub async fn start(upstream: &str) -> TcpProxy {
+        let upstream: Arc<str> = Arc::from(upstream);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let up = Arc::new(AtomicBool::new(true));
+        let generation = Arc::new(tokio::sync::watch::channel(0u64).0);
+        let (up2, generation2) = (Arc::clone(&up), Arc::clone(&generation));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                if !up2.load(Ordering::SeqCst) {
+                    continue; // dropped: connection refused from the client's view
+                }
+                let mut cut = generation2.subscribe();
+                let upstream = Arc::clone(&upstream);
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&*upstream).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        TcpProxy { addr, up, generation, task }
+    }
+
+    /// Switches the proxy on or off; off also cuts every open connection.
+    pub fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::SeqCst);
+        if !up {
+            self.generation.send_modify(|g| *g += 1);
+        }
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
