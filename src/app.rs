@@ -13,11 +13,14 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::clock::{Clock, DbClock};
-use crate::config::Config;
+use crate::config::{Config, SourceConfig};
 use crate::inbox::{self, Status, Store};
 use crate::ingest::Ingest;
+use crate::pubsub::Connection;
 use crate::relay::{Relay, RelayOptions};
 use crate::routing::Routes;
+use crate::source::pubsub::Puller;
+use crate::target::Clients;
 use crate::telemetry::{Metrics, RouteStatus};
 use crate::{admin, source};
 
@@ -27,7 +30,9 @@ pub struct Shared {
     pub store: Arc<dyn Store>,
     pub clock: Arc<dyn Clock>,
     pub metrics: Arc<Metrics>,
-    pub ingest: Ingest,
+    pub ingest: Arc<Ingest>,
+    /// Where Pub/Sub sources pull from.
+    pub pubsub: Connection,
     /// The routing file as last applied, and where it lives.
     pub(crate) config: Mutex<Config>,
     pub(crate) config_seen: Mutex<crate::reload::Seen>,
@@ -75,13 +80,35 @@ impl Shared {
                     options: self.relay_options.clone(),
                     last_release: std::sync::Mutex::default(),
                 });
-                relays.running.insert(route.name().to_string(), (stop, tokio::spawn(relay.run(stop_rx))));
+                let puller = match &route.config.source {
+                    SourceConfig::Pubsub(config) => Some(Puller {
+                        route: Arc::clone(route),
+                        config: config.clone(),
+                        connection: self.pubsub.clone(),
+                        ingest: Arc::clone(&self.ingest),
+                        metrics: Arc::clone(&self.metrics),
+                    }),
+                    SourceConfig::Push => None,
+                };
+                // The route's relay and, for a pull source, its puller: one task, so
+                // stopping the route stops and awaits both.
+                let task = tokio::spawn(async move {
+                    match puller {
+                        Some(p) => {
+                            tokio::join!(relay.run(stop_rx.clone()), p.run(stop_rx));
+                        }
+                        None => relay.run(stop_rx).await,
+                    }
+                });
+                relays.running.insert(route.name().to_string(), (stop, task));
             }
         }
     }
 
-    /// Stops every relay and waits for in-flight attempts to finish.
-    async fn stop_relays(&self) {
+    /// Stops every route (pullers finish the batch they store and nack the rest;
+    /// relays let in-flight attempts finish) and waits for them, at most `grace`:
+    /// attempts still running then are abandoned, and their leases expire.
+    async fn stop_routes(&self, grace: Duration) {
         let handles: Vec<JoinHandle<()>> = {
             let mut relays = self.relays.lock().expect("relays lock");
             let mut handles: Vec<_> = relays.stopping.drain(..).collect();
@@ -91,8 +118,15 @@ impl Shared {
             }
             handles
         };
-        for h in handles {
-            let _ = h.await;
+        let deadline = tokio::time::Instant::now() + grace;
+        for mut h in handles {
+            if tokio::time::timeout_at(deadline, &mut h).await.is_err() {
+                tracing::warn!(
+                    ?grace,
+                    "grace period over; abandoning in-flight work (leases expire, entries are retried)"
+                );
+                h.abort();
+            }
         }
     }
 }
@@ -115,6 +149,11 @@ pub struct Options {
     /// How often the routing file and the plugin files are checked for a new
     /// version (SIGHUP and `POST /api/reload` check at once); `None` checks only on those.
     pub reload_every: Option<Duration>,
+    /// Where Pub/Sub sources and targets connect; default `PUBSUB_EMULATOR_HOST`
+    /// or Google.
+    pub pubsub: Connection,
+    /// How long shutdown waits for in-flight deliveries.
+    pub grace: Duration,
 }
 
 impl Default for Options {
@@ -128,6 +167,8 @@ impl Default for Options {
             retention: Duration::from_secs(7 * 24 * 3600),
             plugin_cache: crate::plugin::default_cache_dir(),
             reload_every: Some(Duration::from_secs(2)),
+            pubsub: Connection::from_env(),
+            grace: Duration::from_secs(30),
         }
     }
 }
@@ -148,13 +189,15 @@ pub struct Running {
     pub shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    grace: Duration,
 }
 
 impl Running {
-    /// Stops accepting pushes, stops claiming, lets in-flight attempts finish.
+    /// Stops accepting pushes, stops pulling, stops claiming, lets in-flight
+    /// attempts finish within the grace period.
     pub async fn stop(mut self) {
         let _ = self.shutdown.send(true);
-        self.shared.stop_relays().await;
+        self.shared.stop_routes(self.grace).await;
         while self.tasks.join_next().await.is_some() {}
     }
 
@@ -200,11 +243,17 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
             c
         }
     };
-    let routes = Routes::load(config, options.plugin_cache.as_deref()).map_err(StartError::Plugins)?;
+    let clients = Clients::new(options.pubsub.clone());
+    let routes = Routes::load(config, options.plugin_cache.as_deref(), clients.clone()).map_err(StartError::Plugins)?;
     let metrics = Arc::new(Metrics::new());
     let shared = Arc::new(Shared {
-        ingest: Ingest { store: Arc::clone(&store), clock: Arc::clone(&clock), metrics: Arc::clone(&metrics) },
-        routes: RwLock::new(Arc::new(Routes::empty(None))),
+        ingest: Arc::new(Ingest {
+            store: Arc::clone(&store),
+            clock: Arc::clone(&clock),
+            metrics: Arc::clone(&metrics),
+        }),
+        pubsub: options.pubsub.clone(),
+        routes: RwLock::new(Arc::new(Routes::empty(None, clients))),
         store,
         clock,
         metrics,
@@ -243,7 +292,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     tracing::info!(%addr, routes = names.len(), store = shared.store.backend(), "inlet listening");
     tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx.clone()));
     tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
-    Ok(Running { addr, shared, shutdown, tasks })
+    Ok(Running { addr, shared, shutdown, tasks, grace: options.grace })
 }
 
 /// Refreshes the backlog gauges and purges finished entries past their retention.

@@ -11,7 +11,9 @@ use crate::app;
 use crate::clock::{Clock, DbClock};
 use crate::config::Config;
 use crate::inbox::{self, Entry, ListFilter, Status, Store};
+use crate::pubsub::Connection;
 use crate::routing::Routes;
+use crate::target::Clients;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -45,9 +47,17 @@ pub enum Command {
         /// Folder for compiled plugins (default ~/.cache/inlet/components); `off` disables it.
         #[arg(long, env = "INLET_PLUGIN_CACHE")]
         plugin_cache: Option<PathBuf>,
+        /// On SIGTERM or ctrl-c, how long in-flight deliveries may take to finish.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        grace: Duration,
     },
     /// Validate a routing file and load its plugins; exit 1 listing every error.
     Check { config: PathBuf },
+    /// Google Pub/Sub tools (honour PUBSUB_EMULATOR_HOST).
+    Pubsub {
+        #[command(subcommand)]
+        command: PubsubCommand,
+    },
     /// Tools for plugin authors.
     Plugin {
         #[command(subcommand)]
@@ -61,6 +71,14 @@ pub enum Command {
         #[command(subcommand)]
         command: InboxCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PubsubCommand {
+    /// Create the topics and subscriptions a routing file names, where missing:
+    /// target topics, source topics, dead-letter topics and subscriptions (ordered
+    /// when the route is, with a retry policy and the dead-letter policy if set).
+    Setup { config: PathBuf },
 }
 
 #[derive(Debug, Subcommand)]
@@ -151,9 +169,9 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run { config, listen, instance, poll, retention, plugin_cache } => {
+        Command::Run { config, listen, instance, poll, retention, plugin_cache, grace } => {
             let config = load_config(&config)?;
-            let mut options = app::Options { listen, poll, retention, ..app::Options::default() };
+            let mut options = app::Options { listen, poll, retention, grace, ..app::Options::default() };
             match plugin_cache {
                 Some(p) if p.as_os_str() == "off" => options.plugin_cache = None,
                 Some(p) => options.plugin_cache = Some(p),
@@ -174,7 +192,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::FAILURE);
                 }
             };
-            if let Err(errors) = Routes::load(&config, crate::plugin::default_cache_dir().as_deref()) {
+            let clients = Clients::new(Connection::from_env());
+            if let Err(errors) = Routes::load(&config, crate::plugin::default_cache_dir().as_deref(), clients) {
                 for e in errors {
                     eprintln!("error: {}: {e}", path.display());
                 }
@@ -182,6 +201,26 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             println!("{}: ok ({} routes, store {})", path.display(), config.routes.len(), config.store.url);
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Pubsub { command: PubsubCommand::Setup { config } } => {
+            let config = load_config(&config)?;
+            let connection = Connection::from_env();
+            println!("pubsub: {}", connection.describe());
+            match crate::pubsub::setup(&config, &connection).await {
+                Ok(steps) => {
+                    for step in &steps {
+                        println!("{step}");
+                    }
+                    if steps.is_empty() {
+                        println!("no pubsub source or target in {}", config.path.display());
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
         }
         Command::Plugin { command: PluginCommand::Test { plugin, message, attributes, message_id, responses } } => {
             let message =

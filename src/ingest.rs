@@ -40,6 +40,35 @@ impl Ingest {
         result
     }
 
+    /// Decodes and stores many messages in one transaction, in the order given (the
+    /// inbox order, and so the delivery order within a key). `Ok` means every row is
+    /// committed and every message may be acked; `Err` means nack them all.
+    pub async fn accept_batch(&self, route: &Route, msgs: Vec<Incoming>) -> Result<Vec<InsertOutcome>, StoreError> {
+        let mut entries = Vec::with_capacity(msgs.len());
+        for msg in msgs {
+            entries.push(self.decode(route, msg).await);
+        }
+        let result = self.store.insert_batch(&entries, self.clock.now()).await;
+        match &result {
+            Ok(outcomes) => {
+                for (entry, outcome) in entries.iter().zip(outcomes) {
+                    self.record(route, entry, &Ok(*outcome));
+                }
+                let opened = entries.iter().zip(outcomes).any(|(entry, outcome)| {
+                    matches!(outcome, InsertOutcome::Inserted { .. }) && entry.status == Status::Open
+                });
+                if opened {
+                    route.stored.notify_one();
+                }
+            }
+            Err(error) => {
+                tracing::error!(route = route.name(), messages = entries.len(), %error, "could not store a batch of messages; they will be redelivered");
+                self.metrics.ingest_failures.get_or_create(&Metrics::route(route.name())).inc_by(entries.len() as u64);
+            }
+        }
+        result
+    }
+
     /// Runs the plugin's `decode` and turns its answer into the row to store.
     pub async fn decode(&self, route: &Route, msg: Incoming) -> NewEntry {
         let wit_msg = wit::Message {

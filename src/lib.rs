@@ -21,6 +21,7 @@ pub mod inbox;
 pub mod ingest;
 pub mod plugin;
 pub mod plugin_dev;
+pub mod pubsub;
 pub mod relay;
 pub mod reload;
 pub mod routing;

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 use crate::config::{Config, RouteConfig};
 use crate::plugin::{Plugin, PluginLoadError};
-use crate::target::Target;
+use crate::target::{Clients, Target};
 
 pub struct Route {
     pub config: RouteConfig,
@@ -87,10 +87,10 @@ impl Route {
 
 impl Route {
     /// Loads a route's plugin and builds its target.
-    pub fn load(config: RouteConfig, client: &reqwest::Client, cache: Option<&Path>) -> Result<Route, PluginLoadError> {
+    pub fn load(config: RouteConfig, clients: &Clients, cache: Option<&Path>) -> Result<Route, PluginLoadError> {
         let plugin = Plugin::load(&config.plugin, config.limits.clone(), cache)?;
         Ok(Route {
-            target: Target::new(config.name.as_str(), &config.target, client),
+            target: Target::new(config.name.as_str(), &config.target, clients),
             config,
             plugin: RwLock::new(plugin),
             last_failed: Mutex::new(None),
@@ -104,18 +104,18 @@ impl Route {
 pub struct Routes {
     by_name: BTreeMap<String, Arc<Route>>,
     cache: Option<PathBuf>,
-    client: reqwest::Client,
+    clients: Clients,
 }
 
 impl Routes {
     /// Loads every route's plugin; reports every plugin that fails, not just the first.
-    pub fn load(config: &Config, cache: Option<&Path>) -> Result<Routes, Vec<PluginLoadError>> {
-        Routes::empty(cache).next(config).map(|(routes, _)| routes)
+    pub fn load(config: &Config, cache: Option<&Path>, clients: Clients) -> Result<Routes, Vec<PluginLoadError>> {
+        Routes::empty(cache, clients).next(config).map(|(routes, _)| routes)
     }
 
     /// No routes yet; `next` fills them in, compiling plugins through `cache`.
-    pub fn empty(cache: Option<&Path>) -> Routes {
-        Routes { by_name: BTreeMap::new(), cache: cache.map(Path::to_path_buf), client: Target::client() }
+    pub fn empty(cache: Option<&Path>, clients: Clients) -> Routes {
+        Routes { by_name: BTreeMap::new(), cache: cache.map(Path::to_path_buf), clients }
     }
 
     /// The routes of a new configuration: a route whose configuration did not change
@@ -131,7 +131,7 @@ impl Routes {
                 Some(running) if running.config == *rc => {
                     by_name.insert(name, Arc::clone(running));
                 }
-                _ => match Route::load(rc.clone(), &self.client, self.cache.as_deref()) {
+                _ => match Route::load(rc.clone(), &self.clients, self.cache.as_deref()) {
                     Ok(route) => {
                         by_name.insert(name.clone(), Arc::new(route));
                         fresh.push(name);
@@ -143,7 +143,7 @@ impl Routes {
         if !errors.is_empty() {
             return Err(errors);
         }
-        Ok((Routes { by_name, cache: self.cache.clone(), client: self.client.clone() }, fresh))
+        Ok((Routes { by_name, cache: self.cache.clone(), clients: self.clients.clone() }, fresh))
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Route>> {

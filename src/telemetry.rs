@@ -64,6 +64,16 @@ pub struct Metrics {
     pub entries: Family<RouteStatus, Gauge>,
     /// Age of the oldest OPEN entry.
     pub oldest_open_age_seconds: Family<RouteLabel, Gauge<f64, AtomicU64>>,
+    /// Pub/Sub messages acked (stored) and nacked (not stored), per route.
+    pub pubsub_acks: Family<RouteOutcome, Counter>,
+    /// Pub/Sub streams given up and opened again, by reason.
+    pub pubsub_reconnects: Family<RouteOutcome, Counter>,
+    /// 1 while a route's subscription stream is open and the broker answers.
+    pub pubsub_connected: Family<RouteLabel, Gauge>,
+    /// Messages received from Pub/Sub and not yet acked or nacked.
+    pub pubsub_outstanding: Family<RouteLabel, Gauge>,
+    /// Messages per inbox transaction of the Pub/Sub source.
+    pub pubsub_batch_size: Family<RouteLabel, Histogram>,
 }
 
 impl Default for Metrics {
@@ -90,6 +100,13 @@ impl Metrics {
             }),
             entries: Family::default(),
             oldest_open_age_seconds: Family::default(),
+            pubsub_acks: Family::default(),
+            pubsub_reconnects: Family::default(),
+            pubsub_connected: Family::default(),
+            pubsub_outstanding: Family::default(),
+            pubsub_batch_size: Family::new_with_constructor(|| {
+                Histogram::new([1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0])
+            }),
             registry: Registry::default(),
         };
         registry.register("ingested", "Messages taken in, by outcome", m.ingested.clone());
@@ -115,6 +132,19 @@ impl Metrics {
             "inbox_oldest_open_age_seconds",
             "Age of the oldest open entry",
             m.oldest_open_age_seconds.clone(),
+        );
+        registry.register("pubsub_messages", "Pub/Sub messages acked or nacked", m.pubsub_acks.clone());
+        registry.register("pubsub_reconnects", "Pub/Sub streams reopened, by reason", m.pubsub_reconnects.clone());
+        registry.register("pubsub_connected", "1 while the subscription stream is up", m.pubsub_connected.clone());
+        registry.register(
+            "pubsub_outstanding_messages",
+            "Pub/Sub messages held, not yet acked or nacked",
+            m.pubsub_outstanding.clone(),
+        );
+        registry.register(
+            "pubsub_batch_size",
+            "Messages per inbox transaction of the Pub/Sub source",
+            m.pubsub_batch_size.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -119,11 +119,38 @@ pub struct RouteConfig {
 pub enum SourceConfig {
     /// `POST /push/<route>` accepts Pub/Sub push envelopes.
     Push,
+    /// Streaming pull from a subscription.
+    Pubsub(PubsubSource),
+}
+
+/// A Pub/Sub subscription Inlet pulls from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubsubSource {
+    /// `projects/P/subscriptions/S`.
+    pub subscription: String,
+    /// `projects/P/topics/T`, for `inlet pubsub setup`.
+    pub topic: Option<String>,
+    /// Messages held (received, not yet stored and acked) at once, at most. The
+    /// emulator ignores the broker-side flow control, so Inlet enforces it itself.
+    pub max_outstanding_messages: usize,
+    /// Bytes of message data held at once, at most.
+    pub max_outstanding_bytes: usize,
+    /// Messages stored in one transaction, at most.
+    pub batch_size: usize,
+    /// How long a batch waits for more messages once it has one.
+    pub batch_wait: Duration,
+    /// The ack deadline the client keeps extending while Inlet holds a message.
+    pub lease_extension: Duration,
+    /// For `inlet pubsub setup`: dead-letter topic and deliveries before it.
+    pub dead_letter_topic: Option<String>,
+    pub max_delivery_attempts: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetConfig {
     Http(HttpTarget),
+    /// Publishes the rendered body to a Pub/Sub topic.
+    Pubsub(PubsubTarget),
     /// Logs each rendered request and answers it as `204 No Content`. For dry runs.
     Log,
 }
@@ -132,9 +159,24 @@ impl TargetConfig {
     pub fn timeout(&self) -> Duration {
         match self {
             TargetConfig::Http(h) => h.timeout,
+            TargetConfig::Pubsub(p) => p.timeout,
             TargetConfig::Log => Duration::from_secs(1),
         }
     }
+}
+
+/// A Pub/Sub topic entries are published to: the rendered body is the message data,
+/// the rendered headers and the configured attributes its attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubsubTarget {
+    /// `projects/P/topics/T`.
+    pub topic: String,
+    /// Publish with the entry's correlation key as ordering key.
+    pub ordering_key: bool,
+    /// Time allowed for one publish, retries included.
+    pub timeout: Duration,
+    /// Attributes added to every message.
+    pub attributes: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -95,9 +95,11 @@ pub(super) struct RawRoute {
     pub name: Spanned<RouteName>,
     /// Path of the plugin component (`.wasm`), relative to the routing file.
     pub plugin: Spanned<String>,
-    /// Where messages come from: `{ kind = "push" }`.
+    /// Where messages come from: `{ kind = "push" }` or
+    /// `{ kind = "pubsub", subscription = "projects/P/subscriptions/S" }`.
     pub source: Spanned<RawSource>,
-    /// Where entries are delivered: `{ kind = "http", url = "…" }` or `{ kind = "log" }`.
+    /// Where entries are delivered: `{ kind = "http", url = "…" }`,
+    /// `{ kind = "pubsub", topic = "projects/P/topics/T" }` or `{ kind = "log" }`.
     pub target: Spanned<RawTarget>,
     /// `"per-key"` (default): one entry per correlation key in flight, in inbox
     /// order. `"none"`: no ordering.
@@ -125,26 +127,55 @@ pub(super) struct RawRoute {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawSource {
     /// `"push"`: Pub/Sub push subscriptions POST to `/push/<route>`.
+    /// `"pubsub"`: Inlet pulls from a subscription (streaming pull).
     pub kind: Spanned<SourceKind>,
+    /// pubsub: `projects/P/subscriptions/S`.
+    pub subscription: Option<Spanned<String>>,
+    /// pubsub: the topic the subscription listens to, `projects/P/topics/T`. Only
+    /// `inlet pubsub setup` uses it, to create the subscription where missing.
+    pub topic: Option<Spanned<String>>,
+    /// pubsub: messages received but not yet stored and acked, at most (default 1000).
+    pub max_outstanding_messages: Option<Spanned<u32>>,
+    /// pubsub: bytes of such messages, at most, in MiB (default 100).
+    pub max_outstanding_mib: Option<Spanned<u32>>,
+    /// pubsub: messages stored in one transaction, at most (default 500).
+    pub batch_size: Option<Spanned<u32>>,
+    /// pubsub: how long a batch waits for more messages after the first (default `5ms`).
+    pub batch_wait: Option<Spanned<HumanDuration>>,
+    /// pubsub: the ack deadline the client keeps extending while a message is
+    /// being stored, 10s to 600s (default `60s`).
+    pub lease_extension: Option<Spanned<HumanDuration>>,
+    /// pubsub (setup): topic for messages the broker gave up on.
+    pub dead_letter_topic: Option<Spanned<String>>,
+    /// pubsub (setup): deliveries before a message goes to the dead-letter topic,
+    /// 5 to 100 (default 10).
+    pub max_delivery_attempts: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub(super) enum SourceKind {
     Push,
+    Pubsub,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawTarget {
-    /// `"http"` or `"log"`.
+    /// `"http"`, `"pubsub"` or `"log"`.
     pub kind: Spanned<TargetKind>,
     /// http: base URL of the target; the plugin's path is appended.
     pub url: Option<Spanned<String>>,
-    /// http: time allowed for one request (default `10s`).
+    /// http, pubsub: time allowed for one request or publish (default `10s`).
     pub timeout: Option<Spanned<HumanDuration>>,
     /// http: headers added to every request, e.g. `{ authorization = "Bearer ${TOKEN}" }`.
     pub headers: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    /// pubsub: `projects/P/topics/T`.
+    pub topic: Option<Spanned<String>>,
+    /// pubsub: publish with the entry's correlation key as ordering key (default false).
+    pub ordering_key: Option<Spanned<bool>>,
+    /// pubsub: attributes added to every message.
+    pub attributes: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -152,6 +183,7 @@ pub(super) struct RawTarget {
 pub(super) enum TargetKind {
     Http,
     Log,
+    Pubsub,
 }
 
 #[derive(Debug, Deserialize)]

@@ -10,8 +10,8 @@ use toml::Spanned;
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
 use super::raw::{HumanDuration, RawConfig, RawRoute, SourceKind, TargetKind};
 use super::{
-    Config, HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, RetryPolicy, RouteConfig, ServerConfig,
-    SourceConfig, StoreConfig, TargetConfig,
+    Config, HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, PubsubSource, PubsubTarget, RetryPolicy,
+    RouteConfig, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
 };
 
 /// Collects errors while a file is checked, so all of them are reported at once.
@@ -56,6 +56,156 @@ impl Checker<'_> {
         }
         out.push_str(rest);
         Some(out)
+    }
+}
+
+impl Checker<'_> {
+    /// Reports each field written that a kind does not take, at the field itself.
+    fn stray(
+        &mut self,
+        fields: &[(&str, Option<std::ops::Range<usize>>)],
+        allowed: &[&str],
+        at: &str,
+        kind: &'static str,
+    ) {
+        for (field, span) in fields {
+            if let Some(span) = span
+                && !allowed.contains(field)
+            {
+                self.error::<()>(
+                    span.clone(),
+                    format!("{at}.{field}"),
+                    ConfigErrorKind::FieldNotAllowed { field: field.to_string(), kind },
+                );
+            }
+        }
+    }
+
+    /// A required Pub/Sub resource name of the form `projects/P/<collection>/NAME`.
+    fn resource<T>(
+        &mut self,
+        value: &Option<Spanned<String>>,
+        table: &Spanned<T>,
+        at: &str,
+        field: &'static str,
+        collection: &str,
+        kind: &'static str,
+    ) -> Option<String> {
+        let Some(v) = value else {
+            return self.error(table.span(), at, ConfigErrorKind::MissingField { field, kind });
+        };
+        self.optional_resource(v, &format!("{at}.{field}"), collection)
+    }
+
+    fn optional_resource(&mut self, v: &Spanned<String>, field: &str, collection: &str) -> Option<String> {
+        let name = self.expand(v, field)?;
+        let parts: Vec<&str> = name.split('/').collect();
+        let well_formed = parts.len() == 4
+            && parts[0] == "projects"
+            && parts[2] == collection
+            && parts.iter().all(|p| !p.is_empty() && !p.contains(char::is_whitespace));
+        if well_formed {
+            Some(name)
+        } else {
+            self.error(
+                v.span(),
+                field,
+                ConfigErrorKind::Invalid(format!(
+                    "`{name}` is not a name of the form projects/PROJECT/{collection}/NAME"
+                )),
+            )
+        }
+    }
+
+    /// An optional duration that must be more than zero.
+    fn positive(&mut self, d: &Option<Spanned<HumanDuration>>, field: &str) -> Option<Duration> {
+        let d = d.as_ref()?;
+        if d.get_ref().0.is_zero() {
+            return self.error(d.span(), field, ConfigErrorKind::Invalid("must be more than zero".into()));
+        }
+        Some(d.get_ref().0)
+    }
+
+    /// An optional whole number within `range`.
+    fn within(&mut self, n: &Option<Spanned<u32>>, field: &str, range: std::ops::RangeInclusive<u32>) -> Option<u32> {
+        let n = n.as_ref()?;
+        if !range.contains(n.get_ref()) {
+            let (lo, hi) = range.into_inner();
+            return self.error(n.span(), field, ConfigErrorKind::Invalid(format!("must be between {lo} and {hi}")));
+        }
+        Some(*n.get_ref())
+    }
+}
+
+fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
+    let at = format!("route[{i}].source");
+    let s = r.source.get_ref();
+    let fields = [
+        ("subscription", s.subscription.as_ref().map(|v| v.span())),
+        ("topic", s.topic.as_ref().map(|v| v.span())),
+        ("max_outstanding_messages", s.max_outstanding_messages.as_ref().map(|v| v.span())),
+        ("max_outstanding_mib", s.max_outstanding_mib.as_ref().map(|v| v.span())),
+        ("batch_size", s.batch_size.as_ref().map(|v| v.span())),
+        ("batch_wait", s.batch_wait.as_ref().map(|v| v.span())),
+        ("lease_extension", s.lease_extension.as_ref().map(|v| v.span())),
+        ("dead_letter_topic", s.dead_letter_topic.as_ref().map(|v| v.span())),
+        ("max_delivery_attempts", s.max_delivery_attempts.as_ref().map(|v| v.span())),
+    ];
+    match s.kind.get_ref() {
+        SourceKind::Push => {
+            c.stray(&fields, &[], &at, "a push source");
+            Some(SourceConfig::Push)
+        }
+        SourceKind::Pubsub => {
+            let subscription =
+                c.resource(&s.subscription, &r.source, &at, "subscription", "subscriptions", "a pubsub source");
+            let topic = s.topic.as_ref().and_then(|t| c.optional_resource(t, &format!("{at}.topic"), "topics"));
+            let dead_letter_topic = s
+                .dead_letter_topic
+                .as_ref()
+                .and_then(|t| c.optional_resource(t, &format!("{at}.dead_letter_topic"), "topics"));
+            let max_outstanding_messages =
+                c.within(&s.max_outstanding_messages, &format!("{at}.max_outstanding_messages"), 1..=100_000);
+            let max_outstanding_mib = c.within(&s.max_outstanding_mib, &format!("{at}.max_outstanding_mib"), 1..=4096);
+            let batch_size = c.within(&s.batch_size, &format!("{at}.batch_size"), 1..=5000);
+            let max_delivery_attempts =
+                c.within(&s.max_delivery_attempts, &format!("{at}.max_delivery_attempts"), 5..=100);
+            let batch_wait = dur(&s.batch_wait).unwrap_or(Duration::from_millis(5));
+            if let Some(w) = &s.batch_wait
+                && w.get_ref().0 > Duration::from_secs(1)
+            {
+                c.error::<()>(
+                    w.span(),
+                    format!("{at}.batch_wait"),
+                    ConfigErrorKind::Invalid("must be at most 1s: it delays every lone message".into()),
+                );
+            }
+            let lease_extension = dur(&s.lease_extension).unwrap_or(Duration::from_secs(60));
+            if let Some(l) = &s.lease_extension
+                && !(Duration::from_secs(10)..=Duration::from_secs(600)).contains(&l.get_ref().0)
+            {
+                c.error::<()>(
+                    l.span(),
+                    format!("{at}.lease_extension"),
+                    ConfigErrorKind::Invalid("must be between 10s and 600s (the broker's ack deadline range)".into()),
+                );
+            }
+            let max_outstanding_messages = max_outstanding_messages.unwrap_or(1000) as usize;
+            let batch_size = (batch_size.unwrap_or(500) as usize).min(max_outstanding_messages);
+            subscription.map(|subscription| {
+                SourceConfig::Pubsub(PubsubSource {
+                    subscription,
+                    topic,
+                    max_outstanding_messages,
+                    max_outstanding_bytes: (max_outstanding_mib.unwrap_or(100) as usize) << 20,
+                    batch_size,
+                    batch_wait,
+                    lease_extension,
+                    dead_letter_topic,
+                    max_delivery_attempts: max_delivery_attempts.unwrap_or(10),
+                })
+            })
+        }
     }
 }
 
@@ -161,31 +311,42 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         }
     });
 
-    let source = match r.source.get_ref().kind.get_ref() {
-        SourceKind::Push => Some(SourceConfig::Push),
-    };
+    let source = source(c, i, r);
 
     let t = r.target.get_ref();
+    let target_fields = [
+        ("url", t.url.as_ref().map(|u| u.span())),
+        ("timeout", t.timeout.as_ref().map(|d| d.span())),
+        ("headers", t.headers.as_ref().map(|h| h.span())),
+        ("topic", t.topic.as_ref().map(|h| h.span())),
+        ("ordering_key", t.ordering_key.as_ref().map(|h| h.span())),
+        ("attributes", t.attributes.as_ref().map(|h| h.span())),
+    ];
     let target = match t.kind.get_ref() {
         TargetKind::Log => {
-            // Reported at the stray field itself, which names it in the path too.
-            let stray = [
-                ("url", t.url.as_ref().map(|u| u.span())),
-                ("timeout", t.timeout.as_ref().map(|d| d.span())),
-                ("headers", t.headers.as_ref().map(|h| h.span())),
-            ];
-            for (field, span) in stray {
-                if let Some(span) = span {
-                    c.error::<()>(
-                        span,
-                        at(&format!("target.{field}")),
-                        ConfigErrorKind::FieldNotAllowed { field: field.into(), kind: "a log target" },
-                    );
-                }
-            }
+            c.stray(&target_fields, &[], &at("target"), "a log target");
             Some(TargetConfig::Log)
         }
+        TargetKind::Pubsub => {
+            c.stray(
+                &target_fields,
+                &["topic", "ordering_key", "attributes", "timeout"],
+                &at("target"),
+                "a pubsub target",
+            );
+            let topic = c.resource(&t.topic, &r.target, &at("target"), "topic", "topics", "a pubsub target");
+            let mut attributes = BTreeMap::new();
+            for (k, v) in t.attributes.iter().flat_map(|h| h.get_ref()) {
+                if let Some(v) = c.expand(v, &at(&format!("target.attributes.{k}"))) {
+                    attributes.insert(k.clone(), v);
+                }
+            }
+            let timeout = c.positive(&t.timeout, &at("target.timeout")).unwrap_or(Duration::from_secs(10));
+            let ordering_key = t.ordering_key.as_ref().is_some_and(|o| *o.get_ref());
+            topic.map(|topic| TargetConfig::Pubsub(PubsubTarget { topic, ordering_key, timeout, attributes }))
+        }
         TargetKind::Http => {
+            c.stray(&target_fields, &["url", "timeout", "headers"], &at("target"), "an http target");
             let url = match &t.url {
                 None => c.error(
                     r.target.span(),
@@ -210,14 +371,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
                     headers.insert(k.to_ascii_lowercase(), v);
                 }
             }
-            let timeout = dur(&t.timeout).unwrap_or(Duration::from_secs(10));
-            if timeout.is_zero() {
-                c.error::<()>(
-                    t.timeout.as_ref().unwrap().span(),
-                    at("target.timeout"),
-                    ConfigErrorKind::Invalid("must be more than zero".into()),
-                );
-            }
+            let timeout = c.positive(&t.timeout, &at("target.timeout")).unwrap_or(Duration::from_secs(10));
             url.map(|url| TargetConfig::Http(HttpTarget { url, timeout, headers }))
         }
     };
@@ -234,7 +388,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
     // From the raw target, so a target with another mistake (say, no url) still
     // gets its lease checked against the timeout the user wrote.
     let timeout = match t.kind.get_ref() {
-        TargetKind::Http => dur(&t.timeout).unwrap_or(Duration::from_secs(10)),
+        TargetKind::Http | TargetKind::Pubsub => dur(&t.timeout).unwrap_or(Duration::from_secs(10)),
         TargetKind::Log => TargetConfig::Log.timeout(),
     };
     let max_steps = r.max_steps.as_ref().map_or(3, |m| *m.get_ref());

@@ -199,7 +199,11 @@ impl Relay {
                 };
             }
             let started = Instant::now();
-            let outcome = self.route.target.deliver(&request, &c.entry.dedup_key).await;
+            let delivery = crate::target::Delivery {
+                idempotency_key: &c.entry.dedup_key,
+                correlation_key: &event.correlation_key,
+            };
+            let outcome = self.route.target.deliver(&request, &delivery).await;
             self.metrics
                 .delivery_seconds
                 .get_or_create(&Metrics::route(route))

@@ -1,4 +1,5 @@
 //! Sources: where messages come from. Each hands messages to [`crate::ingest`] and
 //! acks only what it returned `Ok` for.
 
+pub mod pubsub;
 pub mod push;

@@ -2,16 +2,20 @@
 //! request; the host adds the base URL, static headers, the idempotency key and the
 //! timeout, and turns whatever happened into an [`wit::Outcome`] for `classify`.
 
+pub mod pubsub;
+
 use std::time::Duration;
 
 use crate::config::TargetConfig;
 use crate::plugin::wit;
+use crate::pubsub::Connection;
 
 /// Bytes of a response body kept for `classify`.
 const MAX_RESPONSE_BYTES: usize = 256 * 1024;
 
 pub enum Target {
     Http(HttpTarget),
+    Pubsub(pubsub::PubsubTarget),
     Log { route: String },
 }
 
@@ -22,43 +26,64 @@ pub struct HttpTarget {
     headers: Vec<(String, String)>,
 }
 
-impl Target {
-    pub fn new(route: &str, config: &TargetConfig, client: &reqwest::Client) -> Target {
-        match config {
-            TargetConfig::Log => Target::Log { route: route.to_string() },
-            TargetConfig::Http(h) => Target::Http(HttpTarget {
-                client: client.clone(),
-                base: h.url.clone(),
-                timeout: h.timeout,
-                headers: h.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            }),
-        }
-    }
+/// The clients a process shares among its targets.
+#[derive(Clone)]
+pub struct Clients {
+    /// Keep-alive pooled HTTP client for every http target.
+    pub http: reqwest::Client,
+    /// Where Pub/Sub targets publish.
+    pub pubsub: Connection,
+}
 
-    /// A client with keep-alive pooling, shared by every HTTP target of a process.
-    pub fn client() -> reqwest::Client {
-        reqwest::Client::builder()
+impl Clients {
+    pub fn new(pubsub: Connection) -> Clients {
+        let http = reqwest::Client::builder()
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(64)
             .tcp_nodelay(true)
             .build()
-            .expect("the HTTP client configuration is valid")
+            .expect("the HTTP client configuration is valid");
+        Clients { http, pubsub }
+    }
+}
+
+/// What a target may use of the entry besides the rendered request.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery<'a> {
+    /// Stable for every attempt at one entry: the dedup key.
+    pub idempotency_key: &'a str,
+    pub correlation_key: &'a str,
+}
+
+impl Target {
+    pub fn new(route: &str, config: &TargetConfig, clients: &Clients) -> Target {
+        match config {
+            TargetConfig::Log => Target::Log { route: route.to_string() },
+            TargetConfig::Http(h) => Target::Http(HttpTarget {
+                client: clients.http.clone(),
+                base: h.url.clone(),
+                timeout: h.timeout,
+                headers: h.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            }),
+            TargetConfig::Pubsub(p) => Target::Pubsub(pubsub::PubsubTarget::new(p.clone(), clients.pubsub.clone())),
+        }
     }
 
-    pub async fn deliver(&self, req: &wit::Request, idempotency_key: &str) -> wit::Outcome {
+    pub async fn deliver(&self, req: &wit::Request, delivery: &Delivery<'_>) -> wit::Outcome {
         match self {
             Target::Log { route } => {
                 tracing::info!(
                     route = %route,
                     method = %req.method,
                     path = %req.path,
-                    idempotency_key,
+                    idempotency_key = delivery.idempotency_key,
                     body = %String::from_utf8_lossy(&req.body),
                     "log target received a delivery"
                 );
                 wit::Outcome::Response(wit::Response { status: 204, headers: vec![], body: vec![] })
             }
-            Target::Http(h) => h.deliver(req, idempotency_key).await,
+            Target::Http(h) => h.deliver(req, delivery.idempotency_key).await,
+            Target::Pubsub(p) => p.deliver(req, delivery).await,
         }
     }
 }
@@ -113,7 +138,7 @@ impl HttpTarget {
     }
 }
 
-fn transport(kind: wit::TransportErrorKind, message: String) -> wit::Outcome {
+pub(crate) fn transport(kind: wit::TransportErrorKind, message: String) -> wit::Outcome {
     wit::Outcome::TransportError(wit::TransportError { kind, message })
 }
 

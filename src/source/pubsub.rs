@@ -1,0 +1,443 @@
+//! Pub/Sub streaming pull: the production source.
+//!
+//! One puller per route runs sessions. A session is one streaming-pull stream and
+//! two tasks joined by a bounded channel:
+//!
+//! - the reader takes messages from the stream while fewer than
+//!   `max_outstanding_messages` (and `max_outstanding_bytes`) are held — Inlet's
+//!   own flow control, because the emulator ignores the broker-side one;
+//! - the writer groups what has arrived into batches (up to `batch_size`, waiting at
+//!   most `batch_wait` after the first message), stores each batch in ONE inbox
+//!   transaction through [`Ingest::accept_batch`], and only then acks the batch. If
+//!   the store fails it nacks the batch and ends the session, so nothing received
+//!   after a failed batch can be committed ahead of it (per-key order survives).
+//!
+//! The client extends the lease of every held message by itself. A session ends on
+//! a store failure, a stream error, or when a probe finds the broker unreachable
+//! (the stream itself just hangs while the server is down); the puller then waits
+//! with a growing, jittered backoff — for a store failure, until the store answers —
+//! and opens a new session. Messages held by a dying session are nacked (a dropped
+//! handler nacks too), so the broker redelivers them; rows already committed
+//! absorb the redelivery through the dedup key.
+//!
+//! Shutdown: stop reading, let the writer finish the batch it is storing and ack
+//! it, nack everything else, then wait (bounded) for the client to flush acks.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::time::{Duration, Instant};
+
+use google_cloud_pubsub::client::{Subscriber, SubscriptionAdmin};
+use google_cloud_pubsub::model::Message;
+use google_cloud_pubsub::subscriber::ShutdownBehavior;
+use google_cloud_pubsub::subscriber::handler::Handler;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+
+use crate::config::PubsubSource;
+use crate::inbox::StoreError;
+use crate::ingest::{Incoming, Ingest};
+use crate::pubsub::{Connection, Probe, probe};
+use crate::routing::Route;
+use crate::telemetry::Metrics;
+
+/// How often the broker is probed while a session runs.
+const PROBE_EVERY: Duration = Duration::from_secs(3);
+/// How long a probe may take before the broker counts as unreachable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest wait between sessions.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How long shutdown waits for the client to flush acks and nacks.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Puller {
+    pub route: Arc<Route>,
+    pub config: PubsubSource,
+    pub connection: Connection,
+    pub ingest: Arc<Ingest>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Why a session ended.
+enum End {
+    /// Shutdown was asked for.
+    Stopped,
+    /// The inbox refused a batch.
+    Store(StoreError),
+    /// The writer task died (a bug: it panicked).
+    Writer(String),
+    /// The stream reported a permanent error or ended.
+    Stream(String),
+    /// The broker did not answer a probe.
+    Unreachable(String),
+    /// The subscription is gone.
+    NotFound,
+    /// A client could not be built.
+    Client(String),
+}
+
+impl std::fmt::Display for End {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            End::Stopped => f.write_str("stopped"),
+            End::Store(e) => write!(f, "the inbox refused a batch: {e}"),
+            End::Writer(e) => write!(f, "the writer task failed: {e}"),
+            End::Stream(e) => write!(f, "stream error: {e}"),
+            End::Unreachable(e) => write!(f, "Pub/Sub unreachable: {e}"),
+            End::NotFound => f.write_str("subscription not found"),
+            End::Client(e) => f.write_str(e),
+        }
+    }
+}
+
+impl End {
+    fn reason(&self) -> &'static str {
+        match self {
+            End::Stopped => "stopped",
+            End::Store(_) => "store",
+            End::Writer(_) => "writer",
+            End::Stream(_) => "stream",
+            End::Unreachable(_) => "unreachable",
+            End::NotFound => "not_found",
+            End::Client(_) => "client",
+        }
+    }
+}
+
+/// A message received and not yet acked or nacked; the permits are its share of
+/// the flow-control budget, given back when it is dropped.
+struct Held {
+    incoming: Incoming,
+    handler: Handler,
+    permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
+impl Puller {
+    fn name(&self) -> &str {
+        self.route.name()
+    }
+
+    /// Runs sessions until `stop` turns true.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        let route = self.name().to_string();
+        let connected = self.metrics.pubsub_connected.get_or_create(&Metrics::route(&route)).clone();
+        let mut failures: u32 = 0;
+        let mut admin: Option<SubscriptionAdmin> = None;
+        tracing::info!(route, subscription = %self.config.subscription, pubsub = self.connection.describe(), "pubsub source starting");
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let started = Instant::now();
+            let end = match admin.as_ref() {
+                Some(a) => self.session(a, &mut stop).await,
+                None => match self.connection.subscription_admin().await {
+                    Ok(a) => self.session(admin.insert(a), &mut stop).await,
+                    Err(e) => End::Client(e),
+                },
+            };
+            connected.set(0);
+            if matches!(end, End::Stopped) {
+                break;
+            }
+            // A session that ran a while was healthy: start the backoff over.
+            if started.elapsed() > Duration::from_secs(60) {
+                failures = 0;
+            }
+            failures += 1;
+            self.metrics.pubsub_reconnects.get_or_create(&Metrics::outcome(&route, end.reason())).inc();
+            let delay = backoff(failures);
+            match &end {
+                End::Store(error) => {
+                    tracing::error!(route, %error, retry_in = ?delay, "pubsub source paused: the inbox refused a batch (nacked)")
+                }
+                End::NotFound => tracing::error!(
+                    route,
+                    subscription = %self.config.subscription,
+                    retry_in = ?delay,
+                    "pubsub subscription not found; create it (inlet pubsub setup) — retrying"
+                ),
+                other => tracing::warn!(route, error = %other, retry_in = ?delay, "pubsub stream lost; reconnecting"),
+            }
+            if !pause(delay, &mut stop).await {
+                break;
+            }
+            if matches!(end, End::Store(_)) && !self.wait_for_store(&mut stop).await {
+                break;
+            }
+        }
+        connected.set(0);
+        tracing::info!(route, "pubsub source stopped");
+    }
+
+    /// After a store failure, probes the store until it answers (so the broker is
+    /// not asked for messages that would only be nacked again). False on shutdown.
+    async fn wait_for_store(&self, stop: &mut watch::Receiver<bool>) -> bool {
+        let mut attempt = 0;
+        loop {
+            match self.ingest.store.db_now().await {
+                Ok(_) => return true,
+                Err(error) => {
+                    attempt += 1;
+                    tracing::debug!(route = self.name(), %error, "inbox still unreachable");
+                    if !pause(backoff(attempt), stop).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn session(&self, admin: &SubscriptionAdmin, stop: &mut watch::Receiver<bool>) -> End {
+        let subscriber: Subscriber = match self.connection.subscriber().await {
+            Ok(s) => s,
+            Err(e) => return End::Client(e),
+        };
+        let cfg = &self.config;
+        let mut stream = subscriber
+            .subscribe(&cfg.subscription)
+            .set_max_lease_extension(cfg.lease_extension)
+            .set_max_outstanding_messages(cfg.max_outstanding_messages as i64)
+            .set_max_outstanding_bytes(cfg.max_outstanding_bytes as i64)
+            // Acks of the batch being stored are still taken after shutdown starts.
+            .set_shutdown_behavior(ShutdownBehavior::WaitForProcessing)
+            .build();
+        let token = stream.shutdown_token();
+
+        let messages = Arc::new(Semaphore::new(cfg.max_outstanding_messages));
+        let bytes = Arc::new(Semaphore::new(cfg.max_outstanding_bytes));
+        let (tx, rx) = mpsc::channel::<Held>(cfg.max_outstanding_messages);
+        let stopping = Arc::new(AtomicBool::new(false));
+        let mut writer = tokio::spawn(write(
+            Arc::clone(&self.route),
+            Arc::clone(&self.ingest),
+            Arc::clone(&self.metrics),
+            cfg.clone(),
+            rx,
+            Arc::clone(&stopping),
+        ));
+        let route = self.name();
+        let connected = self.metrics.pubsub_connected.get_or_create(&Metrics::route(route)).clone();
+        let outstanding = self.metrics.pubsub_outstanding.get_or_create(&Metrics::route(route)).clone();
+        let mut probe_tick = tokio::time::interval(PROBE_EVERY);
+        probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut writer_joined = false;
+
+        let end = 'session: loop {
+            outstanding.set((cfg.max_outstanding_messages - messages.available_permits()) as i64);
+            // Flow control first: no message is asked for while the budget is spent.
+            let message_permit = tokio::select! {
+                biased;
+                _ = stopped(stop) => break 'session End::Stopped,
+                r = &mut writer => { writer_joined = true; break 'session writer_end(r) }
+                p = Arc::clone(&messages).acquire_owned() => p.expect("semaphore never closed"),
+            };
+            let item = tokio::select! {
+                biased;
+                _ = stopped(stop) => break 'session End::Stopped,
+                r = &mut writer => { writer_joined = true; break 'session writer_end(r) }
+                _ = probe_tick.tick() => {
+                    match probe(admin, &cfg.subscription, PROBE_TIMEOUT).await {
+                        Probe::Reachable => { connected.set(1); continue 'session }
+                        Probe::NotFound => break 'session End::NotFound,
+                        Probe::Unreachable(e) => break 'session End::Unreachable(e),
+                    }
+                }
+                item = stream.next() => item,
+            };
+            let (message, handler) = match item {
+                Some(Ok(pair)) => pair,
+                Some(Err(e)) if crate::pubsub::is_code(&e, google_cloud_gax::error::rpc::Code::NotFound) => {
+                    break 'session End::NotFound;
+                }
+                Some(Err(e)) => break 'session End::Stream(e.to_string()),
+                None => break 'session End::Stream("the stream ended".into()),
+            };
+            connected.set(1);
+            // A message larger than the whole byte budget takes all of it.
+            let size = message.data.len().clamp(1, cfg.max_outstanding_bytes) as u32;
+            let bytes_permit = tokio::select! {
+                biased;
+                _ = stopped(stop) => { drop(handler); break 'session End::Stopped }
+                p = Arc::clone(&bytes).acquire_many_owned(size) => p.expect("semaphore never closed"),
+            };
+            let held = Held {
+                incoming: incoming(message, handler.delivery_attempt()),
+                handler,
+                permits: (message_permit, bytes_permit),
+            };
+            if tx.send(held).await.is_err() {
+                // The writer is gone; its result says why.
+                writer_joined = true;
+                break 'session writer_end((&mut writer).await);
+            }
+        };
+
+        // Whatever ended the session: close the stream first, so the broker stops
+        // sending and hands what is nacked next to another stream (the emulator keeps
+        // routing a key's messages to a stream that is open when they are nacked).
+        // The client keeps taking acks and nacks for the handlers Inlet holds.
+        drop(stream);
+        // The writer stores the batch it holds and acks it, nacks what is queued, ends.
+        stopping.store(true, AtomicOrdering::SeqCst);
+        drop(tx);
+        if !writer_joined && let Err(e) = writer.await {
+            tracing::error!(route, error = %e, "pubsub writer task failed");
+        }
+        outstanding.set(0);
+        // Let the client send the acks and nacks it holds.
+        if tokio::time::timeout(FLUSH_TIMEOUT, token.shutdown()).await.is_err() {
+            tracing::warn!(
+                route,
+                "pubsub client did not flush acks within {FLUSH_TIMEOUT:?}; unflushed messages will be redelivered"
+            );
+        }
+        end
+    }
+}
+
+fn writer_end(r: Result<Result<(), StoreError>, tokio::task::JoinError>) -> End {
+    match r {
+        Ok(Err(e)) => End::Store(e),
+        Ok(Ok(())) => End::Writer("the writer ended early".into()),
+        Err(e) => End::Writer(e.to_string()),
+    }
+}
+
+/// The writer: batches, stores, then acks; on a store failure nacks and returns it.
+async fn write(
+    route: Arc<Route>,
+    ingest: Arc<Ingest>,
+    metrics: Arc<Metrics>,
+    cfg: PubsubSource,
+    mut rx: mpsc::Receiver<Held>,
+    stopping: Arc<AtomicBool>,
+) -> Result<(), StoreError> {
+    let name = route.name().to_string();
+    let acked = metrics.pubsub_acks.get_or_create(&Metrics::outcome(&name, "acked")).clone();
+    let nacked = metrics.pubsub_acks.get_or_create(&Metrics::outcome(&name, "nacked")).clone();
+    let batch_sizes = metrics.pubsub_batch_size.get_or_create(&Metrics::route(&name)).clone();
+    loop {
+        let Some(first) = rx.recv().await else { return Ok(()) };
+        if stopping.load(AtomicOrdering::SeqCst) {
+            // Shutting down: what was not being stored yet goes back to the broker.
+            let mut n = 1;
+            first.handler.nack();
+            while let Ok(h) = rx.try_recv() {
+                h.handler.nack();
+                n += 1;
+            }
+            nacked.inc_by(n);
+            tracing::info!(route = name, nacked = n, "pubsub source stopping; nacked messages not yet stored");
+            continue;
+        }
+        let mut batch = vec![first];
+        let deadline = tokio::time::Instant::now() + cfg.batch_wait;
+        while batch.len() < cfg.batch_size {
+            match rx.try_recv() {
+                Ok(h) => batch.push(h),
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(h)) => batch.push(h),
+                    Ok(None) | Err(_) => break,
+                },
+            }
+        }
+        batch_sizes.observe(batch.len() as f64);
+        // The permits stay with the handlers until the ack or nack.
+        let (msgs, handlers): (Vec<Incoming>, Vec<_>) =
+            batch.into_iter().map(|h| (h.incoming, (h.handler, h.permits))).unzip();
+        match ingest.accept_batch(&route, msgs).await {
+            Ok(_) => {
+                // Strictly after the commit.
+                acked.inc_by(handlers.len() as u64);
+                for (h, _permits) in handlers {
+                    h.ack();
+                }
+            }
+            Err(error) => {
+                nacked.inc_by(handlers.len() as u64);
+                for (h, _permits) in handlers {
+                    h.nack();
+                }
+                // Everything queued behind the failed batch is nacked too (dropping
+                // the receiver drops their handlers), so nothing overtakes it.
+                let mut rest = 0;
+                while let Ok(h) = rx.try_recv() {
+                    h.handler.nack();
+                    rest += 1;
+                }
+                nacked.inc_by(rest);
+                return Err(error);
+            }
+        }
+    }
+}
+
+/// The message in Inlet's terms.
+fn incoming(m: Message, delivery_attempt: Option<i32>) -> Incoming {
+    let publish_time =
+        m.publish_time.as_ref().and_then(|t| serde_json::to_value(t).ok()).and_then(|v| v.as_str().map(str::to_string));
+    let mut attributes: Vec<(String, String)> = m.attributes.into_iter().collect();
+    attributes.sort();
+    if !m.ordering_key.is_empty() {
+        attributes.push(("ordering_key".into(), m.ordering_key));
+    }
+    Incoming {
+        data: m.data.to_vec(),
+        attributes,
+        message_id: m.message_id,
+        publish_time,
+        delivery_attempt: delivery_attempt.and_then(|a| u32::try_from(a).ok()),
+    }
+}
+
+/// 1 s, 2 s, 4 s … capped at [`MAX_BACKOFF`], spread ±20 %.
+fn backoff(failures: u32) -> Duration {
+    let base = Duration::from_secs(1).saturating_mul(1 << failures.saturating_sub(1).min(10)).min(MAX_BACKOFF);
+    base.mul_f64(0.8 + 0.4 * fastrand::f64())
+}
+
+/// Resolves when shutdown is asked for (or its sender is gone). Returns nothing,
+/// so no borrow of the channel lives on across a `select!`.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Sleeps `d` unless shutdown comes first; false if it did.
+async fn pause(d: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = stopped(stop) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        for n in 1..20 {
+            let d = backoff(n);
+            let base = Duration::from_secs(1 << (n - 1).min(10)).min(MAX_BACKOFF);
+            assert!(d >= base.mul_f64(0.8) && d <= base.mul_f64(1.2), "failure {n}: {d:?} vs {base:?}");
+        }
+    }
+
+    #[test]
+    fn a_message_keeps_its_attributes_ordering_key_and_attempt() {
+        let m = Message::new()
+            .set_data("payload")
+            .set_message_id("42")
+            .set_ordering_key("order-7")
+            .set_attributes([("b", "2"), ("a", "1")]);
+        let i = incoming(m, Some(3));
+        assert_eq!(i.data, b"payload");
+        assert_eq!(i.message_id, "42");
+        assert_eq!(i.delivery_attempt, Some(3));
+        assert_eq!(
+            i.attributes,
+            vec![("a".into(), "1".into()), ("b".into(), "2".into()), ("ordering_key".into(), "order-7".into())]
+        );
+    }
+}
