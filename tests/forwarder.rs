@@ -1,91 +1,131 @@
-//! Message translation as a route: legacy events are normalized by the forwarder
-//! plugin and published to a topic of the real Pub/Sub emulator through its REST API;
-//! a subscriber on that topic receives each event once, with the ordering key.
+//! Message translation as a route: legacy events pulled from one topic of the real
+//! Pub/Sub emulator are normalized by the forwarder plugin and published to another
+//! through the `pubsub` target. A subscriber on the out topic receives each event
+//! once per inbox entry, with the correlation key as ordering key when the route
+//! asks for it, and without one when it does not.
 
 mod common;
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::{PubSubEmulator, push_envelope};
+use common::PubSubEmulator;
 use inlet::inbox::{ListFilter, Status};
-use serde_json::Value;
+use serde_json::{Value, json};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn legacy_events_are_normalized_and_published_once_with_the_ordering_key() {
-    let emulator = PubSubEmulator::start("inlet-test").await;
-    emulator.create_topic("work-orders").await;
-    emulator.create_subscription("work-orders", "audit", true).await;
+const PROJECT: &str = "inlet-test";
 
-    let routes = format!(
-        "[[route]]\nname = \"normalize\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{}/topics/work-orders:publish\" }}\n",
-        common::plugin_path("forwarder").display(),
-        emulator.url()
-    );
-    let inlet = common::start_on_sqlite(&routes, |_| {}).await;
-    let running = &inlet.running;
-    let http = reqwest::Client::new();
-    for n in 1..=10 {
-        let wo = if n % 2 == 0 { "WO-2" } else { "WO-1" };
-        let legacy =
-            format!(r#"{{"wo":" {wo} ","items":"{n}","closedAt":"2026-08-01T10:00:0{}Z","eventId":"e-{n}"}}"#, n % 10);
-        let envelope = push_envelope(legacy.as_bytes(), &[], &format!("m-{n}"));
-        let r = http
-            .post(format!("http://{}/push/normalize", running.addr))
-            .body(envelope.to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 200);
-    }
-    // Garbage is parked here, never forwarded.
-    let r = http
-        .post(format!("http://{}/push/normalize", running.addr))
-        .body(
-            push_envelope(br#"{"wo":"WO-3","items":"three","closedAt":"2026-08-01T10:00:00Z"}"#, &[], "m-bad")
-                .to_string(),
-        )
+fn route(name: &str, subscription: &str, topic: &str, ordering_key: bool) -> String {
+    format!(
+        r#"[[route]]
+name = "{name}"
+plugin = "{plugin}"
+source = {{ kind = "pubsub", subscription = "projects/{PROJECT}/subscriptions/{subscription}", lease_extension = "10s" }}
+target = {{ kind = "pubsub", topic = "projects/{PROJECT}/topics/{topic}", ordering_key = {ordering_key}, attributes = {{ origin = "inlet-test" }} }}
+"#,
+        plugin = common::plugin_path("forwarder").display()
+    )
+}
+
+/// Publishes through the emulator's REST API (test input; the subject here is
+/// what Inlet publishes).
+async fn publish(emulator: &PubSubEmulator, topic: &str, payloads: &[String]) {
+    let messages: Vec<Value> =
+        payloads.iter().map(|p| json!({ "data": base64::engine::general_purpose::STANDARD.encode(p) })).collect();
+    let r = reqwest::Client::new()
+        .post(format!("{}/topics/{topic}:publish", emulator.url()))
+        .header("content-type", "application/json")
+        .body(json!({ "messages": messages }).to_string())
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    assert!(r.status().is_success(), "publish: {}", r.text().await.unwrap());
+}
 
-    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
-    common::wait_until("10 forwarded messages", Duration::from_secs(60), || {
-        let (emulator, received) = (&emulator, std::sync::Arc::clone(&received));
+/// Pulls from `subscription` until `n` messages arrived, then a little longer to
+/// catch any extra copy.
+async fn receive(emulator: &PubSubEmulator, subscription: &str, n: usize) -> Vec<Value> {
+    let received = Arc::new(Mutex::new(Vec::<Value>::new()));
+    common::wait_until(&format!("{n} messages on {subscription}"), Duration::from_secs(90), || {
+        let received = Arc::clone(&received);
         async move {
-            let pulled = emulator.pull("audit").await;
+            let pulled = emulator.pull(subscription).await;
             let mut all = received.lock().unwrap();
             all.extend(pulled);
-            all.len() >= 10
+            all.len() >= n
         }
     })
     .await;
-    let received = received.lock().unwrap().clone();
-    assert_eq!(received.len(), 10, "each event once");
+    common::assert_drained(emulator, subscription, Duration::from_secs(12)).await;
+    let all = received.lock().unwrap().clone();
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_events_are_normalized_and_published_once_per_entry_with_the_ordering_key() {
+    let emulator = PubSubEmulator::start(PROJECT).await;
+    emulator.create_topic("legacy").await;
+    emulator.create_subscription("legacy", "to-ordered", true).await;
+    emulator.create_subscription("legacy", "to-plain", true).await;
+    emulator.create_topic("work-orders").await;
+    emulator.create_subscription("work-orders", "audit", true).await;
+    emulator.create_topic("work-orders-plain").await;
+    emulator.create_subscription("work-orders-plain", "audit-plain", false).await;
+
+    let routes = format!(
+        "{}\n{}",
+        route("normalize", "to-ordered", "work-orders", true),
+        route("normalize-plain", "to-plain", "work-orders-plain", false)
+    );
+    let inlet =
+        common::start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub::Connection::emulator(&emulator.host)).await;
+
+    let mut payloads: Vec<String> = (1..=10)
+        .map(|n| {
+            let wo = if n % 2 == 0 { "WO-2" } else { "WO-1" };
+            format!(r#"{{"wo":" {wo} ","items":"{n}","closedAt":"2026-08-01T10:00:0{}Z","eventId":"e-{n}"}}"#, n % 10)
+        })
+        .collect();
+    // Garbage is parked, never forwarded.
+    payloads.push(r#"{"wo":"WO-3","items":"three","closedAt":"2026-08-01T10:00:00Z"}"#.into());
+    publish(&emulator, "legacy", &payloads).await;
+
+    let ordered = receive(&emulator, "audit", 10).await;
+    assert_eq!(ordered.len(), 10, "each event once");
     let mut by_key: HashMap<String, Vec<u32>> = HashMap::new();
-    for m in &received {
+    for m in &ordered {
         let data = base64::engine::general_purpose::STANDARD.decode(m["data"].as_str().unwrap()).unwrap();
         let event: Value = serde_json::from_slice(&data).unwrap();
-        let key = m["orderingKey"].as_str().unwrap().to_string();
-        assert_eq!(event["workOrderId"], key.as_str(), "normalized and trimmed: {event}");
+        let key = m["orderingKey"].as_str().unwrap_or_default().to_string();
+        assert_eq!(event["workOrderId"], key.as_str(), "normalized, trimmed, ordering key = correlation key: {m}");
         assert_eq!(m["attributes"]["eventType"], "work-order-completed");
         assert_eq!(m["attributes"]["eventId"], format!("e-{}", event["completedItems"]));
+        assert_eq!(m["attributes"]["origin"], "inlet-test", "configured attributes are added");
+        assert_eq!(m["attributes"]["idempotency_key"], format!("e-{}", event["completedItems"]));
         by_key.entry(key).or_default().push(event["completedItems"].as_u64().unwrap() as u32);
     }
     assert_eq!(by_key["WO-1"], vec![1, 3, 5, 7, 9], "in order per ordering key");
     assert_eq!(by_key["WO-2"], vec![2, 4, 6, 8, 10]);
 
-    let entries = running
-        .shared
-        .store
-        .list(&ListFilter { route: Some("normalize".into()), limit: 100, ..Default::default() })
-        .await
-        .unwrap();
-    assert_eq!(entries.iter().filter(|e| e.status == Status::Done).count(), 10);
-    let bad = entries.iter().find(|e| e.message_id == "m-bad").unwrap();
-    assert_eq!(bad.status, Status::Parked);
-    assert!(bad.last_error.as_deref().unwrap().contains("items `three`"), "{:?}", bad.last_error);
+    let plain = receive(&emulator, "audit-plain", 10).await;
+    assert_eq!(plain.len(), 10, "each event once");
+    for m in &plain {
+        assert!(
+            m.get("orderingKey").and_then(Value::as_str).unwrap_or_default().is_empty(),
+            "no ordering key unless the route asks for one: {m}"
+        );
+    }
+
+    let store = &inlet.running.shared.store;
+    for route in ["normalize", "normalize-plain"] {
+        let entries =
+            store.list(&ListFilter { route: Some(route.into()), limit: 100, ..Default::default() }).await.unwrap();
+        assert_eq!(entries.len(), 11, "{route}: one entry per message");
+        assert_eq!(entries.iter().filter(|e| e.status == Status::Done).count(), 10, "{route}");
+        let bad = entries.iter().find(|e| e.status == Status::Parked).expect("the garbage entry");
+        assert!(bad.last_error.as_deref().unwrap().contains("items `three`"), "{:?}", bad.last_error);
+    }
     inlet.running.stop().await;
 }

@@ -1,18 +1,18 @@
 //! Forwarder plugin: message translation as a route. Legacy work-order events
 //! (`{"wo": "4711", "items": "3", "closedAt": "2026-08-01T10:00:00Z", "eventId": "…"}`,
 //! numbers as strings, short names) are normalized into the canonical
-//! `work-order-completed` event and published to a Pub/Sub topic through its REST API
-//! (`POST …/topics/T:publish`), with the work order as ordering key.
+//! `work-order-completed` event, for a route whose target is a Pub/Sub topic
+//! (`target = { kind = "pubsub", topic = "projects/P/topics/T", ordering_key = true }`).
 //!
-//! The route's target URL is the topic's publish URL, e.g.
-//! `https://pubsub.googleapis.com/v1/projects/P/topics/T:publish`; the plugin renders
-//! an empty path so the host sends to it as is.
+//! The rendered body is the canonical event (the message data); the rendered headers
+//! become message attributes; the host adds the work order (the correlation key) as
+//! ordering key when the route asks for it. The Pub/Sub target answers like HTTP:
+//! 200 with the message id, or the HTTP status of the service's error code.
 
 wit_bindgen::generate!({ path: "../../wit", world: "router" });
 
 use exports::inlet::plugin::handler::{DecodeError, Decoded, Disposition, Event, Exchange, Message, Outcome, Request};
 use serde::Deserialize;
-use serde_json::json;
 use work_order_event::WorkOrderCompleted;
 
 #[derive(Deserialize)]
@@ -30,9 +30,10 @@ struct Plugin;
 impl exports::inlet::plugin::handler::Guest for Plugin {
     fn decode(msg: Message) -> Result<Decoded, DecodeError> {
         let bad = |message: String| DecodeError { message };
-        let legacy: Legacy =
-            serde_json::from_slice(&msg.data).map_err(|e| bad(format!("payload is not a legacy work-order event: {e}")))?;
-        let completed_items = legacy.items.trim().parse::<u32>().map_err(|e| bad(format!("items `{}`: {e}", legacy.items)))?;
+        let legacy: Legacy = serde_json::from_slice(&msg.data)
+            .map_err(|e| bad(format!("payload is not a legacy work-order event: {e}")))?;
+        let completed_items =
+            legacy.items.trim().parse::<u32>().map_err(|e| bad(format!("items `{}`: {e}", legacy.items)))?;
         let canonical = WorkOrderCompleted {
             work_order_id: legacy.wo.trim().to_string(),
             completed_items,
@@ -52,22 +53,16 @@ impl exports::inlet::plugin::handler::Guest for Plugin {
     }
 
     fn render(ev: Event) -> Result<Request, String> {
-        let body = json!({
-            "messages": [{
-                "data": base64(&ev.body),
-                "attributes": {
-                    "eventType": ev.event_type,
-                    "eventId": ev.dedup_key.clone().unwrap_or_default(),
-                    "schemaVersion": ev.schema_version.clone().unwrap_or_default()
-                },
-                "orderingKey": ev.correlation_key
-            }]
-        });
         Ok(Request {
             method: "POST".into(),
             path: String::new(),
-            headers: vec![("content-type".into(), "application/json".into())],
-            body: serde_json::to_vec(&body).expect("json serializes"),
+            headers: vec![
+                ("content-type".into(), "application/json".into()),
+                ("eventType".into(), ev.event_type),
+                ("eventId".into(), ev.dedup_key.unwrap_or_default()),
+                ("schemaVersion".into(), ev.schema_version.unwrap_or_default()),
+            ],
+            body: ev.body,
         })
     }
 
@@ -84,23 +79,6 @@ impl exports::inlet::plugin::handler::Guest for Plugin {
             status => Disposition::Park(format!("pub/sub refused the publish ({status}): {}", text())),
         }
     }
-}
-
-/// Standard base64 with padding, as Pub/Sub's JSON API wants `data`.
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = (u32::from(chunk[0]) << 16) | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8) | u32::from(*chunk.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 export!(Plugin);
