@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use inlet::config::{Config, Ordering, ParkedPolicy, TargetConfig};
+use inlet::config::{Config, Ordering, ParkedPolicy, SourceConfig, TargetConfig};
 
 const UI_DIR: &str = "tests/ui";
 
@@ -244,4 +244,39 @@ fn lease_one_second_over_the_timeout_is_enough() {
     assert!(Config::from_str(path, &three("90s"), &env).is_err(), "3 × 30s needs more than 90s");
     let config = Config::from_str(path, &three("91s"), &env).expect("91s covers 3 steps of 30s");
     assert_eq!(config.routes[0].max_steps, 3);
+}
+
+#[test]
+fn pubsub_source_and_target_values_and_defaults() {
+    let path = Path::new("tests/ui/pubsub-valid.toml");
+    let config = load(path).unwrap_or_else(|e| panic!("{e}"));
+    let route = &config.routes[0];
+    let SourceConfig::Pubsub(s) = &route.source else { panic!("expected a pubsub source") };
+    assert_eq!(s.subscription, "projects/p/subscriptions/orders");
+    assert_eq!(s.topic.as_deref(), Some("projects/p/topics/orders"));
+    assert_eq!((s.max_outstanding_messages, s.max_outstanding_bytes), (2000, 50 << 20));
+    assert_eq!((s.batch_size, s.batch_wait), (250, Duration::from_millis(2)));
+    assert_eq!(s.lease_extension, Duration::from_secs(30));
+    assert_eq!(s.dead_letter_topic.as_deref(), Some("projects/p/topics/orders-dlq"));
+    assert_eq!(s.max_delivery_attempts, 7);
+    let TargetConfig::Pubsub(t) = &route.target else { panic!("expected a pubsub target") };
+    assert_eq!(t.topic, "projects/p/topics/out");
+    assert!(t.ordering_key);
+    assert_eq!(t.timeout, Duration::from_secs(5));
+    assert_eq!(t.attributes.get("origin").map(String::as_str), Some("inlet"));
+
+    let text = "[[route]]\nname = \"r\"\nplugin = \"fake-plugin.bin\"\n\
+                source = { kind = \"pubsub\", subscription = \"projects/p/subscriptions/s\" }\n\
+                target = { kind = \"pubsub\", topic = \"projects/p/topics/t\" }\n";
+    let config = Config::from_str(Path::new("tests/ui/inline.toml"), text, &env).expect("minimal file loads");
+    let SourceConfig::Pubsub(s) = &config.routes[0].source else { panic!("expected a pubsub source") };
+    assert_eq!((s.max_outstanding_messages, s.max_outstanding_bytes), (1000, 100 << 20));
+    assert_eq!(
+        (s.batch_size, s.batch_wait, s.lease_extension),
+        (500, Duration::from_millis(5), Duration::from_secs(60))
+    );
+    assert_eq!((s.topic.as_ref(), s.dead_letter_topic.as_ref(), s.max_delivery_attempts), (None, None, 10));
+    let TargetConfig::Pubsub(t) = &config.routes[0].target else { panic!("expected a pubsub target") };
+    assert!(!t.ordering_key && t.attributes.is_empty());
+    assert_eq!(t.timeout, Duration::from_secs(10));
 }

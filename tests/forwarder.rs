@@ -129,3 +129,30 @@ async fn legacy_events_are_normalized_and_published_once_per_entry_with_the_orde
     }
     inlet.running.stop().await;
 }
+
+/// A topic that does not exist is the service's NOT_FOUND, which the target answers
+/// as 404; the forwarder plugin parks such an entry with the reason (a retry cannot help).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_to_a_missing_topic_parks_the_entry_with_the_reason() {
+    let emulator = PubSubEmulator::start(PROJECT).await;
+    emulator.create_topic("legacy").await;
+    emulator.create_subscription("legacy", "to-nowhere", false).await;
+    let routes = route("normalize", "to-nowhere", "no-such-topic", true);
+    let inlet =
+        common::start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub::Connection::emulator(&emulator.host)).await;
+    publish(
+        &emulator,
+        "legacy",
+        &[r#"{"wo":"WO-9","items":"1","closedAt":"2026-08-01T10:00:00Z","eventId":"e-9"}"#.into()],
+    )
+    .await;
+    let store = &inlet.running.shared.store;
+    let entry = common::wait_for("the entry to be parked", Duration::from_secs(60), || async {
+        let entries = store.list(&ListFilter { route: Some("normalize".into()), ..Default::default() }).await.unwrap();
+        entries.into_iter().find(|e| e.status == Status::Parked)
+    })
+    .await;
+    let error = entry.last_error.unwrap_or_default();
+    assert!(error.contains("the topic does not exist") && error.contains("404"), "{error}");
+    inlet.running.stop().await;
+}
