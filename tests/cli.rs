@@ -124,3 +124,13 @@ fn a_plugin_built_against_another_contract_version_is_refused_naming_both() {
     let err = text(&out.stderr);
     assert!(err.contains("was built against plugin contract 0.2.0, but this host supports 0.1.0"), "{err}");
 }
+
+/// The routing files shipped in `config/` stay valid, plugins included.
+#[test]
+fn the_shipped_example_configs_pass_check() {
+    for file in ["config/example.toml", "config/pubsub-example.toml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let out = inlet(&["check", path.to_str().unwrap()]);
+        assert!(out.status.success(), "{file}: {}{}", text(&out.stdout), text(&out.stderr));
+    }
+}
