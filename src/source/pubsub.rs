@@ -273,9 +273,8 @@ impl Puller {
         };
 
         // Whatever ended the session: close the stream first, so the broker stops
-        // sending and hands what is nacked next to another stream (the emulator keeps
-        // routing a key's messages to a stream that is open when they are nacked).
-        // The client keeps taking acks and nacks for the handlers Inlet holds.
+        // sending while the rest is settled. The client keeps taking acks and nacks
+        // for the handlers Inlet holds until the token's shutdown completes.
         drop(stream);
         // The writer stores the batch it holds and acks it, nacks what is queued, ends.
         stopping.store(true, AtomicOrdering::SeqCst);
