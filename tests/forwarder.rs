@@ -59,8 +59,7 @@ async fn receive(emulator: &PubSubEmulator, subscription: &str, n: usize) -> Vec
     })
     .await;
     common::assert_drained(emulator, subscription, Duration::from_secs(12)).await;
-    let all = received.lock().unwrap().clone();
-    all
+    received.lock().unwrap().clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
