@@ -26,7 +26,6 @@
 //! Needs `scripts/build-plugins` (for `plugins/dist/work_order.wasm`) and, for the
 //! PostgreSQL half, a reachable server (`scripts/ensure-postgres`).
 
-use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,15 +33,13 @@ use std::time::{Duration, Instant};
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod support;
 
 use inlet::app;
 use inlet::config::Config;
 use inlet::inbox::Status;
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
+use support::{Backend, Db, POOL_SIZE, RawRow, Table, ms, rate};
 
-/// Connections of the baseline's pool: Inlet's default `store.max_connections`.
-const POOL_SIZE: u32 = 8;
 /// The route's delivery concurrency.
 const CONCURRENCY: u32 = 16;
 /// Rows per transaction in the batched baseline.
@@ -52,21 +49,6 @@ const POLL: Duration = Duration::from_millis(20);
 /// Give up (loudly) if the rows are not all DONE by then.
 const STALL_LIMIT: Duration = Duration::from_secs(300);
 const ROUTE: &str = "bench";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-impl Backend {
-    fn name(self) -> &'static str {
-        match self {
-            Backend::Sqlite => "sqlite",
-            Backend::Postgres => "postgres",
-        }
-    }
-}
 
 struct Args {
     messages: usize,
@@ -99,14 +81,7 @@ fn parse_args() -> Result<Args, String> {
             "--messages" | "-n" => args.messages = number("--messages", value("--messages")?)?,
             "--keys" | "-k" => args.keys = number("--keys", value("--keys")?)?,
             "--pushers" | "-p" => args.pushers = number("--pushers", value("--pushers")?)?,
-            "--store" => {
-                args.stores = match value("--store")?.as_str() {
-                    "sqlite" => vec![Backend::Sqlite],
-                    "postgres" | "pg" => vec![Backend::Postgres],
-                    "both" => vec![Backend::Sqlite, Backend::Postgres],
-                    other => return Err(format!("--store: `{other}` is not sqlite, postgres or both")),
-                }
-            }
+            "--store" => args.stores = Backend::parse_list(&value("--store")?)?,
             "--help" | "-h" => {
                 println!("{}", usage());
                 std::process::exit(0);
@@ -164,18 +139,15 @@ async fn bench_store(backend: Backend, args: &Args, plugin: &Path, table: &mut T
     // Raw inserts, same database, before Inlet touches it.
     let n = args.messages;
     let p = args.pushers;
-    let rows = Arc::new((0..n).map(|i| RawRow::new(i, args.keys)).collect::<Vec<_>>());
-    db.exec(backend.raw_table_ddl()).await.expect("create the baseline table");
-    let one = raw_insert_one_per_tx(&db, &rows, p).await;
+    let rows = RawRow::many(ROUTE, n, args.keys);
+    support::create_raw_table(&db, backend).await;
+    let one = support::raw_insert_one_per_tx(&db, &rows, p).await;
     eprintln!("{store}: raw insert, 1 row/tx: {}", rate(n, one, "rows/s"));
     table.row(store, format!("raw insert, 1 row/tx ({p} tasks, {POOL_SIZE} conns)"), rate(n, one, "rows/s"));
-    let batched = raw_insert_batched(&db, &rows, p).await;
+    let batched = support::raw_insert_batched(&db, &rows, BATCH, p).await;
     eprintln!("{store}: raw insert, {BATCH} rows/tx: {}", rate(n, batched, "rows/s"));
     table.row(store, format!("raw insert, {BATCH} rows/tx ({p} tasks)"), rate(n, batched, "rows/s"));
-    db.exec("DROP TABLE bench_raw").await.expect("drop the baseline table");
-    if backend == Backend::Sqlite {
-        db.exec("PRAGMA wal_checkpoint(TRUNCATE)").await.expect("checkpoint");
-    }
+    support::drop_raw_table(&db, backend).await;
 
     // Inlet.
     let target = FakeTarget::start().await;
@@ -313,7 +285,7 @@ async fn wait_done(db: &Db, want: i64, start: Instant) -> Duration {
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let done = db.count_done().await;
+        let done = db.count("SELECT COUNT(*) FROM inbox_entry WHERE status = 'DONE'", None).await;
         if done >= want {
             return start.elapsed();
         }
@@ -327,210 +299,8 @@ fn envelope(data: &[u8], message_id: &str) -> String {
     common::push_envelope(data, &[], message_id).to_string()
 }
 
-fn rate(n: usize, d: Duration, unit: &str) -> String {
-    format!("{:.0} {unit}  ({:.2} s)", n as f64 / d.as_secs_f64(), d.as_secs_f64())
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
 // ---------------------------------------------------------------------------------------
-// Raw insert baseline
-// ---------------------------------------------------------------------------------------
-
-/// A row of about an inbox row's size: the work-order payload as it arrives and as it
-/// is decoded (~100 bytes each), a SHA-256 hex digest, a few short TEXT and BIGINT columns.
-struct RawRow {
-    route: String,
-    dedup_key: String,
-    correlation_key: String,
-    body: Vec<u8>,
-    raw_data: Vec<u8>,
-    digest: String,
-    now: i64,
-}
-
-impl RawRow {
-    fn new(i: usize, keys: usize) -> RawRow {
-        let key = format!("key-{}", i % keys);
-        let raw = format!(
-            r#"{{"workOrderId":"{key}","completedItems":{},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#,
-            i / keys + 1
-        );
-        RawRow {
-            route: ROUTE.into(),
-            dedup_key: format!("bench-{i}"),
-            correlation_key: key,
-            body: raw.clone().into_bytes(),
-            digest: inlet::inbox::digest_hex(raw.as_bytes()),
-            raw_data: raw.into_bytes(),
-            now: 1_785_000_000_000 + i as i64,
-        }
-    }
-}
-
-const RAW_INSERT: &str = "INSERT INTO bench_raw (route, dedup_key, correlation_key, body, raw_data, payload_digest, \
-                          status, received_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, 'OPEN', $7, $7)";
-
-impl Backend {
-    fn raw_table_ddl(self) -> &'static str {
-        match self {
-            Backend::Sqlite => {
-                "CREATE TABLE bench_raw (id INTEGER PRIMARY KEY AUTOINCREMENT, route TEXT NOT NULL, \
-                 dedup_key TEXT NOT NULL, correlation_key TEXT, body BLOB, raw_data BLOB NOT NULL, \
-                 payload_digest TEXT NOT NULL, status TEXT NOT NULL, received_at INTEGER NOT NULL, \
-                 updated_at INTEGER NOT NULL)"
-            }
-            Backend::Postgres => {
-                "CREATE TABLE bench_raw (id BIGSERIAL PRIMARY KEY, route TEXT NOT NULL, \
-                 dedup_key TEXT NOT NULL, correlation_key TEXT, body BYTEA, raw_data BYTEA NOT NULL, \
-                 payload_digest TEXT NOT NULL, status TEXT NOT NULL, received_at BIGINT NOT NULL, \
-                 updated_at BIGINT NOT NULL)"
-            }
-        }
-    }
-}
-
-/// N rows, one autocommitted INSERT each (as Inlet's ingest does), from `tasks` tasks.
-async fn raw_insert_one_per_tx(db: &Db, rows: &Arc<Vec<RawRow>>, tasks: usize) -> Duration {
-    db.exec("DELETE FROM bench_raw").await.expect("empty the baseline table");
-    let start = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for t in 0..tasks {
-        let (db, rows) = (db.clone(), Arc::clone(rows));
-        set.spawn(async move {
-            for row in rows.iter().skip(t).step_by(tasks) {
-                db.insert_one(row).await.expect("raw insert");
-            }
-        });
-    }
-    while let Some(r) = set.join_next().await {
-        r.expect("insert task");
-    }
-    start.elapsed()
-}
-
-/// N rows, BATCH per transaction, batches shared out over `tasks` tasks.
-async fn raw_insert_batched(db: &Db, rows: &Arc<Vec<RawRow>>, tasks: usize) -> Duration {
-    db.exec("DELETE FROM bench_raw").await.expect("empty the baseline table");
-    let batches = rows.len().div_ceil(BATCH);
-    let start = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for t in 0..tasks.min(batches) {
-        let (db, rows) = (db.clone(), Arc::clone(rows));
-        set.spawn(async move {
-            for b in (t..batches).step_by(tasks) {
-                let chunk = &rows[b * BATCH..((b + 1) * BATCH).min(rows.len())];
-                db.insert_batch(chunk).await.expect("raw batch insert");
-            }
-        });
-    }
-    while let Some(r) = set.join_next().await {
-        r.expect("insert task");
-    }
-    start.elapsed()
-}
-
-macro_rules! bind_row {
-    ($sql:expr, $row:expr) => {
-        sqlx::query($sql)
-            .bind(&$row.route)
-            .bind(&$row.dedup_key)
-            .bind(&$row.correlation_key)
-            .bind($row.body.as_slice())
-            .bind($row.raw_data.as_slice())
-            .bind(&$row.digest)
-            .bind($row.now)
-    };
-}
-
-/// The benchmark's own connection pool to the store's database.
-#[derive(Clone)]
-enum Db {
-    Sqlite(SqlitePool),
-    Pg(PgPool),
-}
-
-impl Db {
-    async fn open(backend: Backend, url: &str) -> Db {
-        match backend {
-            // Exactly the pragmas Inlet's SQLite store uses.
-            Backend::Sqlite => {
-                let options = inlet::inbox::sqlite::connect_options(url).expect("sqlite url");
-                let pool = SqlitePoolOptions::new()
-                    .max_connections(POOL_SIZE)
-                    .acquire_timeout(Duration::from_secs(30))
-                    .connect_with(options)
-                    .await
-                    .unwrap_or_else(|e| panic!("cannot open {url}: {e}"));
-                Db::Sqlite(pool)
-            }
-            Backend::Postgres => {
-                let pool = PgPoolOptions::new()
-                    .max_connections(POOL_SIZE)
-                    .acquire_timeout(Duration::from_secs(30))
-                    .connect(url)
-                    .await
-                    .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
-                Db::Pg(pool)
-            }
-        }
-    }
-
-    async fn exec(&self, sql: &str) -> Result<(), sqlx::Error> {
-        match self {
-            Db::Sqlite(p) => sqlx::raw_sql(sql).execute(p).await.map(drop),
-            Db::Pg(p) => sqlx::raw_sql(sql).execute(p).await.map(drop),
-        }
-    }
-
-    async fn insert_one(&self, row: &RawRow) -> Result<(), sqlx::Error> {
-        match self {
-            Db::Sqlite(p) => bind_row!(RAW_INSERT, row).execute(p).await.map(drop),
-            Db::Pg(p) => bind_row!(RAW_INSERT, row).execute(p).await.map(drop),
-        }
-    }
-
-    async fn insert_batch(&self, rows: &[RawRow]) -> Result<(), sqlx::Error> {
-        match self {
-            Db::Sqlite(p) => {
-                let mut tx = p.begin().await?;
-                for row in rows {
-                    bind_row!(RAW_INSERT, row).execute(&mut *tx).await?;
-                }
-                tx.commit().await
-            }
-            Db::Pg(p) => {
-                let mut tx = p.begin().await?;
-                for row in rows {
-                    bind_row!(RAW_INSERT, row).execute(&mut *tx).await?;
-                }
-                tx.commit().await
-            }
-        }
-    }
-
-    /// DONE rows in Inlet's inbox (index `inbox_entry_status_id`).
-    async fn count_done(&self) -> i64 {
-        const SQL: &str = "SELECT COUNT(*) FROM inbox_entry WHERE status = 'DONE'";
-        let n = match self {
-            Db::Sqlite(p) => sqlx::query_scalar::<_, i64>(SQL).fetch_one(p).await,
-            Db::Pg(p) => sqlx::query_scalar::<_, i64>(SQL).fetch_one(p).await,
-        };
-        n.expect("count DONE rows")
-    }
-
-    async fn close(&self) {
-        match self {
-            Db::Sqlite(p) => p.close().await,
-            Db::Pg(p) => p.close().await,
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Target and output
+// Target
 // ---------------------------------------------------------------------------------------
 
 /// An in-process HTTP server answering 204 to `POST /engine-rest/message`, counting.
@@ -568,28 +338,5 @@ impl FakeTarget {
 impl Drop for FakeTarget {
     fn drop(&mut self) {
         self.server.abort();
-    }
-}
-
-#[derive(Default)]
-struct Table {
-    rows: Vec<[String; 3]>,
-}
-
-impl Table {
-    fn row(&mut self, store: &str, metric: String, value: String) {
-        self.rows.push([store.to_string(), metric, value]);
-    }
-
-    fn render(&self) -> String {
-        let header = ["store".to_string(), "metric".to_string(), "value".to_string()];
-        let all: Vec<&[String; 3]> = std::iter::once(&header).chain(self.rows.iter()).collect();
-        let w0 = all.iter().map(|r| r[0].len()).max().unwrap_or(0);
-        let w1 = all.iter().map(|r| r[1].len()).max().unwrap_or(0);
-        let mut out = String::new();
-        for r in all {
-            let _ = writeln!(out, "{:<w0$}  {:<w1$}  {}", r[0], r[1], r[2]);
-        }
-        out
     }
 }

@@ -1058,6 +1058,11 @@ pub struct InletProcess {
 }
 
 impl InletProcess {
+    /// The process id (for /proc readings).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts `inlet run config`. `envs` are set after the defaults (`RUST_LOG`,
     /// `NO_COLOR=1`), so they may override them; `INLET_INSTANCE` is not inherited from
     /// the test's environment, only taken from `envs`.
