@@ -481,3 +481,34 @@ fn by_key(entries: &[Entry]) -> HashMap<String, Vec<i64>> {
     }
     m
 }
+
+/// Shutdown waits for in-flight deliveries only as long as the grace period: a
+/// delivery still running then is abandoned, its entry stays IN_PROGRESS under a
+/// lease that expires, and the next instance (or the next claim) takes it over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_abandons_deliveries_still_running_after_the_grace_period() {
+    let camunda = FakeCamunda::start().await.with_delay(Duration::from_secs(8));
+    let route = format!(
+        "[[route]]\nname = \"wo\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{}\", timeout = \"20s\" }}\nmax_steps = 1\n",
+        common::plugin_path("work_order").display(),
+        camunda.url()
+    );
+    let inlet = common::start_on_sqlite(&route, |o| o.grace = Duration::from_millis(300)).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/push/wo", inlet.base()))
+        .body(push_envelope(&work_order(1, "WO-1"), &[], "m-1").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    wait_until("the delivery to be in flight", Duration::from_secs(10), || async { camunda.count() == 1 }).await;
+
+    let store = Arc::clone(&inlet.running.shared.store);
+    let started = std::time::Instant::now();
+    inlet.running.stop().await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "stop waited {took:?} for an 8 s delivery despite a 300 ms grace period");
+    let entry = store.get(1).await.unwrap().expect("the entry");
+    assert_eq!(entry.status, Status::InProgress, "abandoned, not settled");
+    assert!(entry.lease_expires_at.is_some(), "its lease expires and the entry is taken over");
+}
