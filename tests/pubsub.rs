@@ -497,3 +497,49 @@ async fn emulator_restart_mid_run_is_survived_by_reconnecting() {
     assert_eq!(metric(&running, "inlet_pubsub_connected", "orders"), 1.0, "connected again");
     running.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// The embedded store goes away
+// ---------------------------------------------------------------------------------------
+
+/// SQLite cannot be unplugged like a server, but another process can hold its write
+/// lock past Inlet's busy timeout (10 s): every batch then fails with SQLITE_BUSY, is
+/// nacked, and comes back once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_locked_past_the_busy_timeout_nacks_and_recovers() {
+    use sqlx::Connection as _;
+    const N: usize = 2_000;
+    const KEYS: usize = 50;
+    let emulator = emulator_unordered().await;
+    let camunda = FakeCamunda::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("inbox.db");
+    let url = format!("sqlite://{}", path.display());
+    let running = start_in_process(dir.path(), &url, &pull_route(&camunda.url(), ""), &emulator).await;
+    let rows = Rows::open(&url).await;
+    common::publish_independent(&emulator, TOPIC, N, KEYS, 0, false).await;
+    common::wait_until("some messages stored", Duration::from_secs(120), || async { rows.rows().await >= 100 }).await;
+
+    // Another process's view of the file: an exclusive transaction holds the lock.
+    let mut locker =
+        sqlx::SqliteConnection::connect_with(&sqlx::sqlite::SqliteConnectOptions::new().filename(&path)).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut locker).await.unwrap();
+    let at_lock = rows.rows().await;
+    common::wait_until("the source to see the store fail", Duration::from_secs(60), || async {
+        metric(&running, "inlet_pubsub_reconnects_total", "outcome=\"store\"") >= 1.0
+    })
+    .await;
+    let nacked = metric(&running, "inlet_pubsub_messages_total", "outcome=\"nacked\"");
+    println!("locked at {at_lock} rows; {nacked} messages nacked while locked");
+    assert!(nacked >= 1.0, "messages that could not be stored are nacked");
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    drop(locker);
+
+    wait_all_done(&rows, N as i64, Duration::from_secs(300)).await;
+    assert_eq!(rows.rows().await, N as i64, "every message has its row once the lock is gone");
+    assert_eq!(rows.distinct_messages().await, N as i64);
+    assert_all_delivered(&camunda, KEYS, N / KEYS);
+    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
+    running.stop().await;
+    common::assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+}

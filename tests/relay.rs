@@ -482,6 +482,28 @@ fn by_key(entries: &[Entry]) -> HashMap<String, Vec<i64>> {
     m
 }
 
+/// Must show 8 on the embedded store: SQLite cannot be unplugged like a server, but
+/// another process can hold its write lock past Inlet's 10 s busy timeout. The push is
+/// then answered 503 (nothing stored, nothing acked), and accepted once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_locked_past_the_busy_timeout_answers_503_and_acks_nothing() {
+    use sqlx::Connection as _;
+    let camunda = FakeCamunda::start().await;
+    let inlet = Inlet::start(Backend::Sqlite, &route("wo", &camunda.url(), ""), None).await;
+    let path = inlet._dir.path().join("inbox.db");
+    let mut locker =
+        sqlx::SqliteConnection::connect_with(&sqlx::sqlite::SqliteConnectOptions::new().filename(&path)).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut locker).await.unwrap();
+    assert_eq!(inlet.push("wo", &work_order(1, "K"), "m-1").await, 503, "no commit, no ack");
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    assert!(inlet.entries("wo").await.is_empty(), "nothing stored while locked");
+    assert!(inlet.metrics().await.contains("inlet_ingest_failures_total{route=\"wo\"} 1"));
+
+    assert_eq!(inlet.push("wo", &work_order(1, "K"), "m-1").await, 200, "the redelivery is stored");
+    wait_until("delivered", WAIT, || async { camunda.correlated_seqs("K") == vec![1] }).await;
+    inlet.stop().await;
+}
+
 /// Shutdown waits for in-flight deliveries only as long as the grace period: a
 /// delivery still running then is abandoned, its entry stays IN_PROGRESS under a
 /// lease that expires, and the next instance (or the next claim) takes it over.
