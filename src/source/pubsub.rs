@@ -254,7 +254,7 @@ impl Puller {
             };
             connected.set(1);
             // A message larger than the whole byte budget takes all of it.
-            let size = message.data.len().clamp(1, cfg.max_outstanding_bytes) as u32;
+            let size = message.data.len().clamp(1, cfg.max_outstanding_bytes.min(u32::MAX as usize)) as u32;
             let bytes_permit = tokio::select! {
                 biased;
                 _ = stopped(stop) => { drop(handler); break 'session End::Stopped }
