@@ -64,6 +64,8 @@ pub struct Metrics {
     pub entries: Family<RouteStatus, Gauge>,
     /// Age of the oldest OPEN entry.
     pub oldest_open_age_seconds: Family<RouteLabel, Gauge<f64, AtomicU64>>,
+    /// Pub/Sub messages taken from the stream, per route (redeliveries included).
+    pub pubsub_received: Family<RouteLabel, Counter>,
     /// Pub/Sub messages acked (stored) and nacked (not stored), per route.
     pub pubsub_acks: Family<RouteOutcome, Counter>,
     /// Pub/Sub streams given up and opened again, by reason.
@@ -100,6 +102,7 @@ impl Metrics {
             }),
             entries: Family::default(),
             oldest_open_age_seconds: Family::default(),
+            pubsub_received: Family::default(),
             pubsub_acks: Family::default(),
             pubsub_reconnects: Family::default(),
             pubsub_connected: Family::default(),
@@ -133,6 +136,7 @@ impl Metrics {
             "Age of the oldest open entry",
             m.oldest_open_age_seconds.clone(),
         );
+        registry.register("pubsub_received", "Pub/Sub messages taken from the stream", m.pubsub_received.clone());
         registry.register("pubsub_messages", "Pub/Sub messages acked or nacked", m.pubsub_acks.clone());
         registry.register("pubsub_reconnects", "Pub/Sub streams reopened, by reason", m.pubsub_reconnects.clone());
         registry.register("pubsub_connected", "1 while the subscription stream is up", m.pubsub_connected.clone());

@@ -507,7 +507,6 @@ async fn emulator_restart_mid_run_is_survived_by_reconnecting() {
 /// nacked, and comes back once the lock is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_locked_past_the_busy_timeout_nacks_and_recovers() {
-    use sqlx::Connection as _;
     const N: usize = 2_000;
     const KEYS: usize = 50;
     let emulator = emulator_unordered().await;
@@ -520,10 +519,7 @@ async fn sqlite_locked_past_the_busy_timeout_nacks_and_recovers() {
     common::publish_independent(&emulator, TOPIC, N, KEYS, 0, false).await;
     common::wait_until("some messages stored", Duration::from_secs(120), || async { rows.rows().await >= 100 }).await;
 
-    // Another process's view of the file: an exclusive transaction holds the lock.
-    let mut locker =
-        sqlx::SqliteConnection::connect_with(&sqlx::sqlite::SqliteConnectOptions::new().filename(&path)).await.unwrap();
-    sqlx::query("BEGIN EXCLUSIVE").execute(&mut locker).await.unwrap();
+    let mut locker = lock_exclusively(&path).await;
     let at_lock = rows.rows().await;
     common::wait_until("the source to see the store fail", Duration::from_secs(60), || async {
         metric(&running, "inlet_pubsub_reconnects_total", "outcome=\"store\"") >= 1.0
@@ -542,4 +538,58 @@ async fn sqlite_locked_past_the_busy_timeout_nacks_and_recovers() {
     wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
     running.stop().await;
     common::assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+}
+
+/// Another process's connection to the SQLite file, holding its write lock
+/// (`BEGIN EXCLUSIVE`) until `ROLLBACK`.
+async fn lock_exclusively(path: &Path) -> sqlx::SqliteConnection {
+    use sqlx::Connection as _;
+    let mut locker =
+        sqlx::SqliteConnection::connect_with(&sqlx::sqlite::SqliteConnectOptions::new().filename(path)).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut locker).await.unwrap();
+    locker
+}
+
+/// Flow control: while the store is stuck, Inlet holds (received, not yet acked or
+/// nacked) at most `max_outstanding_messages`, though far more are waiting — it stops
+/// reading the stream instead of piling messages up in memory.
+///
+/// Only the holding back is checked here; recovery is the test above. With a budget
+/// this small the emulator took more than 5 minutes to hand the remaining 1,800 over
+/// once the store was back (seen here). It ignores the broker-side flow control Inlet
+/// asks for and keeps sending; the likely cause is that what waits unread in the
+/// connection's buffers is not lease-extended by the client, expires and is sent
+/// again. Google's service sends no more than the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_store_holds_the_source_to_its_flow_control_budget() {
+    const BUDGET: f64 = 50.0;
+    let emulator = emulator_unordered().await;
+    let camunda = FakeCamunda::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("inbox.db");
+    let url = format!("sqlite://{}", path.display());
+    let routes = pull_route(&camunda.url(), ", max_outstanding_messages = 50, batch_size = 10");
+    let running = start_in_process(dir.path(), &url, &routes, &emulator).await;
+    let rows = Rows::open(&url).await;
+    common::publish_independent(&emulator, TOPIC, 2_000, 50, 0, false).await;
+    common::wait_until("some messages stored", Duration::from_secs(120), || async { rows.rows().await >= 100 }).await;
+
+    let mut locker = lock_exclusively(&path).await;
+    let held = || {
+        metric(&running, "inlet_pubsub_received_total", "orders")
+            - metric(&running, "inlet_pubsub_messages_total", "orders")
+    };
+    let mut most_held = 0.0f64;
+    common::wait_until("the source to see the store fail", Duration::from_secs(60), || {
+        most_held = most_held.max(held());
+        async { metric(&running, "inlet_pubsub_reconnects_total", "outcome=\"store\"") >= 1.0 }
+    })
+    .await;
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    let stored = rows.rows().await;
+    println!("at most {most_held} messages held while the store was stuck ({stored} of 2000 stored)");
+    assert!(stored < 2_000, "the store must stall mid-run");
+    assert!(most_held <= BUDGET, "held {most_held} messages with a budget of {BUDGET}");
+    assert_eq!(most_held, BUDGET, "the budget, not the broker, limited what was held");
+    running.stop().await;
 }

@@ -218,6 +218,7 @@ impl Puller {
         let route = self.name();
         let connected = self.metrics.pubsub_connected.get_or_create(&Metrics::route(route)).clone();
         let outstanding = self.metrics.pubsub_outstanding.get_or_create(&Metrics::route(route)).clone();
+        let received = self.metrics.pubsub_received.get_or_create(&Metrics::route(route)).clone();
         let mut probe_tick = tokio::time::interval(PROBE_EVERY);
         probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut writer_joined = false;
@@ -253,6 +254,7 @@ impl Puller {
                 None => break 'session End::Stream("the stream ended".into()),
             };
             connected.set(1);
+            received.inc();
             // A message larger than the whole byte budget takes all of it.
             let size = message.data.len().clamp(1, cfg.max_outstanding_bytes.min(u32::MAX as usize)) as u32;
             let bytes_permit = tokio::select! {
