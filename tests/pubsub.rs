@@ -197,7 +197,11 @@ where
 
 /// A metric's value summed over the label sets that contain `labels`.
 fn metric(running: &Running, name: &str, labels: &str) -> f64 {
-    let text = running.shared.metrics.render();
+    sum_samples(&running.shared.metrics.render(), name, labels)
+}
+
+/// The values of the samples of metric `name` whose labels contain `labels`, summed.
+fn sum_samples(text: &str, name: &str, labels: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(name) && l.contains(labels))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -335,10 +339,7 @@ fn process_config(dir: &Path, routes: &str) -> (PathBuf, String, u16) {
 
 async fn scrape(port: u16, name: &str, labels: &str) -> f64 {
     let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.unwrap().text().await.unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    sum_samples(&text, name, labels)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
