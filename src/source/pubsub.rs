@@ -13,8 +13,10 @@
 //!   after a failed batch can be committed ahead of it (per-key order survives).
 //!
 //! The client extends the lease of every held message by itself. A session ends on
-//! a store failure, a stream error, or when a probe finds the broker unreachable
-//! (the stream itself just hangs while the server is down); the puller then waits
+//! a store failure, a stream error, or when the broker is unreachable: the stream
+//! itself just hangs while the server is down, so when no message has come for a
+//! probe period the subscription is looked up, and two unanswered probes in a row
+//! end the session; the puller then waits
 //! with a growing, jittered backoff — for a store failure, until the store answers —
 //! and opens a new session. Messages held by a dying session are nacked (a dropped
 //! handler nacks too), so the broker redelivers them; rows already committed
@@ -42,8 +44,10 @@ use crate::telemetry::Metrics;
 
 /// How often the broker is probed while a session runs.
 const PROBE_EVERY: Duration = Duration::from_secs(3);
-/// How long a probe may take before the broker counts as unreachable.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a probe may take before it counts as unanswered.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Unanswered probes in a row (with no message meanwhile) that end a session.
+const PROBES_BEFORE_UNREACHABLE: u32 = 2;
 /// Longest wait between sessions.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How long shutdown waits for the client to flush acks and nacks.
@@ -222,6 +226,8 @@ impl Puller {
         let mut probe_tick = tokio::time::interval(PROBE_EVERY);
         probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut writer_joined = false;
+        let mut delivered_since_tick = false;
+        let mut unanswered = 0;
 
         let end = 'session: loop {
             outstanding.set((cfg.max_outstanding_messages - messages.available_permits()) as i64);
@@ -237,10 +243,24 @@ impl Puller {
                 _ = stopped(stop) => break 'session End::Stopped,
                 r = &mut writer => { writer_joined = true; break 'session writer_end(r) }
                 _ = probe_tick.tick() => {
+                    // Messages since the last tick prove the stream works: no probe.
+                    if std::mem::take(&mut delivered_since_tick) {
+                        unanswered = 0;
+                        continue 'session;
+                    }
                     match probe(admin, &cfg.subscription, PROBE_TIMEOUT).await {
-                        Probe::Reachable => { connected.set(1); continue 'session }
+                        Probe::Reachable => { unanswered = 0; connected.set(1); continue 'session }
                         Probe::NotFound => break 'session End::NotFound,
-                        Probe::Unreachable(e) => break 'session End::Unreachable(e),
+                        // One slow answer on a busy machine is no reason to drop a
+                        // stream and every message it holds: wait for a second.
+                        Probe::Unreachable(e) => {
+                            unanswered += 1;
+                            if unanswered >= PROBES_BEFORE_UNREACHABLE {
+                                break 'session End::Unreachable(e);
+                            }
+                            tracing::debug!(route, error = %e, "pubsub probe got no answer");
+                            continue 'session;
+                        }
                     }
                 }
                 item = stream.next() => item,
@@ -255,6 +275,7 @@ impl Puller {
             };
             connected.set(1);
             received.inc();
+            delivered_since_tick = true;
             // A message larger than the whole byte budget takes all of it.
             let size = message.data.len().clamp(1, cfg.max_outstanding_bytes.min(u32::MAX as usize)) as u32;
             let bytes_permit = tokio::select! {
