@@ -123,6 +123,12 @@ impl Rows {
         self.scalar("SELECT COUNT(DISTINCT message_id) FROM inbox_entry").await
     }
 
+    /// Exactly `n` rows, one per broker message.
+    async fn assert_once_each(&self, n: usize, what: &str) {
+        assert_eq!(self.rows().await, n as i64, "{what}");
+        assert_eq!(self.distinct_messages().await, n as i64, "{what}: one row per message id");
+    }
+
     async fn distinct_dedup_keys(&self) -> i64 {
         self.scalar("SELECT COUNT(DISTINCT dedup_key) FROM inbox_entry").await
     }
@@ -195,6 +201,22 @@ where
     }
 }
 
+/// Once the source has gone quiet, stops Inlet and checks that the subscription has
+/// nothing left to deliver.
+async fn stop_drained(running: Running, emulator: &PubSubEmulator) {
+    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
+    running.stop().await;
+    common::assert_drained(emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+}
+
+/// The same for a real `inlet` process listening on `port`, stopped with SIGTERM.
+async fn stop_process_drained(inlet: &mut InletProcess, port: u16, emulator: &PubSubEmulator) {
+    wait_quiet(|| scrape(port, "inlet_pubsub_messages_total", "orders")).await;
+    let status = inlet.sigterm_and_wait(Duration::from_secs(60));
+    assert!(status.success(), "inlet exits cleanly on SIGTERM: {status:?}\n{}", inlet.log());
+    common::assert_drained(emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+}
+
 /// A metric's value summed over the label sets that contain `labels`.
 fn metric(running: &Running, name: &str, labels: &str) -> f64 {
     sum_samples(&running.shared.metrics.render(), name, labels)
@@ -244,8 +266,7 @@ async fn ten_thousand_messages(backend: &str) {
     assert_eq!(report.published, N);
 
     wait_all_done(&rows, N as i64, Duration::from_secs(300)).await;
-    assert_eq!(rows.rows().await, N as i64, "exactly one row per message");
-    assert_eq!(rows.distinct_messages().await, N as i64);
+    rows.assert_once_each(N, "exactly one row per message").await;
     assert_key_order(&camunda, KEYS, N / KEYS);
     assert_eq!(camunda.count(), N, "each entry delivered once");
     wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
@@ -367,15 +388,11 @@ async fn sigkill_mid_run_keeps_exactly_one_row_per_message() {
 
     let mut second = InletProcess::spawn(&config, &env);
     wait_all_done(&rows, N as i64, Duration::from_secs(300)).await;
-    assert_eq!(rows.rows().await, N as i64, "exactly one row per message after the restart");
-    assert_eq!(rows.distinct_messages().await, N as i64);
+    rows.assert_once_each(N, "exactly one row per message after the restart").await;
     let duplicates = scrape(port, "inlet_ingested_total", "outcome=\"duplicate\"").await;
     println!("redeliveries absorbed by the dedup key after the restart: {duplicates}");
     assert_all_delivered(&camunda, KEYS, N / KEYS);
-    wait_quiet(|| scrape(port, "inlet_pubsub_messages_total", "orders")).await;
-    let status = second.sigterm_and_wait(Duration::from_secs(60));
-    assert!(status.success(), "inlet exits cleanly on SIGTERM: {status:?}\n{}", second.log());
-    common::assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+    stop_process_drained(&mut second, port, &emulator).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -407,13 +424,9 @@ async fn sigterm_with_messages_in_flight_acks_only_what_is_stored() {
 
     let mut second = InletProcess::spawn(&config, &env);
     wait_all_done(&rows, N as i64, Duration::from_secs(300)).await;
-    assert_eq!(rows.rows().await, N as i64, "nothing acked without its row: every message is there");
-    assert_eq!(rows.distinct_messages().await, N as i64);
+    rows.assert_once_each(N, "nothing acked without its row: every message is there").await;
     assert_all_delivered(&camunda, KEYS, N / KEYS);
-    wait_quiet(|| scrape(port, "inlet_pubsub_messages_total", "orders")).await;
-    let status = second.sigterm_and_wait(Duration::from_secs(60));
-    assert!(status.success(), "{status:?}\n{}", second.log());
-    common::assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+    stop_process_drained(&mut second, port, &emulator).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -451,12 +464,9 @@ async fn postgres_outage_mid_run_acks_nothing_without_its_row() {
     proxy.set_up(true);
 
     wait_all_done(&rows, N as i64, Duration::from_secs(300)).await;
-    assert_eq!(rows.rows().await, N as i64, "every message has its row once the store is back");
-    assert_eq!(rows.distinct_messages().await, N as i64);
+    rows.assert_once_each(N, "every message has its row once the store is back").await;
     assert_all_delivered(&camunda, KEYS, N / KEYS);
-    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
-    running.stop().await;
-    common::assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+    stop_drained(running, &emulator).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -533,12 +543,9 @@ async fn sqlite_locked_past_the_busy_timeout_nacks_and_recovers() {
     drop(locker);
 
     wait_all_done(&rows, N as i64, Duration::from_secs(300)).await;
-    assert_eq!(rows.rows().await, N as i64, "every message has its row once the lock is gone");
-    assert_eq!(rows.distinct_messages().await, N as i64);
+    rows.assert_once_each(N, "every message has its row once the lock is gone").await;
     assert_all_delivered(&camunda, KEYS, N / KEYS);
-    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
-    running.stop().await;
-    common::assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+    stop_drained(running, &emulator).await;
 }
 
 /// Another process's connection to the SQLite file, holding its write lock
