@@ -133,11 +133,7 @@ fn main() {
         eprintln!("pubsub_ingest: {e}\n{}", usage());
         std::process::exit(2);
     });
-    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/dist/work_order.wasm");
-    if !plugin.is_file() {
-        eprintln!("pubsub_ingest: {} is missing; run scripts/build-plugins first", plugin.display());
-        std::process::exit(2);
-    }
+    let plugin = support::work_order_plugin("pubsub_ingest");
     inlet::telemetry::init_logging();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let mut table = Table::default();

@@ -97,11 +97,7 @@ fn main() {
         eprintln!("push_to_done: {e}\n{}", usage());
         std::process::exit(2);
     });
-    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/dist/work_order.wasm");
-    if !plugin.is_file() {
-        eprintln!("push_to_done: {} is missing; run scripts/build-plugins first", plugin.display());
-        std::process::exit(2);
-    }
+    let plugin = support::work_order_plugin("push_to_done");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let mut table = Table::default();
     runtime.block_on(async {

@@ -273,6 +273,17 @@ impl Db {
 // ---------------------------------------------------------------------------------------
 
 /// `N / d` as `12345 unit  (1.23 s)`.
+/// The built work-order plugin; exits with a hint when `scripts/build-plugins` has
+/// not run (a benchmark has no test harness to fail in).
+pub fn work_order_plugin(bench: &str) -> std::path::PathBuf {
+    let plugin = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/dist/work_order.wasm");
+    if !plugin.is_file() {
+        eprintln!("{bench}: {} is missing; run scripts/build-plugins first", plugin.display());
+        std::process::exit(2);
+    }
+    plugin
+}
+
 pub fn rate(n: usize, d: Duration, unit: &str) -> String {
     format!("{:.0} {unit}  ({:.2} s)", n as f64 / d.as_secs_f64(), d.as_secs_f64())
 }
