@@ -1,7 +1,7 @@
 //! Per-call cost of the work-order plugin (decode + render + classify) on a warm
 //! instance and on a fresh store per call, beside the same logic compiled natively,
-//! plus compile and cache-hit load times and the cost of the epoch deadline and of
-//! fuel metering. Prints
+//! plus compile and cache-hit load times and the cost of the bounds (fuel and
+//! epoch yields). Prints
 //! figures; asserts nothing.
 //!
 //!     cargo bench --bench plugin_calls [-- --iterations N]
@@ -49,10 +49,10 @@ fn native_cycle() -> usize {
     request.len() + usize::from(done) + parsed.correlation_key.len()
 }
 
-fn plugin_cycle(p: &Plugin) -> usize {
-    let Ok(Ok(wit::Decoded::Event(ev))) = p.decode_blocking(message()) else { panic!("decode") };
-    let Ok(Ok(req)) = p.render_blocking(ev.clone()) else { panic!("render") };
-    let d = p.classify_blocking(ev, wit::Exchange { step: 1, state: vec![] }, answer()).unwrap();
+async fn plugin_cycle(p: &Plugin) -> usize {
+    let Ok(Ok(wit::Decoded::Event(ev))) = p.decode(message()).await else { panic!("decode") };
+    let Ok(Ok(req)) = p.render(ev.clone()).await else { panic!("render") };
+    let d = p.classify(ev, wit::Exchange { step: 1, state: vec![] }, answer()).await.unwrap();
     req.body.len() + usize::from(matches!(d, wit::Disposition::Done))
 }
 
@@ -93,6 +93,8 @@ fn main() {
         start.elapsed() / 20
     };
 
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let plugin_cycle = |p: &Plugin| rt.block_on(plugin_cycle(p));
     let native = per_call(iterations, native_cycle);
     let warm_plugin = Plugin::load(&path, PluginLimits::default(), Some(cache.path())).unwrap();
     let warm = per_call(iterations, || plugin_cycle(&warm_plugin));
@@ -103,9 +105,6 @@ fn main() {
     let unbounded_plugin =
         Plugin::with_metering(&path, &bytes, PluginLimits::default(), Some(cache.path()), Metering::Unbounded).unwrap();
     let unbounded = per_call(iterations, || plugin_cycle(&unbounded_plugin));
-    let fuel_limits = PluginLimits { fuel: Some(u64::MAX / 4), ..PluginLimits::default() };
-    let fuel_plugin = Plugin::load(&path, fuel_limits, Some(cache.path())).unwrap();
-    let fuel = per_call(iterations, || plugin_cycle(&fuel_plugin));
 
     let ratio = |d: Duration| d.as_secs_f64() / native.as_secs_f64();
     println!(
@@ -114,9 +113,8 @@ fn main() {
     );
     println!("{:<46} {:>12} {:>10}", "what", "per cycle", "vs native");
     println!("{:<46} {:>12.2?} {:>9.1}x", "native Rust (same logic, same crates)", native, 1.0);
-    println!("{:<46} {:>12.2?} {:>9.1}x", "plugin, warm instance, no deadline (unsafe)", unbounded, ratio(unbounded));
-    println!("{:<46} {:>12.2?} {:>9.1}x", "plugin, warm instance (epoch deadline on)", warm, ratio(warm));
-    println!("{:<46} {:>12.2?} {:>9.1}x", "plugin, warm instance, fuel metering on", fuel, ratio(fuel));
+    println!("{:<46} {:>12.2?} {:>9.1}x", "plugin, warm, no fuel, no yields (unsafe)", unbounded, ratio(unbounded));
+    println!("{:<46} {:>12.2?} {:>9.1}x", "plugin, warm instance (fuel + epoch yields)", warm, ratio(warm));
     println!("{:<46} {:>12.2?} {:>9.1}x", "plugin, fresh store + instance per call", fresh, ratio(fresh));
     println!("{:<46} {:>12.2?}", "load: compile the component (no cache)", compile);
     println!("{:<46} {:>12.2?}", "load: from the compiled-component cache", cached);

@@ -234,7 +234,7 @@ async fn bench_store(
     let inbox = inlet::inbox::open(&config.store.url, config.store.max_connections).await.expect("the inbox opens");
     let clock = DbClock::new(inbox.as_ref()).await.expect("the database clock");
     let metrics = Arc::new(Metrics::new());
-    let ingest = Arc::new(Ingest { store: inbox, clock, metrics: Arc::clone(&metrics) });
+    let ingest = Arc::new(Ingest::new(inbox, clock, Arc::clone(&metrics)));
     let batch_wait = source.batch_wait;
     let puller = Puller { route, config: source, connection, ingest, metrics: Arc::clone(&metrics) };
 

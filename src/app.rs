@@ -243,15 +243,12 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
             c
         }
     };
+    crate::plugin::sandbox::BUDGET.set_limit(config.plugins.memory_budget_bytes);
     let clients = Clients::new(options.pubsub.clone());
     let routes = Routes::load(config, options.plugin_cache.as_deref(), clients.clone()).map_err(StartError::Plugins)?;
     let metrics = Arc::new(Metrics::new());
     let shared = Arc::new(Shared {
-        ingest: Arc::new(Ingest {
-            store: Arc::clone(&store),
-            clock: Arc::clone(&clock),
-            metrics: Arc::clone(&metrics),
-        }),
+        ingest: Arc::new(Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics))),
         pubsub: options.pubsub.clone(),
         routes: RwLock::new(Arc::new(Routes::empty(None, clients))),
         store,

@@ -3,11 +3,12 @@
 //! a trap — ends as a committed row; only a store failure is returned, and that
 //! means nack. This is the one place every source goes through (invariants 1–3).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crate::clock::Clock;
 use crate::inbox::{Decoded, InsertOutcome, NewEntry, Status, Store, StoreError};
-use crate::plugin::wit;
+use crate::plugin::{PluginFault, wit};
 use crate::routing::Route;
 use crate::telemetry::Metrics;
 
@@ -21,32 +22,55 @@ pub struct Incoming {
     pub delivery_attempt: Option<u32>,
 }
 
+/// Why a message was not stored. Either way the source must not ack it: push
+/// answers 503, the pull source nacks, and the broker redelivers.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The plugin could not decode the message now for a reason that may be the
+    /// host's (see [`PluginFault::is_transient`]); after `limits.timeout_tries` such
+    /// answers for one message it is parked instead.
+    #[error("{0}; the message will be redelivered")]
+    PluginBusy(PluginFault),
+}
+
 pub struct Ingest {
     pub store: Arc<dyn Store>,
     pub clock: Arc<dyn Clock>,
     pub metrics: Arc<Metrics>,
+    /// Transient decode faults per (route, message id) not yet settled.
+    transient: Mutex<HashMap<(String, String), u32>>,
 }
 
+/// Messages whose transient decode faults are remembered at once; past this the
+/// memory is cleared (a message then gets a few more tries, never fewer).
+const TRANSIENT_MEMORY: usize = 10_000;
+
 impl Ingest {
+    pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, metrics: Arc<Metrics>) -> Ingest {
+        Ingest { store, clock, metrics, transient: Mutex::new(HashMap::new()) }
+    }
+
     /// Decodes and stores one message. `Ok` means the row is committed (or was
     /// already there) and the broker may be acked; `Err` means nack.
-    pub async fn accept(&self, route: &Route, msg: Incoming) -> Result<InsertOutcome, StoreError> {
-        let entry = self.decode(route, msg).await;
+    pub async fn accept(&self, route: &Route, msg: Incoming) -> Result<InsertOutcome, IngestError> {
+        let entry = self.decode(route, msg).await?;
         let result = self.store.insert(&entry, self.clock.now()).await;
         self.record(route, &entry, &result);
         if matches!(result, Ok(InsertOutcome::Inserted { .. })) && entry.status == Status::Open {
             route.stored.notify_one();
         }
-        result
+        Ok(result?)
     }
 
     /// Decodes and stores many messages in one transaction, in the order given (the
     /// inbox order, and so the delivery order within a key). `Ok` means every row is
     /// committed and every message may be acked; `Err` means nack them all.
-    pub async fn accept_batch(&self, route: &Route, msgs: Vec<Incoming>) -> Result<Vec<InsertOutcome>, StoreError> {
+    pub async fn accept_batch(&self, route: &Route, msgs: Vec<Incoming>) -> Result<Vec<InsertOutcome>, IngestError> {
         let mut entries = Vec::with_capacity(msgs.len());
         for msg in msgs {
-            entries.push(self.decode(route, msg).await);
+            entries.push(self.decode(route, msg).await?);
         }
         let result = self.store.insert_batch(&entries, self.clock.now()).await;
         match &result {
@@ -66,11 +90,12 @@ impl Ingest {
                 self.metrics.ingest_failures.get_or_create(&Metrics::route(route.name())).inc_by(entries.len() as u64);
             }
         }
-        result
+        Ok(result?)
     }
 
-    /// Runs the plugin's `decode` and turns its answer into the row to store.
-    pub async fn decode(&self, route: &Route, msg: Incoming) -> NewEntry {
+    /// Runs the plugin's `decode` and turns its answer into the row to store, or
+    /// into [`IngestError::PluginBusy`] while a transient fault has tries left.
+    pub async fn decode(&self, route: &Route, msg: Incoming) -> Result<NewEntry, IngestError> {
         let wit_msg = wit::Message {
             data: msg.data.clone(),
             attributes: msg.attributes.clone(),
@@ -90,7 +115,15 @@ impl Ingest {
             status: Status::Parked,
             last_error: None,
         };
-        match route.plugin().decode(wit_msg).await {
+        let plugin = route.plugin();
+        let answer = plugin.decode(wit_msg).await;
+        let tries = self.count_transient(route.name(), &entry.message_id, answer.as_ref().err());
+        match answer {
+            Err(fault) if fault.is_transient() && tries < plugin.limits().timeout_tries => {
+                tracing::warn!(route = route.name(), message_id = %entry.message_id, %fault, tries, "plugin could not decode the message in time; it will be redelivered");
+                self.metrics.plugin_faults.get_or_create(&fault_labels(route.name(), "decode", fault.kind())).inc();
+                return Err(IngestError::PluginBusy(fault));
+            }
             Ok(Ok(wit::Decoded::Event(ev))) => {
                 if let Some(key) = ev.dedup_key.filter(|k| !k.is_empty()) {
                     entry.dedup_key = key;
@@ -114,10 +147,28 @@ impl Ingest {
             Err(fault) => {
                 tracing::error!(route = route.name(), message_id = %entry.message_id, %fault, "plugin failed during decode; parking the message");
                 self.metrics.plugin_faults.get_or_create(&fault_labels(route.name(), "decode", fault.kind())).inc();
-                entry.last_error = Some(format!("plugin fault during decode: {fault}"));
+                let tried = if fault.is_transient() { format!(" ({tries} times)") } else { String::new() };
+                entry.last_error = Some(format!("plugin fault during decode: {fault}{tried}"));
             }
         }
-        entry
+        Ok(entry)
+    }
+
+    /// Counts a transient fault for this message and returns how many it has had;
+    /// any other answer forgets the message.
+    fn count_transient(&self, route: &str, message_id: &str, fault: Option<&PluginFault>) -> u32 {
+        let mut seen = self.transient.lock().expect("transient faults lock");
+        let key = (route.to_string(), message_id.to_string());
+        if !fault.is_some_and(PluginFault::is_transient) {
+            seen.remove(&key);
+            return 0;
+        }
+        if seen.len() >= TRANSIENT_MEMORY && !seen.contains_key(&key) {
+            seen.clear();
+        }
+        let tries = seen.entry(key).or_insert(0);
+        *tries += 1;
+        *tries
     }
 
     fn record(&self, route: &Route, entry: &NewEntry, result: &Result<InsertOutcome, StoreError>) {

@@ -76,6 +76,8 @@ pub struct Metrics {
     pub pubsub_outstanding: Family<RouteLabel, Gauge>,
     /// Messages per inbox transaction of the Pub/Sub source.
     pub pubsub_batch_size: Family<RouteLabel, Histogram>,
+    /// Bytes all plugin instances of the process hold (the `[plugins]` budget's use).
+    pub plugin_memory_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -110,9 +112,15 @@ impl Metrics {
             pubsub_batch_size: Family::new_with_constructor(|| {
                 Histogram::new([1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0])
             }),
+            plugin_memory_bytes: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("ingested", "Messages taken in, by outcome", m.ingested.clone());
+        registry.register(
+            "plugin_memory_bytes",
+            "Memory held by plugin instances, live and warm, in bytes",
+            m.plugin_memory_bytes.clone(),
+        );
         registry.register(
             "ingest_failures",
             "Messages nacked because the inbox could not store them",
@@ -155,6 +163,7 @@ impl Metrics {
 
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
+        self.plugin_memory_bytes.set(crate::plugin::sandbox::BUDGET.used() as i64);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out

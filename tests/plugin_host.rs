@@ -53,15 +53,12 @@ async fn an_instance_that_trapped_is_replaced_and_the_plugin_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fuel_stops_a_loop_by_instruction_count_whatever_the_clock() {
-    let limits = PluginLimits {
-        call_timeout: std::time::Duration::from_secs(30),
-        fuel: Some(5_000_000),
-        ..PluginLimits::default()
-    };
+    let limits =
+        PluginLimits { call_timeout: std::time::Duration::from_secs(30), fuel: 5_000_000, ..PluginLimits::default() };
     let plugin = Plugin::load(&common::plugin_path("hostile"), limits, None).unwrap();
     let fault = plugin.decode(message(b"loop")).await.expect_err("the loop runs out of fuel");
     assert_eq!(fault.kind(), "fuel");
-    assert_eq!(fault.to_string(), "plugin used up its fuel of 5000000 instructions");
+    assert_eq!(fault.to_string(), "plugin used up its budget of 5000000 instructions (fuel)");
     let ok = plugin.decode(message(b"k:1")).await.expect("an ordinary call fits in the fuel");
     assert!(matches!(ok, Ok(wit::Decoded::Event(_))), "{ok:?}");
 }

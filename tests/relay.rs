@@ -383,7 +383,7 @@ async fn technical_failures_back_off_with_growing_jittered_capped_delays(backend
 async fn garbage_and_plugin_faults_are_parked_with_the_raw_payload(backend: Backend) {
     let camunda = FakeCamunda::start().await;
     let hostile = format!(
-        "[[route]]\nname = \"hostile\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\nlimits = {{ call_timeout = \"200ms\", memory_mib = 32 }}\n",
+        "[[route]]\nname = \"hostile\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\nlimits = {{ call_timeout = \"10s\", fuel = 20000000, memory_mib = 32 }}\n",
         common::plugin_path("hostile").display(),
     );
     let inlet = Inlet::start(backend, &format!("{}{hostile}", route("wo", &camunda.url(), "")), None).await;
@@ -401,7 +401,7 @@ async fn garbage_and_plugin_faults_are_parked_with_the_raw_payload(backend: Back
 
     let cases = [
         ("panic", "plugin trapped", "hostile plugin panics as asked"),
-        ("loop", "call time limit of 200ms", ""),
+        ("loop", "used up its budget of 20000000 instructions", ""),
         ("alloc", "memory limit of 33554432 bytes", ""),
     ];
     for (command, fault, detail) in cases {
@@ -422,7 +422,7 @@ async fn garbage_and_plugin_faults_are_parked_with_the_raw_payload(backend: Back
     let fine = inlet.entries("hostile").await.into_iter().find(|e| e.message_id == "h-ok").unwrap();
     inlet.wait_status(fine.id, Status::Done).await;
     let metrics = inlet.metrics().await;
-    for kind in ["trap", "timeout", "out_of_memory"] {
+    for kind in ["trap", "fuel", "out_of_memory"] {
         let line = format!("inlet_plugin_faults_total{{route=\"hostile\",call=\"decode\",kind=\"{kind}\"}} 1");
         assert!(metrics.contains(&line), "missing {line}:\n{metrics}");
     }

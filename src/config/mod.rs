@@ -25,7 +25,21 @@ pub struct Config {
     pub path: PathBuf,
     pub store: StoreConfig,
     pub server: ServerConfig,
+    pub plugins: PluginsConfig,
     pub routes: Vec<RouteConfig>,
+}
+
+/// `[plugins]`: what every plugin of the process shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginsConfig {
+    /// Memory all plugin instances may hold together, in bytes.
+    pub memory_budget_bytes: usize,
+}
+
+impl Default for PluginsConfig {
+    fn default() -> Self {
+        PluginsConfig { memory_budget_bytes: 2048 << 20 }
+    }
 }
 
 impl Config {
@@ -251,25 +265,41 @@ impl Default for NotYetPolicy {
 /// Sandbox limits for each plugin call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginLimits {
-    /// Wall-clock CPU budget of one call (epoch deadline).
+    /// Wall-clock backstop of one call: the host abandons the call then.
     pub call_timeout: Duration,
-    /// Linear memory an instance may grow to, in bytes.
+    /// Memory an instance may grow to over all its memories and tables, in bytes.
     pub memory_bytes: usize,
-    /// Instructions (wasmtime fuel) one call may use, for routes that want the same
-    /// limit whatever the machine's load. Costs roughly a third more per call; the
-    /// time limit still applies.
-    pub fuel: Option<u64>,
+    /// Instructions (wasmtime fuel) one call may use: the deterministic limit.
+    pub fuel: u64,
     /// Largest event body or request (body, path and headers) a call may return.
     pub max_output_bytes: usize,
+    /// Calls of the plugin running at once, per process.
+    pub max_concurrent_calls: usize,
+    /// Instances larger than this are dropped after their call, not kept warm.
+    pub keep_warm_bytes: usize,
+    /// Decodes of one message that may hit the backstop before it is parked.
+    pub timeout_tries: u32,
 }
 
 impl Default for PluginLimits {
     fn default() -> Self {
         PluginLimits {
-            call_timeout: Duration::from_millis(500),
+            call_timeout: Duration::from_secs(5),
             memory_bytes: 64 << 20,
-            fuel: None,
-            max_output_bytes: 8 << 20,
+            fuel: 200_000_000,
+            max_output_bytes: 16 << 20,
+            max_concurrent_calls: 16,
+            keep_warm_bytes: 16 << 20,
+            timeout_tries: 3,
         }
+    }
+}
+
+impl PluginLimits {
+    /// The most memory one route's plugin can hold in one process: every call slot
+    /// busy with an instance at the cap, plus a full warm pool of `pool` instances
+    /// just under `keep_warm_bytes`. The process budget bounds all routes together.
+    pub fn worst_case_bytes(&self, pool: usize) -> usize {
+        self.max_concurrent_calls * self.memory_bytes + pool * self.keep_warm_bytes
     }
 }

@@ -66,6 +66,8 @@ pub(super) struct RawConfig {
     pub store: Option<RawStore>,
     /// The HTTP listener. Defaults to `127.0.0.1:8080`.
     pub server: Option<RawServer>,
+    /// Settings for every plugin of the process.
+    pub plugins: Option<RawPlugins>,
     /// The routes, one `[[route]]` table each.
     #[serde(default, rename = "route")]
     pub routes: Vec<RawRoute>,
@@ -86,6 +88,15 @@ pub(super) struct RawStore {
 pub(super) struct RawServer {
     /// `HOST:PORT` to listen on for push messages, the admin API, metrics and health.
     pub listen: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPlugins {
+    /// Memory all plugin instances of the process may hold together, in MiB
+    /// (default 2048). A call that needs more waits as if the host were busy (a
+    /// temporary failure), instead of being blamed on the plugin.
+    pub memory_budget_mib: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -213,15 +224,31 @@ pub(super) struct RawNotYet {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawLimits {
-    /// CPU time one plugin call may take (default `500ms`).
+    /// Wall-clock backstop of one call (default `5s`). A call that has not finished
+    /// by then — a plugin that sleeps, or a host too busy to run it — is abandoned.
+    /// Because that may be the host's fault, a decode that hits it is answered as a
+    /// temporary failure (push 503, pull nack) `timeout_tries` times before the
+    /// message is parked; render and classify count it as a failed attempt.
     pub call_timeout: Option<Spanned<HumanDuration>>,
-    /// Memory one plugin instance may use, in MiB (default 64).
+    /// Memory one plugin instance may use over all its memories and tables, in MiB
+    /// (default 64).
     pub memory_mib: Option<Spanned<u32>>,
-    /// Instructions one call may execute (wasmtime fuel): a deterministic limit,
-    /// independent of the machine's load. Off by default; `call_timeout` still applies.
+    /// Instructions one call may execute (wasmtime fuel, default 200,000,000 — a few
+    /// hundred milliseconds of work): the deterministic verdict on a plugin that is
+    /// too slow, the same on a quiet and on a loaded machine.
     pub fuel: Option<Spanned<u64>>,
-    /// Largest event body or request one call may return, in MiB (default 8).
+    /// Largest event body or request one call may return, in MiB (default 16, room
+    /// for a 10 MB Pub/Sub message).
     pub max_output_mib: Option<Spanned<u32>>,
+    /// Calls of this route's plugin running at once, at most, per instance of Inlet
+    /// (default 16). More wait for a slot, within `call_timeout`.
+    pub max_concurrent_calls: Option<Spanned<u32>>,
+    /// An instance that grew past this many MiB is dropped after its call instead of
+    /// being kept warm for the next one (default 16).
+    pub keep_warm_mib: Option<Spanned<u32>>,
+    /// Times a decode may hit `call_timeout` for one message before the message is
+    /// parked (default 3).
+    pub timeout_tries: Option<Spanned<u32>>,
 }
 
 /// A duration written for people: `"250ms"`, `"10s"`, `"30m"`, `"1h 30m"`.

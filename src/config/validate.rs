@@ -8,10 +8,10 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
-use super::raw::{HumanDuration, RawConfig, RawRoute, SourceKind, TargetKind};
+use super::raw::{HumanDuration, RawConfig, RawLimits, RawRoute, SourceKind, TargetKind};
 use super::{
-    Config, HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, PubsubSource, PubsubTarget, RetryPolicy,
-    RouteConfig, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
+    Config, HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, PluginsConfig, PubsubSource, PubsubTarget,
+    RetryPolicy, RouteConfig, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
 };
 
 /// Collects errors while a file is checked, so all of them are reported at once.
@@ -258,6 +258,18 @@ pub(super) fn validate(
         }),
     };
 
+    let mut plugins = PluginsConfig::default();
+    if let Some(mib) = raw.plugins.as_ref().and_then(|p| p.memory_budget_mib.as_ref()) {
+        if !(16..=1 << 20).contains(mib.get_ref()) {
+            c.error::<()>(
+                mib.span(),
+                "plugins.memory_budget_mib",
+                ConfigErrorKind::Invalid("must be between 16 and 1048576".into()),
+            );
+        }
+        plugins.memory_budget_bytes = (*mib.get_ref() as usize) << 20;
+    }
+
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut routes = Vec::new();
     for (i, r) in raw.routes.iter().enumerate() {
@@ -285,6 +297,7 @@ pub(super) fn validate(
         path: file.to_path_buf(),
         store: store.expect("no errors means a store"),
         server: server.expect("no errors means a server"),
+        plugins,
         routes,
     })
 }
@@ -483,38 +496,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         not_yet.max_interval = dur(&n.max_interval).unwrap_or(not_yet.max_interval);
     }
 
-    let mut limits = PluginLimits::default();
-    if let Some(l) = &r.limits {
-        limits.call_timeout = dur(&l.call_timeout).unwrap_or(limits.call_timeout);
-        if let Some(m) = &l.memory_mib {
-            let mib = *m.get_ref();
-            if !(1..=4096).contains(&mib) {
-                c.error::<()>(
-                    m.span(),
-                    at("limits.memory_mib"),
-                    ConfigErrorKind::Invalid("must be between 1 and 4096".into()),
-                );
-            }
-            limits.memory_bytes = (mib as usize) << 20;
-        }
-        if let Some(m) = &l.max_output_mib {
-            let mib = *m.get_ref();
-            if !(1..=1024).contains(&mib) {
-                c.error::<()>(
-                    m.span(),
-                    at("limits.max_output_mib"),
-                    ConfigErrorKind::Invalid("must be between 1 and 1024".into()),
-                );
-            }
-            limits.max_output_bytes = (mib as usize) << 20;
-        }
-        if let Some(f) = &l.fuel {
-            if *f.get_ref() == 0 {
-                c.error::<()>(f.span(), at("limits.fuel"), ConfigErrorKind::Invalid("must be at least 1".into()));
-            }
-            limits.fuel = Some(*f.get_ref());
-        }
-    }
+    let limits = r.limits.as_ref().map(|l| plugin_limits(c, l, &at)).unwrap_or_default();
 
     Some(RouteConfig {
         name: r.name.get_ref().clone(),
@@ -530,4 +512,49 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         not_yet,
         limits,
     })
+}
+
+/// `[route.limits]`: each number checked against its range, defaults for the rest.
+fn plugin_limits(c: &mut Checker<'_>, l: &RawLimits, at: &dyn Fn(&str) -> String) -> PluginLimits {
+    let mut limits = PluginLimits::default();
+    let mut within = |value: &Option<Spanned<u32>>, field: &str, range: std::ops::RangeInclusive<u32>| {
+        let v = value.as_ref()?;
+        if !range.contains(v.get_ref()) {
+            let message = format!("must be between {} and {}", range.start(), range.end());
+            c.error::<()>(v.span(), at(field), ConfigErrorKind::Invalid(message));
+        }
+        Some(*v.get_ref() as usize)
+    };
+    if let Some(mib) = within(&l.memory_mib, "limits.memory_mib", 1..=4096) {
+        limits.memory_bytes = mib << 20;
+    }
+    if let Some(mib) = within(&l.max_output_mib, "limits.max_output_mib", 1..=1024) {
+        limits.max_output_bytes = mib << 20;
+    }
+    if let Some(mib) = within(&l.keep_warm_mib, "limits.keep_warm_mib", 0..=4096) {
+        limits.keep_warm_bytes = mib << 20;
+    }
+    if let Some(n) = within(&l.max_concurrent_calls, "limits.max_concurrent_calls", 1..=1024) {
+        limits.max_concurrent_calls = n;
+    }
+    if let Some(n) = within(&l.timeout_tries, "limits.timeout_tries", 1..=100) {
+        limits.timeout_tries = n as u32;
+    }
+    if let Some(f) = &l.fuel {
+        if *f.get_ref() == 0 {
+            c.error::<()>(f.span(), at("limits.fuel"), ConfigErrorKind::Invalid("must be at least 1".into()));
+        }
+        limits.fuel = *f.get_ref();
+    }
+    if let Some(t) = &l.call_timeout {
+        limits.call_timeout = t.get_ref().0;
+        if limits.call_timeout < Duration::from_millis(10) {
+            c.error::<()>(
+                t.span(),
+                at("limits.call_timeout"),
+                ConfigErrorKind::Invalid("must be at least 10ms".into()),
+            );
+        }
+    }
+    limits
 }

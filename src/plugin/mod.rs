@@ -3,28 +3,44 @@
 //!
 //! One [`wasmtime::Engine`] for the process; per plugin a pre-instantiated
 //! component (`RouterPre`, type-checked at load) and a small pool of warm instances.
-//! Every call runs under an epoch deadline and a memory cap, on a blocking thread.
-//! An instance that trapped or hit a limit is discarded; a healthy one is reused
-//! for up to [`MAX_USES`] calls, because instantiating per call costs about five
-//! times a warm call.
 //!
-//! Plugins get WASI only because Rust's standard library imports it: no preopened
-//! directories, no environment, no sockets; stderr goes to a small in-memory pipe
-//! whose contents explain a panic.
+//! Calls are async (wasmtime fibers on tokio's workers), which is what bounds them
+//! whatever the plugin does:
+//! - an instruction budget (fuel) is the verdict on a plugin that is too slow: it
+//!   does not depend on how busy the host is, so the same message gets the same
+//!   answer on a quiet and on a loaded machine;
+//! - a wall-clock backstop (`call_timeout`) abandons a call that waits — a plugin
+//!   sleeping in a WASI poll uses no fuel — by dropping its future. The guest yields
+//!   to tokio at every epoch tick, so even a computing guest is abandoned in time.
+//!   Hitting the backstop says "the host was slow or the plugin waited", so callers
+//!   treat it as transient ([`PluginFault::is_transient`]);
+//! - at most `max_concurrent_calls` calls of one plugin run at once; a call that
+//!   finds no slot within the backstop is turned away as busy.
+//!
+//! An instance that trapped, hit a limit or was abandoned is discarded; a healthy one
+//! is reused for up to [`MAX_USES`] calls while it stays under `keep_warm_mib`,
+//! because instantiating per call costs about five times a warm call.
+//!
+//! Plugins get WASI only because language runtimes import it: no preopened
+//! directories, no environment, no sockets, frozen clocks and a random stream that
+//! restarts at every call (see [`sandbox`]); stderr keeps the current call's first
+//! [`STDERR_CAPACITY`] bytes, which explain a panic.
 
 mod bindings;
+pub mod sandbox;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Engine, Store, Trap};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 pub use bindings::types as wit;
 use bindings::{Router, RouterPre};
+use sandbox::{CallRandom, FrozenMonotonicClock, FrozenWallClock, LimitHit, Limiter, StderrCapture};
 
 use crate::config::PluginLimits;
 
@@ -32,18 +48,19 @@ use crate::config::PluginLimits;
 pub const MAX_USES: u32 = 10_000;
 /// Warm instances kept per plugin.
 const POOL_SIZE: usize = 16;
-/// Epoch tick; call deadlines are rounded up to it.
+/// Epoch tick: how often a running guest yields to tokio.
 const TICK: Duration = Duration::from_millis(5);
-/// Bytes of guest stderr kept per instance (the start of a panic message).
-const STDERR_CAPACITY: usize = 16 * 1024;
+/// Bytes of guest stderr kept per call (the start of a panic message).
+pub const STDERR_CAPACITY: usize = 16 * 1024;
 
-/// A failure that is the plugin's fault. The entry is parked (decode, render) or the
-/// attempt counts as failed (classify); the host carries on.
+/// A failure during a plugin call. Most are the plugin's fault: the entry is parked
+/// (decode, render) or the attempt counts as failed (classify). The transient ones
+/// ([`PluginFault::is_transient`]) say the host could not run the call now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PluginFault {
-    #[error("plugin exceeded its call time limit of {0:?}")]
+    #[error("plugin call did not finish within its wall-clock backstop of {0:?}")]
     Timeout(Duration),
-    #[error("plugin used up its fuel of {0} instructions")]
+    #[error("plugin used up its budget of {0} instructions (fuel)")]
     FuelExhausted(u64),
     #[error("plugin exceeded its memory limit of {0} bytes")]
     OutOfMemory(usize),
@@ -53,6 +70,10 @@ pub enum PluginFault {
     OversizedOutput { size: usize, limit: usize },
     #[error("plugin could not be instantiated: {0}")]
     Instantiate(String),
+    #[error("plugin is busy: no call slot came free within {0:?}")]
+    Busy(Duration),
+    #[error("the host's plugin memory budget is used up")]
+    HostMemory,
 }
 
 impl PluginFault {
@@ -65,7 +86,16 @@ impl PluginFault {
             PluginFault::Trap { .. } => "trap",
             PluginFault::OversizedOutput { .. } => "oversized_output",
             PluginFault::Instantiate(_) => "instantiate",
+            PluginFault::Busy(_) => "busy",
+            PluginFault::HostMemory => "host_memory",
         }
+    }
+
+    /// Whether the fault may say more about the host than about the plugin: the
+    /// wall-clock backstop, no free call slot, the process memory budget. A receiver
+    /// answers these with a retry (push 503, pull nack) a bounded number of times.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, PluginFault::Timeout(_) | PluginFault::Busy(_) | PluginFault::HostMemory)
     }
 }
 
@@ -92,50 +122,48 @@ pub enum PluginLoadError {
 /// The interface every plugin exports, with the contract version this host speaks.
 pub const CONTRACT: &str = "inlet:plugin/handler@0.1.0";
 
-/// The process-wide engines — one plain, one counting fuel, since fuel is an engine
-/// setting that costs every call — each with a thread that advances its epoch every
-/// [`TICK`]. A component compiled by one cannot run on the other.
-pub fn engine(fuel: bool) -> &'static Engine {
-    engine_for(if fuel { Metering::EpochAndFuel } else { Metering::Epoch })
+/// The process-wide engine that runs plugins (fuel and epoch yields on).
+pub fn engine() -> &'static Engine {
+    engine_for(Metering::Bounded)
 }
 
 /// How an engine bounds a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Metering {
-    /// A wall-clock deadline (every plugin).
-    Epoch,
-    /// A deadline and an instruction budget (routes with `limits.fuel`).
-    EpochAndFuel,
-    /// No deadline at all: only for measuring what the deadline costs. Never for
-    /// running plugins: a loop would hold its thread forever.
-    #[doc(hidden)]
+    /// Fuel (the verdict) and epoch yields (so the backstop can abandon a call).
+    Bounded,
+    /// No fuel and no yields: only for measuring what the bounds cost. Never for
+    /// running plugins: a loop would hold its worker thread forever.
     Unbounded,
 }
 
 fn engine_for(metering: Metering) -> &'static Engine {
-    static ENGINES: [OnceLock<Engine>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    static ENGINES: [OnceLock<Engine>; 2] = [OnceLock::new(), OnceLock::new()];
     ENGINES[metering as usize].get_or_init(|| {
+        let bounded = metering == Metering::Bounded;
         let mut config = wasmtime::Config::new();
         config.wasm_component_model(true);
-        config.epoch_interruption(metering != Metering::Unbounded);
-        config.consume_fuel(metering == Metering::EpochAndFuel);
+        config.epoch_interruption(bounded);
+        config.consume_fuel(bounded);
         let engine = Engine::new(&config).expect("the wasmtime configuration is valid");
-        let ticker = engine.weak();
-        std::thread::Builder::new()
-            .name("inlet-epoch".into())
-            .spawn(move || {
-                while let Some(engine) = ticker.upgrade() {
-                    engine.increment_epoch();
-                    drop(engine);
-                    std::thread::sleep(TICK);
-                }
-            })
-            .expect("spawn the epoch thread");
+        if bounded {
+            let ticker = engine.weak();
+            std::thread::Builder::new()
+                .name("inlet-epoch".into())
+                .spawn(move || {
+                    while let Some(engine) = ticker.upgrade() {
+                        engine.increment_epoch();
+                        drop(engine);
+                        std::thread::sleep(TICK);
+                    }
+                })
+                .expect("spawn the epoch thread");
+        }
         engine
     })
 }
 
-/// Per-store state: the (empty) WASI context and the memory limiter.
+/// Per-store state: the WASI context and the memory limiter.
 struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
@@ -148,32 +176,38 @@ impl WasiView for HostState {
     }
 }
 
-/// Caps linear memory and remembers whether the cap was hit, so a failed call can
-/// be reported as out-of-memory rather than a bare trap.
-struct Limiter {
-    memory_bytes: usize,
-    hit: bool,
-}
-
-impl wasmtime::ResourceLimiter for Limiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.memory_bytes {
-            self.hit = true;
-            return Err(wasmtime::Error::msg(format!("memory limit of {} bytes reached", self.memory_bytes)));
-        }
-        Ok(true)
-    }
-
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        Ok(desired <= 100_000)
-    }
-}
-
 struct Warm {
     store: Store<HostState>,
     router: Router,
-    stderr: MemoryOutputPipe,
+    stderr: StderrCapture,
+    random: CallRandom,
     uses: u32,
+}
+
+/// One call into the plugin, and its answer.
+enum Call {
+    Decode(wit::Message),
+    Render(wit::Event),
+    Classify(wit::Event, wit::Exchange, wit::Outcome),
+}
+
+enum Answer {
+    Decode(Result<wit::Decoded, wit::DecodeError>),
+    Render(Result<wit::Request, String>),
+    Classify(wit::Disposition),
+}
+
+impl Warm {
+    async fn invoke(&mut self, call: &Call) -> wasmtime::Result<Answer> {
+        let handler = self.router.inlet_plugin_handler();
+        Ok(match call {
+            Call::Decode(msg) => Answer::Decode(handler.call_decode(&mut self.store, msg).await?),
+            Call::Render(ev) => Answer::Render(handler.call_render(&mut self.store, ev).await?),
+            Call::Classify(ev, exchange, outcome) => {
+                Answer::Classify(handler.call_classify(&mut self.store, ev, exchange, outcome).await?)
+            }
+        })
+    }
 }
 
 /// A loaded plugin, shared by every worker of its route.
@@ -182,9 +216,12 @@ pub struct Plugin {
     /// SHA-256 of the component's bytes: what a reload compares.
     digest: String,
     pre: RouterPre<HostState>,
+    metering: Metering,
     limits: PluginLimits,
     warm: Mutex<Vec<Warm>>,
-    pool_size: std::sync::atomic::AtomicUsize,
+    pool_size: AtomicUsize,
+    /// Call slots: `limits.max_concurrent_calls`.
+    slots: tokio::sync::Semaphore,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -194,8 +231,8 @@ impl std::fmt::Debug for Plugin {
 }
 
 impl Plugin {
-    /// Compiles and type-checks a component. Slow (tens of milliseconds): do it at
-    /// start-up or on reload, never per message.
+    /// Compiles and type-checks a component, then starts one instance. Slow (tens of
+    /// milliseconds) and blocking: do it at start-up or on reload, never per message.
     /// `cache` is a folder of compiled components (see [`compile_cached`]); `None`
     /// compiles every time.
     pub fn load(path: &Path, limits: PluginLimits, cache: Option<&Path>) -> Result<Arc<Plugin>, PluginLoadError> {
@@ -209,8 +246,7 @@ impl Plugin {
         limits: PluginLimits,
         cache: Option<&Path>,
     ) -> Result<Arc<Plugin>, PluginLoadError> {
-        let metering = if limits.fuel.is_some() { Metering::EpochAndFuel } else { Metering::Epoch };
-        Self::with_metering(path, bytes, limits, cache, metering)
+        Self::with_metering(path, bytes, limits, cache, Metering::Bounded)
     }
 
     /// Loads a plugin on the engine of the given metering. `Metering::Unbounded` is
@@ -227,7 +263,7 @@ impl Plugin {
         let component = compile_cached(engine, path, bytes, cache)?;
         check_contract(path, engine, &component)?;
         let mut linker = Linker::<HostState>::new(engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).expect("WASI links into a fresh linker");
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).expect("WASI links into a fresh linker");
         let contract =
             |e: wasmtime::Error| PluginLoadError::Contract { path: path.to_path_buf(), reason: format!("{e:#}") };
         let instance_pre = linker.instantiate_pre(&component).map_err(contract)?;
@@ -237,15 +273,16 @@ impl Plugin {
             path: path.to_path_buf(),
             digest,
             pre,
+            metering,
+            slots: tokio::sync::Semaphore::new(limits.max_concurrent_calls.max(1)),
             limits,
             warm: Mutex::new(Vec::new()),
-            pool_size: std::sync::atomic::AtomicUsize::new(POOL_SIZE),
+            pool_size: AtomicUsize::new(POOL_SIZE),
         };
         // Instantiate once now, so a plugin that cannot start within its limits (too
         // little memory, a trap in its start-up) is refused at load — by `inlet check`
         // and before a reload swaps it in — rather than on its first message.
-        let first = plugin
-            .instantiate()
+        let first = on_own_runtime(plugin.instantiate())
             .map_err(|fault| PluginLoadError::Instantiate { path: path.to_path_buf(), reason: fault.to_string() })?;
         plugin.warm.lock().expect("plugin pool lock").push(first);
         Ok(Arc::new(plugin))
@@ -263,131 +300,118 @@ impl Plugin {
         &self.limits
     }
 
-    fn instantiate(&self) -> Result<Warm, PluginFault> {
-        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
-        // No preopens and no environment by default; sockets are denied explicitly too.
+    async fn instantiate(&self) -> Result<Warm, PluginFault> {
+        let stderr = StderrCapture::new(STDERR_CAPACITY);
+        let random = CallRandom::new();
+        // No preopens and no environment by default; sockets are denied explicitly
+        // too. Clocks and randomness are the deterministic ones of `sandbox`.
         let wasi = WasiCtx::builder()
             .stderr(stderr.clone())
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
+            .wall_clock(FrozenWallClock)
+            .monotonic_clock(FrozenMonotonicClock)
+            .secure_random(random.clone())
+            .insecure_random(random.clone())
+            .insecure_random_seed(0)
             .build();
-        let limiter = Limiter { memory_bytes: self.limits.memory_bytes, hit: false };
+        let limiter = Limiter::new(self.limits.memory_bytes);
         let mut store = Store::new(self.pre.engine(), HostState { wasi, table: ResourceTable::new(), limiter });
         store.limiter(|s| &mut s.limiter);
-        store.epoch_deadline_trap();
-        store.set_epoch_deadline(self.deadline_ticks());
-        if let Some(fuel) = self.limits.fuel {
-            store.set_fuel(fuel).expect("fuel is enabled on this engine");
+        if self.metering == Metering::Bounded {
+            store.epoch_deadline_async_yield_and_update(1);
+            store.set_fuel(self.limits.fuel).expect("fuel is enabled on this engine");
         }
-        let router = self.pre.instantiate(&mut store).map_err(|e| self.fault(e, &store, &stderr))?;
-        Ok(Warm { store, router, stderr, uses: 0 })
-    }
-
-    fn deadline_ticks(&self) -> u64 {
-        (self.limits.call_timeout.as_micros() / TICK.as_micros()).max(1) as u64 + 1
+        match self.pre.instantiate_async(&mut store).await {
+            Ok(router) => Ok(Warm { store, router, stderr, random, uses: 0 }),
+            Err(e) => Err(self.fault(e, &store, &stderr)),
+        }
     }
 
     /// Turns a failed call into the fault it was.
-    fn fault(&self, e: wasmtime::Error, store: &Store<HostState>, stderr: &MemoryOutputPipe) -> PluginFault {
-        if store.data().limiter.hit {
-            return PluginFault::OutOfMemory(self.limits.memory_bytes);
+    fn fault(&self, e: wasmtime::Error, store: &Store<HostState>, stderr: &StderrCapture) -> PluginFault {
+        match store.data().limiter.hit {
+            Some(LimitHit::Instance) => return PluginFault::OutOfMemory(self.limits.memory_bytes),
+            Some(LimitHit::Process) => return PluginFault::HostMemory,
+            None => {}
         }
         match e.downcast_ref::<Trap>() {
+            Some(Trap::OutOfFuel) => return PluginFault::FuelExhausted(self.limits.fuel),
             Some(Trap::Interrupt) => return PluginFault::Timeout(self.limits.call_timeout),
-            Some(Trap::OutOfFuel) => return PluginFault::FuelExhausted(self.limits.fuel.unwrap_or_default()),
             _ => {}
         }
-        let stderr = String::from_utf8_lossy(&stderr.contents()).into_owned();
         // The root cause is the trap itself; the context above it is a wasm backtrace.
-        PluginFault::Trap { message: e.root_cause().to_string(), stderr }
+        PluginFault::Trap { message: e.root_cause().to_string(), stderr: stderr.text() }
     }
 
-    /// Runs `f` on a warm instance under the call limits. Blocking: call it from a
-    /// blocking thread.
-    fn call_blocking<R>(
-        &self,
-        f: impl FnOnce(&Router, &mut Store<HostState>) -> wasmtime::Result<R>,
-    ) -> Result<R, PluginFault> {
+    /// Runs one call under the plugin's limits: a call slot, a warm (or new)
+    /// instance with a fresh budget, rewound randomness and an empty stderr, and the
+    /// wall-clock backstop over instantiation and call.
+    async fn call(&self, call: Call) -> Result<Answer, PluginFault> {
+        let backstop = self.limits.call_timeout;
+        let Ok(Ok(_slot)) = tokio::time::timeout(backstop, self.slots.acquire()).await else {
+            return Err(PluginFault::Busy(backstop));
+        };
+        let deadline = tokio::time::Instant::now() + backstop;
         let taken = self.warm.lock().expect("plugin pool lock").pop();
         let mut warm = match taken {
             Some(w) => w,
-            None => self.instantiate()?,
+            None => match tokio::time::timeout_at(deadline, self.instantiate()).await {
+                Ok(fresh) => fresh?,
+                Err(_) => return Err(PluginFault::Timeout(backstop)),
+            },
         };
-        warm.store.set_epoch_deadline(self.deadline_ticks());
-        if let Some(fuel) = self.limits.fuel {
-            warm.store.set_fuel(fuel).expect("fuel is enabled on this engine");
+        warm.stderr.clear();
+        warm.random.rewind();
+        if self.metering == Metering::Bounded {
+            warm.store.set_fuel(self.limits.fuel).expect("fuel is enabled on this engine");
+            warm.store.set_epoch_deadline(1);
         }
-        match f(&warm.router, &mut warm.store) {
-            Ok(r) => {
-                warm.uses += 1;
-                if warm.uses < MAX_USES {
-                    let mut pool = self.warm.lock().expect("plugin pool lock");
-                    if pool.len() < self.pool_size.load(std::sync::atomic::Ordering::Relaxed) {
-                        pool.push(warm);
-                    }
-                }
-                Ok(r)
-            }
+        match tokio::time::timeout_at(deadline, warm.invoke(&call)).await {
+            // Abandoned mid-call: the instance goes with the dropped future's state.
+            Err(_) => Err(PluginFault::Timeout(backstop)),
             // After any trap the instance is unusable: drop it, the next call
             // instantiates afresh from the pre-instantiated component.
-            Err(e) => Err(self.fault(e, &warm.store, &warm.stderr)),
+            Ok(Err(e)) => Err(self.fault(e, &warm.store, &warm.stderr)),
+            Ok(Ok(answer)) => {
+                self.give_back(warm);
+                Ok(answer)
+            }
         }
     }
 
-    /// Runs a blocking plugin call on tokio's blocking pool.
-    async fn off_thread<R: Send + 'static>(
-        self: &Arc<Self>,
-        f: impl FnOnce(&Plugin) -> Result<R, PluginFault> + Send + 'static,
-    ) -> Result<R, PluginFault> {
-        let this = Arc::clone(self);
-        match tokio::task::spawn_blocking(move || f(&this)).await {
-            Ok(r) => r,
-            Err(join) => {
-                Err(PluginFault::Trap { message: format!("plugin call thread failed: {join}"), stderr: String::new() })
-            }
+    /// Keeps a healthy instance warm, unless it has served its calls, grew past
+    /// `keep_warm_mib`, or the pool is full.
+    fn give_back(&self, mut warm: Warm) {
+        warm.uses += 1;
+        if warm.uses >= MAX_USES || warm.store.data().limiter.used() > self.limits.keep_warm_bytes {
+            return;
+        }
+        let mut pool = self.warm.lock().expect("plugin pool lock");
+        if pool.len() < self.pool_size.load(Ordering::Relaxed) {
+            pool.push(warm);
         }
     }
 
     /// How many warm instances to keep; 0 makes every call instantiate afresh.
     pub fn set_warm_instances(&self, n: usize) {
-        self.pool_size.store(n, std::sync::atomic::Ordering::Relaxed);
+        self.pool_size.store(n, Ordering::Relaxed);
         self.warm.lock().expect("plugin pool lock").truncate(n);
     }
 
     /// `decode`: the plugin's reading of a broker message. The outer error is the
     /// plugin's fault; the inner one its verdict that the message is malformed.
-    pub async fn decode(
-        self: &Arc<Self>,
-        msg: wit::Message,
-    ) -> Result<Result<wit::Decoded, wit::DecodeError>, PluginFault> {
-        self.off_thread(move |p| p.decode_blocking(msg)).await
-    }
-
-    pub async fn render(self: &Arc<Self>, ev: wit::Event) -> Result<Result<wit::Request, String>, PluginFault> {
-        self.off_thread(move |p| p.render_blocking(ev)).await
-    }
-
-    pub async fn classify(
-        self: &Arc<Self>,
-        ev: wit::Event,
-        exchange: wit::Exchange,
-        outcome: wit::Outcome,
-    ) -> Result<wit::Disposition, PluginFault> {
-        self.off_thread(move |p| p.classify_blocking(ev, exchange, outcome)).await
-    }
-
-    /// [`Plugin::decode`] on the calling thread (benchmarks, tools).
-    pub fn decode_blocking(&self, msg: wit::Message) -> Result<Result<wit::Decoded, wit::DecodeError>, PluginFault> {
-        let out = self.call_blocking(move |r, s| r.inlet_plugin_handler().call_decode(s, &msg))?;
+    pub async fn decode(&self, msg: wit::Message) -> Result<Result<wit::Decoded, wit::DecodeError>, PluginFault> {
+        let Answer::Decode(out) = self.call(Call::Decode(msg)).await? else { unreachable!("decode answers decode") };
         if let Ok(wit::Decoded::Event(ev)) = &out {
             self.check_size(ev.body.len())?;
         }
         Ok(out)
     }
 
-    pub fn render_blocking(&self, ev: wit::Event) -> Result<Result<wit::Request, String>, PluginFault> {
-        let out = self.call_blocking(move |r, s| r.inlet_plugin_handler().call_render(s, &ev))?;
+    pub async fn render(&self, ev: wit::Event) -> Result<Result<wit::Request, String>, PluginFault> {
+        let Answer::Render(out) = self.call(Call::Render(ev)).await? else { unreachable!("render answers render") };
         if let Ok(req) = &out {
             self.check_size(
                 req.body.len() + req.path.len() + req.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>(),
@@ -396,19 +420,45 @@ impl Plugin {
         Ok(out)
     }
 
-    pub fn classify_blocking(
+    pub async fn classify(
         &self,
         ev: wit::Event,
         exchange: wit::Exchange,
         outcome: wit::Outcome,
     ) -> Result<wit::Disposition, PluginFault> {
-        let out =
-            self.call_blocking(move |r, s| r.inlet_plugin_handler().call_classify(s, &ev, &exchange, &outcome))?;
+        let Answer::Classify(out) = self.call(Call::Classify(ev, exchange, outcome)).await? else {
+            unreachable!("classify answers classify")
+        };
         if let wit::Disposition::Next(next) = &out {
             self.check_size(next.request.body.len() + next.state.len())?;
         }
         Ok(out)
     }
+
+    /// Bytes the plugin's warm instances hold between calls.
+    pub fn warm_bytes(&self) -> usize {
+        self.warm.lock().expect("plugin pool lock").iter().map(|w| w.store.data().limiter.used()).sum()
+    }
+}
+
+/// Runs a future to completion on a private current-thread runtime in a thread of
+/// its own, so blocking code (loading a plugin) can drive an async instantiation
+/// from anywhere, inside a tokio runtime or not.
+fn on_own_runtime<F: Future + Send>(fut: F) -> F::Output
+where
+    F::Output: Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("a current-thread runtime starts")
+                .block_on(fut)
+        })
+        .join()
+        .expect("the plugin loading thread does not panic")
+    })
 }
 
 /// The default folder for compiled components: `$XDG_CACHE_HOME/inlet/components`

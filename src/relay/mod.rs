@@ -129,19 +129,23 @@ impl Relay {
     pub async fn attempt(&self, c: Claimed) {
         let route = self.route.name();
         let id = c.entry.id;
+        let decision = |now| Decision {
+            retry: &self.route.config.retry,
+            not_yet: &self.route.config.not_yet,
+            attempts: c.entry.attempts.max(1) as u32,
+            received_at: c.entry.received_at,
+            now,
+        };
         let settlement = match c.entry.decoded() {
-            None => self.redecode(&c).await,
+            None => match self.redecode(&c).await {
+                Ok(settlement) => settlement,
+                // The plugin could not answer in time: an attempt like any other.
+                Err(transient) => decision(self.clock.now()).settle(transient, &mut fastrand::Rng::new()),
+            },
             Some(decoded) => {
                 let disposition = self.deliver(&c, decoded).await;
                 self.metrics.attempts.get_or_create(&Metrics::outcome(route, disposition.label())).inc();
-                let decision = Decision {
-                    retry: &self.route.config.retry,
-                    not_yet: &self.route.config.not_yet,
-                    attempts: c.entry.attempts.max(1) as u32,
-                    received_at: c.entry.received_at,
-                    now: self.clock.now(),
-                };
-                decision.settle(disposition, &mut fastrand::Rng::new())
+                decision(self.clock.now()).settle(disposition, &mut fastrand::Rng::new())
             }
         };
         if let Settlement::Parked { error } = &settlement {
@@ -246,7 +250,8 @@ impl Relay {
 
     /// A requeued entry that was parked before it could be decoded: decode it now with
     /// the plugin as it is today. On success it goes back to OPEN, so ordering applies.
-    async fn redecode(&self, c: &Claimed) -> Settlement {
+    /// A transient plugin fault comes back as a retry for the policy to settle.
+    async fn redecode(&self, c: &Claimed) -> Result<Settlement, Disposition> {
         let msg = wit::Message {
             data: c.entry.raw_data.clone(),
             attributes: c.entry.attributes.clone(),
@@ -254,7 +259,7 @@ impl Relay {
             publish_time: c.entry.publish_time.clone(),
             delivery_attempt: c.entry.delivery_attempt.map(|a| a.max(0) as u32),
         };
-        match self.route.plugin().decode(msg).await {
+        Ok(match self.route.plugin().decode(msg).await {
             Ok(Ok(wit::Decoded::Event(ev))) => Settlement::Decoded(Decoded {
                 event_type: ev.event_type,
                 correlation_key: ev.correlation_key,
@@ -270,8 +275,12 @@ impl Relay {
                     .plugin_faults
                     .get_or_create(&fault_labels(self.route.name(), "decode", fault.kind()))
                     .inc();
-                Settlement::Parked { error: format!("plugin fault during decode: {fault}") }
+                let error = format!("plugin fault during decode: {fault}");
+                if fault.is_transient() {
+                    return Err(Disposition::Retry { error, hint: None });
+                }
+                Settlement::Parked { error }
             }
-        }
+        })
     }
 }

@@ -36,8 +36,7 @@ use google_cloud_pubsub::subscriber::handler::Handler;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use crate::config::PubsubSource;
-use crate::inbox::StoreError;
-use crate::ingest::{Incoming, Ingest};
+use crate::ingest::{Incoming, Ingest, IngestError};
 use crate::pubsub::{Connection, Probe, probe};
 use crate::routing::Route;
 use crate::telemetry::Metrics;
@@ -65,8 +64,9 @@ pub struct Puller {
 enum End {
     /// Shutdown was asked for.
     Stopped,
-    /// The inbox refused a batch.
-    Store(StoreError),
+    /// A batch could not be stored: the inbox refused it, or a plugin could not
+    /// decode one of its messages in time.
+    Store(IngestError),
     /// The writer task died (a bug: it panicked).
     Writer(String),
     /// The stream reported a permanent error or ended.
@@ -83,7 +83,7 @@ impl std::fmt::Display for End {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             End::Stopped => f.write_str("stopped"),
-            End::Store(e) => write!(f, "the inbox refused a batch: {e}"),
+            End::Store(e) => write!(f, "a batch could not be stored: {e}"),
             End::Writer(e) => write!(f, "the writer task failed: {e}"),
             End::Stream(e) => write!(f, "stream error: {e}"),
             End::Unreachable(e) => write!(f, "Pub/Sub unreachable: {e}"),
@@ -152,7 +152,7 @@ impl Puller {
             let delay = backoff(failures);
             match &end {
                 End::Store(error) => {
-                    tracing::error!(route, %error, retry_in = ?delay, "pubsub source paused: the inbox refused a batch (nacked)")
+                    tracing::error!(route, %error, retry_in = ?delay, "pubsub source paused: a batch could not be stored (nacked)")
                 }
                 End::NotFound => tracing::error!(
                     route,
@@ -317,7 +317,7 @@ impl Puller {
     }
 }
 
-fn writer_end(r: Result<Result<(), StoreError>, tokio::task::JoinError>) -> End {
+fn writer_end(r: Result<Result<(), IngestError>, tokio::task::JoinError>) -> End {
     match r {
         Ok(Err(e)) => End::Store(e),
         Ok(Ok(())) => End::Writer("the writer ended early".into()),
@@ -333,7 +333,7 @@ async fn write(
     cfg: PubsubSource,
     mut rx: mpsc::Receiver<Held>,
     stopping: Arc<AtomicBool>,
-) -> Result<(), StoreError> {
+) -> Result<(), IngestError> {
     let name = route.name().to_string();
     let acked = metrics.pubsub_acks.get_or_create(&Metrics::outcome(&name, "acked")).clone();
     let nacked = metrics.pubsub_acks.get_or_create(&Metrics::outcome(&name, "nacked")).clone();
