@@ -177,8 +177,6 @@ impl Default for Options {
 pub enum StartError {
     #[error(transparent)]
     Store(#[from] inbox::StoreError),
-    #[error("cannot load plugins:\n{}", .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
-    Plugins(Vec<crate::plugin::PluginLoadError>),
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
 }
@@ -245,7 +243,14 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     };
     crate::plugin::sandbox::BUDGET.set_limit(config.plugins.memory_budget_bytes);
     let clients = Clients::new(options.pubsub.clone());
-    let routes = Routes::load(config, options.plugin_cache.as_deref(), clients.clone()).map_err(StartError::Plugins)?;
+    // A route whose settings or plugin do not load is kept out (reported below); the
+    // others start.
+    let routes = {
+        let (config, cache, clients) = (config.clone(), options.plugin_cache.clone(), clients.clone());
+        tokio::task::spawn_blocking(move || Routes::load(&config, cache.as_deref(), clients))
+            .await
+            .expect("loading routes does not panic")
+    };
     let metrics = Arc::new(Metrics::new());
     let shared = Arc::new(Shared {
         ingest: Arc::new(Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics))),
@@ -270,6 +275,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         .route("/api/entries/{id}/requeue", post(admin::requeue))
         .route("/api/entries/{id}/park", post(admin::park))
         .route("/api/reload", post(admin::reload))
+        .route("/api/routes", get(admin::routes))
         .route("/metrics", get(admin::metrics))
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))
@@ -284,9 +290,17 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         }
     });
     let names: Vec<String> = routes.iter().map(|r| r.name().to_string()).collect();
-    shared.replace_routes(Arc::new(routes), &names);
+    let routes = Arc::new(routes);
+    shared.replace_routes(Arc::clone(&routes), &names);
+    crate::reload::report(&shared, &routes);
     crate::reload::remember_applied(&shared);
-    tracing::info!(%addr, routes = names.len(), store = shared.store.backend(), "inlet listening");
+    tracing::info!(
+        %addr,
+        routes = names.len(),
+        refused = routes.problems().len(),
+        store = shared.store.backend(),
+        "inlet listening"
+    );
     tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx.clone()));
     tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
     Ok(Running { addr, shared, shutdown, tasks, grace: options.grace })

@@ -28,9 +28,12 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the routes of a routing file: receive, store, relay.
+    /// Run the routes of a routing file (or a directory of them): receive, store, relay.
+    /// A route whose settings or plugin do not load is kept out and reported; the
+    /// others run.
     Run {
-        /// The routing file (TOML).
+        /// The routing file (TOML), or a directory of routing files (`*.toml`, one per
+        /// team, read in name order; one of them holds `[store]` and `[server]`).
         config: PathBuf,
         /// Listen here instead of `[server] listen`.
         #[arg(long)]
@@ -51,7 +54,8 @@ pub enum Command {
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         grace: Duration,
     },
-    /// Validate a routing file and load its plugins; exit 1 listing every error.
+    /// Validate a routing file (or a directory of them) and load its plugins; exit 1
+    /// listing every error and every refused route.
     Check { config: PathBuf },
     /// Google Pub/Sub tools (honour PUBSUB_EMULATOR_HOST).
     Pubsub {
@@ -65,7 +69,8 @@ pub enum Command {
     },
     /// Inspect and repair the inbox (works whether or not Inlet is running).
     Inbox {
-        /// The routing file whose store to open.
+        /// The routing file (or directory) whose store to open. Only its `[store]` is
+        /// read: plugin files and target secrets need not be there.
         #[arg(long, short, env = "INLET_CONFIG")]
         config: PathBuf,
         #[command(subcommand)]
@@ -170,7 +175,7 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run { config, listen, instance, poll, retention, plugin_cache, grace } => {
-            let config = load_config(&config)?;
+            let config = Config::load_partial(&config).map_err(|errors| anyhow::anyhow!("{errors}"))?;
             let mut options = app::Options { listen, poll, retention, grace, ..app::Options::default() };
             match plugin_cache {
                 Some(p) if p.as_os_str() == "off" => options.plugin_cache = None,
@@ -184,24 +189,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             running.run_until_signal().await;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { config: path } => {
-            let config = match Config::load(&path) {
-                Ok(c) => c,
-                Err(errors) => {
-                    eprintln!("{errors}");
-                    return Ok(ExitCode::FAILURE);
-                }
-            };
-            let clients = Clients::new(Connection::from_env());
-            if let Err(errors) = Routes::load(&config, crate::plugin::default_cache_dir().as_deref(), clients) {
-                for e in errors {
-                    eprintln!("error: {}: {e}", path.display());
-                }
-                return Ok(ExitCode::FAILURE);
-            }
-            println!("{}: ok ({} routes, store {})", path.display(), config.routes.len(), config.store.url);
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Check { config: path } => check(&path),
         Command::Pubsub { command: PubsubCommand::Setup { config } } => {
             let config = load_config(&config)?;
             let connection = Connection::from_env();
@@ -251,11 +239,48 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Inbox { config, command } => {
-            let config = load_config(&config)?;
-            let store = inbox::open(&config.store.url, 2).await?;
+            let store = crate::config::load_store(&config).map_err(|errors| anyhow::anyhow!("{errors}"))?;
+            let store = inbox::open(&store.url, 2).await?;
             inbox_command(store, command).await
         }
     }
+}
+
+/// `inlet check`: every configuration error and every plugin that does not load, each
+/// route's once, then a summary naming the refused routes.
+fn check(path: &Path) -> anyhow::Result<ExitCode> {
+    let config = match Config::load_partial(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let mut refused: Vec<String> = Vec::new();
+    for (i, r) in config.refused.iter().enumerate() {
+        // A file that does not parse refuses each route it names with the same errors.
+        if i == 0 || config.refused[i - 1].errors != r.errors {
+            eprintln!("{}", r.errors);
+        }
+        refused
+            .push(r.name.as_ref().map_or_else(|| format!("(the routes of {})", r.file.display()), |n| n.to_string()));
+    }
+    let clients = Clients::new(Connection::from_env());
+    let loadable = Config { refused: Vec::new(), ..config.clone() };
+    let routes = Routes::load(&loadable, crate::plugin::default_cache_dir().as_deref(), clients);
+    for p in routes.problems() {
+        let route = p.route.as_deref().unwrap_or_default();
+        eprintln!("error: {}: route `{route}`: {}", p.file.display(), p.error);
+        refused.push(route.to_string());
+    }
+    refused.dedup();
+    if !refused.is_empty() {
+        let total = routes.iter().count() + refused.len();
+        eprintln!("error: {} of {total} routes refused: {}", refused.len(), refused.join(", "));
+        return Ok(ExitCode::FAILURE);
+    }
+    println!("{}: ok ({} routes, store {})", path.display(), config.routes.len(), config.store.url);
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::Result<ExitCode> {

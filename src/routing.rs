@@ -88,7 +88,19 @@ impl Route {
 impl Route {
     /// Loads a route's plugin and builds its target.
     pub fn load(config: RouteConfig, clients: &Clients, cache: Option<&Path>) -> Result<Route, PluginLoadError> {
-        let plugin = Plugin::load(&config.plugin, config.limits.clone(), cache)?;
+        let bytes = std::fs::read(&config.plugin)
+            .map_err(|source| PluginLoadError::Read { path: config.plugin.clone(), source })?;
+        Route::from_bytes(config, &bytes, clients, cache)
+    }
+
+    /// Builds a route from its plugin's bytes, as read from `config.plugin`.
+    fn from_bytes(
+        config: RouteConfig,
+        bytes: &[u8],
+        clients: &Clients,
+        cache: Option<&Path>,
+    ) -> Result<Route, PluginLoadError> {
+        let plugin = Plugin::from_bytes(&config.plugin, bytes, config.limits.clone(), cache)?;
         Ok(Route {
             target: Target::new(config.name.as_str(), &config.target, clients),
             config,
@@ -100,56 +112,167 @@ impl Route {
     }
 }
 
-/// Every route of a configuration, by name.
+/// Size and modification time of a file: the cheap "did it change" check.
+type Stamp = Option<(u64, Option<std::time::SystemTime>)>;
+
+fn stamp(path: &Path) -> Stamp {
+    std::fs::metadata(path).ok().map(|m| (m.len(), m.modified().ok()))
+}
+
+/// A route (or a routing file) that is not running as its file says, and why.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    /// `None` for a routing file that could not be parsed far enough to name its routes.
+    pub route: Option<String>,
+    /// The routing file that declares it.
+    pub file: PathBuf,
+    pub error: String,
+    /// An older version of the route still runs: only the change was refused.
+    pub running: bool,
+    /// First time this cause is reported (so it is logged and counted once).
+    pub new: bool,
+    /// For a route refused for its plugin: the configuration to retry with once the
+    /// plugin file changes, and what the file was when it failed.
+    retry: Option<Box<Retry>>,
+}
+
+#[derive(Debug, Clone)]
+struct Retry {
+    config: RouteConfig,
+    stamp: Stamp,
+    digest: Option<String>,
+}
+
+impl Problem {
+    /// Whether `other` is the same cause, already reported.
+    fn same_cause(&self, other: &Problem) -> bool {
+        self.route == other.route && self.file == other.file && self.error == other.error
+    }
+}
+
+/// Every route of a configuration, by name, and the ones refused.
 pub struct Routes {
     by_name: BTreeMap<String, Arc<Route>>,
+    problems: Vec<Problem>,
     cache: Option<PathBuf>,
     clients: Clients,
 }
 
 impl Routes {
-    /// Loads every route's plugin; reports every plugin that fails, not just the first.
-    pub fn load(config: &Config, cache: Option<&Path>, clients: Clients) -> Result<Routes, Vec<PluginLoadError>> {
-        Routes::empty(cache, clients).next(config).map(|(routes, _)| routes)
+    /// Loads every route's plugin. A route whose settings or plugin do not load is
+    /// kept out and listed in [`Routes::problems`]; the others run.
+    pub fn load(config: &Config, cache: Option<&Path>, clients: Clients) -> Routes {
+        Routes::empty(cache, clients).next(config, true).0
     }
 
     /// No routes yet; `next` fills them in, compiling plugins through `cache`.
     pub fn empty(cache: Option<&Path>, clients: Clients) -> Routes {
-        Routes { by_name: BTreeMap::new(), cache: cache.map(Path::to_path_buf), clients }
+        Routes { by_name: BTreeMap::new(), problems: Vec::new(), cache: cache.map(Path::to_path_buf), clients }
     }
 
     /// The routes of a new configuration: a route whose configuration did not change
     /// is kept as it runs (same plugin version, same wake-up signal); others are
-    /// loaded afresh. Also returns the names of the routes that are new or changed.
-    pub fn next(&self, config: &Config) -> Result<(Routes, Vec<String>), Vec<PluginLoadError>> {
+    /// loaded afresh. A route that does not load keeps its running version if it has
+    /// one, else is kept out; one refused for its plugin is tried again when the plugin
+    /// file changed (any time if `forced`, else when its size or mtime moved). Also
+    /// returns the names of the routes that are new or changed.
+    pub fn next(&self, config: &Config, forced: bool) -> (Routes, Vec<String>) {
         let mut by_name = BTreeMap::new();
         let mut fresh = Vec::new();
-        let mut errors = Vec::new();
+        let mut problems = Vec::new();
         for rc in &config.routes {
             let name = rc.name.to_string();
-            match self.by_name.get(&name) {
-                Some(running) if running.config == *rc => {
-                    by_name.insert(name, Arc::clone(running));
+            if let Some(running) = self.by_name.get(&name).filter(|r| r.config == *rc) {
+                by_name.insert(name, Arc::clone(running));
+                continue;
+            }
+            match self.try_load(rc, forced) {
+                Ok(route) => {
+                    by_name.insert(name.clone(), Arc::new(route));
+                    fresh.push(name);
                 }
-                _ => match Route::load(rc.clone(), &self.clients, self.cache.as_deref()) {
-                    Ok(route) => {
-                        by_name.insert(name.clone(), Arc::new(route));
-                        fresh.push(name);
-                    }
-                    Err(e) => errors.push(e),
-                },
+                Err(problem) => problems.push(problem),
             }
         }
-        if !errors.is_empty() {
-            return Err(errors);
+        for refused in &config.refused {
+            problems.push(Problem {
+                route: refused.name.as_ref().map(ToString::to_string),
+                file: refused.file.clone(),
+                error: refused.errors.to_string(),
+                running: false,
+                new: true,
+                retry: None,
+            });
         }
-        Ok((Routes { by_name, cache: self.cache.clone(), clients: self.clients.clone() }, fresh))
+        // What was refused keeps its running version: by name, or, for a file that
+        // could not name its routes, every route that file declared.
+        for p in &mut problems {
+            p.running = false;
+            let keep: Vec<&Arc<Route>> = match &p.route {
+                Some(name) => self.by_name.get(name).into_iter().collect(),
+                None => self.by_name.values().filter(|r| r.config.file == p.file).collect(),
+            };
+            for route in keep {
+                if !by_name.contains_key(route.name()) {
+                    by_name.insert(route.name().to_string(), Arc::clone(route));
+                    p.running = true;
+                }
+            }
+            p.new = !self.problems.iter().any(|old| old.same_cause(p));
+        }
+        (Routes { by_name, problems, cache: self.cache.clone(), clients: self.clients.clone() }, fresh)
+    }
+
+    /// Loads one route, unless it is the same refused version as before (then the
+    /// earlier problem again).
+    fn try_load(&self, rc: &RouteConfig, forced: bool) -> Result<Route, Problem> {
+        let name = rc.name.to_string();
+        let before = self.problems.iter().find(|p| p.retry.as_ref().is_some_and(|r| r.config == *rc));
+        let now = stamp(&rc.plugin);
+        let unchanged = |p: &&Problem| p.retry.as_ref().is_some_and(|r| r.stamp == now && now.is_some());
+        if let Some(p) = before.filter(|p| !forced && unchanged(p)) {
+            return Err(p.clone());
+        }
+        let problem = |error: String, digest: Option<String>| Problem {
+            route: Some(name.clone()),
+            file: rc.file.clone(),
+            error,
+            running: false,
+            new: true,
+            retry: Some(Box::new(Retry { config: rc.clone(), stamp: now, digest })),
+        };
+        let bytes = std::fs::read(&rc.plugin)
+            .map_err(|source| problem(PluginLoadError::Read { path: rc.plugin.clone(), source }.to_string(), None))?;
+        let digest = crate::inbox::digest_hex(&bytes);
+        if let Some(p) = before.filter(|p| p.retry.as_ref().and_then(|r| r.digest.as_deref()) == Some(digest.as_str()))
+        {
+            return Err(Problem {
+                retry: Some(Box::new(Retry { config: rc.clone(), stamp: now, digest: Some(digest) })),
+                ..p.clone()
+            });
+        }
+        Route::from_bytes(rc.clone(), &bytes, &self.clients, self.cache.as_deref())
+            .map_err(|e| problem(e.to_string(), Some(digest)))
+    }
+
+    /// Routes and files that are not running as their files say.
+    pub fn problems(&self) -> &[Problem] {
+        &self.problems
+    }
+
+    /// Why `name` is not running, if it is a refused route.
+    pub fn refusal(&self, name: &str) -> Option<&Problem> {
+        self.problems.iter().find(|p| !p.running && p.route.as_deref() == Some(name))
+    }
+
+    /// Whether some route waits for its plugin file to change (checked on every poll).
+    pub fn awaits_plugin_fix(&self) -> bool {
+        self.problems.iter().any(|p| p.retry.is_some())
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Route>> {
         self.by_name.get(name)
     }
-
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.by_name.values()
     }

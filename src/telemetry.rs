@@ -56,6 +56,12 @@ pub struct Metrics {
     pub config_reloads: Family<OutcomeLabel, Counter>,
     /// Plugin versions swapped in (`ok`) or refused (`refused`).
     pub plugin_reloads: Family<RouteOutcome, Counter>,
+    /// 1 while a route runs, 0 while it is refused (its plugin or settings do not load).
+    pub route_up: Family<RouteLabel, Gauge>,
+    /// Routes refused at start or reload, once per distinct cause.
+    pub route_load_failures: Family<RouteLabel, Counter>,
+    /// Routing files refused whole (they do not parse far enough to name their routes).
+    pub routing_files_refused: Gauge,
     /// Outcomes discarded because the worker's lease was gone.
     pub lease_lost: Family<RouteLabel, Counter>,
     /// Time from sending a request to the target to its answer.
@@ -99,6 +105,9 @@ impl Metrics {
             lease_lost: Family::default(),
             plugin_reloads: Family::default(),
             config_reloads: Family::default(),
+            route_up: Family::default(),
+            route_load_failures: Family::default(),
+            routing_files_refused: Gauge::default(),
             delivery_seconds: Family::new_with_constructor(|| {
                 Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
             }),
@@ -136,6 +145,17 @@ impl Metrics {
         registry.register("plugin_faults", "Plugin calls that trapped or broke a limit", m.plugin_faults.clone());
         registry.register("config_reloads", "Routing files applied or refused while running", m.config_reloads.clone());
         registry.register("plugin_reloads", "Plugin versions swapped in or refused", m.plugin_reloads.clone());
+        registry.register("route_up", "1 while a route runs, 0 while it is refused", m.route_up.clone());
+        registry.register(
+            "route_load_failures",
+            "Routes refused at start or reload, once per distinct cause",
+            m.route_load_failures.clone(),
+        );
+        registry.register(
+            "routing_files_refused",
+            "Routing files refused whole, naming no route",
+            m.routing_files_refused.clone(),
+        );
         registry.register("lease_lost", "Attempt outcomes discarded because the lease was lost", m.lease_lost.clone());
         registry.register("delivery_duration_seconds", "Target response time", m.delivery_seconds.clone());
         registry.register("inbox_entries", "Unresolved inbox entries by status", m.entries.clone());

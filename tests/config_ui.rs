@@ -2,9 +2,11 @@
 //!
 //! Convention: every `tests/ui/NAME.toml` has a `tests/ui/NAME.err` beside it holding
 //! the exact `ConfigErrors` Display output of loading it, followed by one newline.
-//! An EMPTY `.err` means the file is valid and must load without errors. Other files
-//! in `tests/ui/` (such as `fake-plugin.bin`, the placeholder every `plugin =` points
-//! at) are not cases.
+//! An EMPTY `.err` means the file is valid and must load without errors. A directory
+//! `tests/ui/NAME/` is a case too: a directory of routing files (one per team), loaded
+//! as `inlet run NAME/` would, with its `tests/ui/NAME.err` beside it. Other files in
+//! `tests/ui/` (such as `fake-plugin.bin`, the placeholder every `plugin =` points at)
+//! are not cases.
 //!
 //! Each file is loaded with `Config::from_str` under the relative path
 //! `tests/ui/NAME.toml` (cargo runs integration tests from the crate root), so the
@@ -31,17 +33,19 @@ fn env(name: &str) -> Option<String> {
 }
 
 fn load(path: &Path) -> Result<Config, inlet::config::ConfigErrors> {
+    if path.is_dir() {
+        return Config::load_partial_with(path, &env).and_then(Config::complete);
+    }
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     Config::from_str(path, &text, &env)
 }
 
-/// The `.toml` cases, sorted, as relative paths `tests/ui/NAME.toml`.
+/// The cases, sorted, as relative paths `tests/ui/NAME.toml` or `tests/ui/NAME` (a directory).
 fn cases() -> Vec<PathBuf> {
     let mut cases: Vec<PathBuf> = std::fs::read_dir(UI_DIR)
         .unwrap_or_else(|e| panic!("reading {UI_DIR}: {e}"))
-        .map(|entry| entry.expect("directory entry").file_name())
-        .filter(|name| Path::new(name).extension().is_some_and(|ext| ext == "toml"))
-        .map(|name| Path::new(UI_DIR).join(name))
+        .map(|entry| Path::new(UI_DIR).join(entry.expect("directory entry").file_name()))
+        .filter(|path| path.is_dir() || path.extension().is_some_and(|ext| ext == "toml"))
         .collect();
     cases.sort();
     cases
@@ -279,4 +283,53 @@ fn pubsub_source_and_target_values_and_defaults() {
     let TargetConfig::Pubsub(t) = &config.routes[0].target else { panic!("expected a pubsub target") };
     assert!(!t.ordering_key && t.attributes.is_empty());
     assert_eq!(t.timeout, Duration::from_secs(10));
+}
+
+// ----- directories of routing files ---------------------------------------------------------
+
+#[test]
+fn a_directory_reads_every_team_file_with_paths_relative_to_each() {
+    let path = Path::new("tests/ui/dir-valid");
+    let config = load(path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.path, path);
+    // The store and the listener come from the one file that declares them.
+    assert_eq!(config.store.url, "sqlite://tests/ui/dir-valid/inbox.db");
+    assert_eq!(config.server.listen.to_string(), "0.0.0.0:9090");
+    let names: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["audit-log", "work-order-completed"], "files in name order");
+    let orders = config.route("work-order-completed").unwrap();
+    assert_eq!(orders.file, Path::new("tests/ui/dir-valid/orders.toml"));
+    assert_eq!(orders.plugin, Path::new("tests/ui/dir-valid/../fake-plugin.bin"));
+    assert!(config.refused.is_empty());
+}
+
+#[test]
+fn a_partial_load_refuses_only_the_broken_routes_and_files() {
+    let config = Config::load_partial_with(Path::new("tests/ui/dir-team-file-broken"), &env)
+        .unwrap_or_else(|e| panic!("the platform file is fine, so the load goes on:\n{e}"));
+    let names: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["returns"], "the one route without errors");
+    let refused: Vec<(Option<&str>, String)> = config
+        .refused
+        .iter()
+        .map(|r| (r.name.as_ref().map(|n| n.as_str()), r.file.file_name().unwrap().to_string_lossy().into_owned()))
+        .collect();
+    assert_eq!(
+        refused,
+        [(Some("invoices"), "billing.toml".to_string()), (Some("orders"), "orders.toml".to_string())],
+        "a file that does not parse still names its routes"
+    );
+    assert!(config.refused[0].errors.to_string().contains("unknown field `retyr`"));
+
+    // Errors in the shared settings stop the whole load.
+    assert!(Config::load_partial_with(Path::new("tests/ui/dir-two-stores"), &env).is_err());
+    assert!(Config::load_partial_with(Path::new("tests/ui/dir-no-store"), &env).is_err());
+}
+
+#[test]
+fn the_store_alone_loads_whatever_the_routes_say() {
+    let store = inlet::config::load_store(Path::new("tests/ui/dir-team-file-broken")).unwrap();
+    assert_eq!(store.url, "sqlite://tests/ui/dir-team-file-broken/inbox.db");
+    let store = inlet::config::load_store(Path::new("tests/ui/missing-plugin.toml")).unwrap();
+    assert_eq!(store.url, "sqlite://tests/ui/inlet.db", "the default beside the file");
 }

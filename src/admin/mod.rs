@@ -5,7 +5,14 @@
 //! - `POST /api/entries/{id}/requeue` — a PARKED entry becomes due now
 //! - `POST /api/entries/{id}/park` — body `{"reason": "…"}`
 //! - `POST /api/reload` — apply a changed routing file and plugin files now
+//! - `GET  /api/routes` — each route: state (`up` or `refused`), routing file, source,
+//!   plugin file and digest, error; and routing files refused whole
 //! - `GET  /metrics`, `GET /healthz` (process up), `GET /readyz` (inbox reachable)
+//!
+//! Readiness: `/readyz` answers 200 while the inbox answers, even with some routes
+//! refused — the healthy routes run, and restarting would not fix a team's broken file.
+//! Its JSON says `"status": "degraded"` and lists the refused routes with their reasons;
+//! it answers 503 only when the inbox does not.
 
 use std::sync::Arc;
 
@@ -117,9 +124,58 @@ pub async fn healthz() -> &'static str {
 }
 
 pub async fn readyz(State(s): State<Arc<Shared>>) -> Response {
-    match s.store.db_now().await {
-        Ok(_) => "ready".into_response(),
-        Err(e) => store_error(e),
+    if let Err(e) = s.store.db_now().await {
+        return store_error(e);
+    }
+    let routes = s.routes();
+    let up: Vec<&str> = routes.iter().map(|r| r.name()).collect();
+    let status = if routes.problems().is_empty() { "ready" } else { "degraded" };
+    Json(json!({ "status": status, "store": "up", "routes_up": up, "refused": crate::reload::problems_view(&routes) }))
+        .into_response()
+}
+
+/// Every route with its state, and what is refused.
+pub async fn routes(State(s): State<Arc<Shared>>) -> Response {
+    let routes = s.routes();
+    let mut list = Vec::new();
+    for r in routes.iter() {
+        let plugin = r.plugin();
+        let change_refused = routes.problems().iter().find(|p| p.running && p.route.as_deref() == Some(r.name()));
+        list.push(json!({
+            "name": r.name(),
+            "state": "up",
+            "file": r.config.file.display().to_string(),
+            "source": source_kind(&r.config.source),
+            "plugin": r.config.plugin.display().to_string(),
+            "plugin_sha256": plugin.digest(),
+            "error": change_refused.map(|p| format!("a newer version was refused; this one keeps serving: {}", p.error)),
+        }));
+    }
+    let mut files = Vec::new();
+    for p in routes.problems().iter().filter(|p| !p.running) {
+        let Some(name) = &p.route else {
+            files.push(json!({ "file": p.file.display().to_string(), "error": p.error }));
+            continue;
+        };
+        let config = s.config.lock().expect("config lock").clone();
+        let declared = config.route(name);
+        list.push(json!({
+            "name": name,
+            "state": "refused",
+            "file": p.file.display().to_string(),
+            "source": declared.map(|c| source_kind(&c.source)),
+            "plugin": declared.map(|c| c.plugin.display().to_string()),
+            "plugin_sha256": null,
+            "error": p.error,
+        }));
+    }
+    Json(json!({ "routes": list, "refused_files": files })).into_response()
+}
+
+fn source_kind(source: &crate::config::SourceConfig) -> &'static str {
+    match source {
+        crate::config::SourceConfig::Push => "push",
+        crate::config::SourceConfig::Pubsub(_) => "pubsub",
     }
 }
 

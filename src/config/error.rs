@@ -18,7 +18,7 @@ pub struct ConfigError {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigErrorKind {
-    #[error("cannot read the routing file: {0}")]
+    #[error("cannot read the routing file or directory: {0}")]
     Read(String),
     #[error("{0}")]
     Parse(String),
@@ -30,6 +30,14 @@ pub enum ConfigErrorKind {
     MissingPluginFile { path: String },
     #[error("route name `{name}` is already used at line {first_line}")]
     DuplicateRoute { name: String, first_line: usize },
+    #[error("route name `{name}` is already used at {first_file}:{first_line}")]
+    DuplicateRouteAcrossFiles { name: String, first_file: String, first_line: usize },
+    #[error(
+        "`[{table}]` is already declared at {first_file}:{first_line}: the shared settings belong in one routing file"
+    )]
+    SharedSettingsTwice { table: &'static str, first_file: String, first_line: usize },
+    #[error("no routing file here declares `[store]`: put the shared `[store]` (and `[server]`) in one of them")]
+    NoStore,
     #[error("`{field}` is required for {kind}")]
     MissingField { field: &'static str, kind: &'static str },
     #[error("`{field}` does not apply to {kind}")]
@@ -78,7 +86,7 @@ impl fmt::Display for ConfigError {
     }
 }
 
-/// Every error found in one routing file, in file order.
+/// Every error found in the routing files, file by file, each file's in line order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigErrors(pub Vec<ConfigError>);
 

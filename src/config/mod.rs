@@ -8,6 +8,7 @@
 //! its errors at once.
 
 mod error;
+mod files;
 mod raw;
 mod validate;
 
@@ -17,16 +18,31 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
+pub use files::{load_store, routing_files};
 
-/// A loaded, validated routing file.
+/// A loaded routing configuration: one file, or a directory of them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// The file this configuration was read from.
+    /// The file or directory this configuration was read from.
     pub path: PathBuf,
     pub store: StoreConfig,
     pub server: ServerConfig,
     pub plugins: PluginsConfig,
+    /// The routes that validated.
     pub routes: Vec<RouteConfig>,
+    /// Routes (or whole files) that did not validate. Empty from [`Config::load`];
+    /// [`Config::load_partial`] keeps them here so the other routes can run.
+    pub refused: Vec<RefusedRoute>,
+}
+
+/// A route, or a whole routing file, kept out because of its errors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefusedRoute {
+    /// The file that declares it.
+    pub file: PathBuf,
+    /// `None` for a file that could not be parsed far enough to name its routes.
+    pub name: Option<RouteName>,
+    pub errors: ConfigErrors,
 }
 
 /// `[plugins]`: what every plugin of the process shares.
@@ -43,18 +59,39 @@ impl Default for PluginsConfig {
 }
 
 impl Config {
-    /// Reads and validates a routing file.
+    /// Reads and validates a routing file or a directory of routing files; every
+    /// error of every file, or a configuration in which every route is valid.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigErrors::single(ConfigError::whole_file(path, ConfigErrorKind::Read(e.to_string()))))?;
-        Self::from_str(path, &text, &|name| std::env::var(name).ok())
+        Self::load_partial(path)?.complete()
+    }
+
+    /// Like [`Config::load`], but a route with errors (or a team's file that does not
+    /// parse) is kept in [`Config::refused`] instead of failing the whole load. Errors
+    /// in the shared settings (`[store]`, `[server]`, the file holding them) still fail it.
+    pub fn load_partial(path: &Path) -> Result<Config, ConfigErrors> {
+        Self::load_partial_with(path, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::load_partial`] with environment references looked up with `env`.
+    pub fn load_partial_with(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        files::load(path, env)
     }
 
     /// Validates routing-file text as if read from `path`, looking environment
-    /// references up with `env`.
+    /// references up with `env`; every error, or a configuration without refusals.
     pub fn from_str(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
-        let raw = raw::parse(path, text)?;
-        validate::validate(path, text, raw, env)
+        files::from_text(path, text, env)?.complete()
+    }
+
+    /// This configuration if no route was refused, else every refused route's errors.
+    pub fn complete(self) -> Result<Config, ConfigErrors> {
+        if self.refused.is_empty() {
+            return Ok(self);
+        }
+        let mut errors: Vec<ConfigError> = self.refused.into_iter().flat_map(|r| r.errors.0).collect();
+        // A file that does not parse refuses each route it names with the same errors.
+        errors.dedup();
+        Err(ConfigErrors(errors))
     }
 
     pub fn route(&self, name: &str) -> Option<&RouteConfig> {
@@ -111,6 +148,8 @@ impl TryFrom<String> for RouteName {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RouteConfig {
     pub name: RouteName,
+    /// The routing file that declares this route.
+    pub file: PathBuf,
     /// The plugin component, resolved against the routing file's folder.
     pub plugin: PathBuf,
     pub source: SourceConfig,

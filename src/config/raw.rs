@@ -12,12 +12,14 @@ use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
 use super::{Ordering, ParkedPolicy, RouteName};
 
 pub(super) fn parse(path: &Path, text: &str) -> Result<RawConfig, ConfigErrors> {
-    toml::from_str::<RawConfig>(text).map_err(|e| {
-        let span = e.span().unwrap_or(0..0);
-        let message = e.message().trim_end().to_string();
-        let field = error_field(&e, text, span.start, &message);
-        ConfigErrors::single(ConfigError::at(path, text, span, field, ConfigErrorKind::Parse(message)))
-    })
+    toml::from_str::<RawConfig>(text).map_err(|e| serde_error(path, text, &e))
+}
+
+fn serde_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigErrors {
+    let span = e.span().unwrap_or(0..0);
+    let message = e.message().trim_end().to_string();
+    let field = error_field(e, text, span.start, &message);
+    ConfigErrors::single(ConfigError::at(path, text, span, field, ConfigErrorKind::Parse(message)))
 }
 
 /// The dotted path of what a serde error points at, e.g. `route[1].target.timeout`.
@@ -59,18 +61,55 @@ fn route_index(text: &str, offset: usize) -> Option<usize> {
     routes.route.iter().rposition(|r| r.span().start <= offset)
 }
 
+/// One routing file. `inlet run`, `check` and `inbox` take either one such file or a
+/// directory of them (`*.toml`, read in name order, e.g. one per team). In a directory,
+/// exactly one file holds the shared `[store]` (and `[server]`, if any); the others
+/// hold only `[[route]]` tables. Relative paths in a file are relative to that file.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
-    /// Where the inbox lives. Defaults to `sqlite://inlet.db` beside the routing file.
-    pub store: Option<RawStore>,
-    /// The HTTP listener. Defaults to `127.0.0.1:8080`.
-    pub server: Option<RawServer>,
-    /// Settings for every plugin of the process.
-    pub plugins: Option<RawPlugins>,
-    /// The routes, one `[[route]]` table each.
+    /// Where the inbox lives. Defaults to `sqlite://inlet.db` beside a single routing
+    /// file; a directory of routing files must declare it in one of them.
+    pub store: Option<Spanned<RawStore>>,
+    /// The HTTP listener. Defaults to `127.0.0.1:8080`. Only in the file with `[store]`.
+    pub server: Option<Spanned<RawServer>>,
+    /// Settings every plugin of the process shares. Only in the file with `[store]`.
+    pub plugins: Option<Spanned<RawPlugins>>,
+    /// The routes, one `[[route]]` table each. Route names are unique across all files.
     #[serde(default, rename = "route")]
     pub routes: Vec<RawRoute>,
+}
+
+/// What a file declares, read without judging the rest: whether it holds the shared
+/// settings and the names of its routes. Lets a file with a mistake still be named
+/// (its routes refused by name) and lets `inlet inbox` find the store alone.
+#[derive(Debug, Deserialize)]
+pub(super) struct Outline {
+    pub store: Option<Spanned<toml::Value>>,
+    pub server: Option<Spanned<toml::Value>>,
+    pub plugins: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    pub route: Vec<OutlineRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct OutlineRoute {
+    pub name: Option<String>,
+}
+
+/// The outline of a file, or `None` when it is not TOML with `[[route]]` tables.
+pub(super) fn outline(text: &str) -> Option<Outline> {
+    toml::from_str(text).ok()
+}
+
+/// Only the store section of a file, everything else ignored.
+#[derive(Debug, Deserialize)]
+pub(super) struct StoreOnly {
+    pub store: Option<Spanned<RawStore>>,
+}
+
+pub(super) fn parse_store(path: &Path, text: &str) -> Result<StoreOnly, ConfigErrors> {
+    toml::from_str::<StoreOnly>(text).map_err(|e| serde_error(path, text, &e))
 }
 
 #[derive(Debug, Deserialize)]

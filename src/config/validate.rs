@@ -8,10 +8,10 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
-use super::raw::{HumanDuration, RawConfig, RawLimits, RawRoute, SourceKind, TargetKind};
+use super::raw::{HumanDuration, RawConfig, RawLimits, RawPlugins, RawRoute, RawStore, SourceKind, TargetKind};
 use super::{
-    Config, HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, PluginsConfig, PubsubSource, PubsubTarget,
-    RetryPolicy, RouteConfig, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
+    HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, PluginsConfig, PubsubSource, PubsubTarget, RetryPolicy,
+    RouteConfig, RouteName, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
 };
 
 /// Collects errors while a file is checked, so all of them are reported at once.
@@ -213,53 +213,75 @@ fn dur(d: &Option<Spanned<HumanDuration>>) -> Option<Duration> {
     d.as_ref().map(|d| d.get_ref().0)
 }
 
-pub(super) fn validate(
+/// What one routing file contributes: the shared settings if it declares them, and
+/// each of its routes, valid or with its errors. A route's errors refuse only it.
+pub(super) struct FileOutcome {
+    /// `[store]`, when declared and valid.
+    pub store: Option<StoreConfig>,
+    /// `[server]`, when declared and valid.
+    pub server: Option<ServerConfig>,
+    /// `[plugins]`, when declared and valid.
+    pub plugins: Option<PluginsConfig>,
+    /// Errors in `[store]`, `[server]` or `[plugins]`: without those nothing can run.
+    pub shared_errors: Vec<ConfigError>,
+    pub routes: Vec<DeclaredRoute>,
+}
+
+/// A `[[route]]` table as declared: where its name is, and the route or its errors.
+pub(super) struct DeclaredRoute {
+    pub name: RouteName,
+    /// Index in its file, for the `route[i]` field path.
+    pub index: usize,
+    /// Line and column of the name.
+    pub at: (usize, usize),
+    pub result: Result<RouteConfig, Vec<ConfigError>>,
+}
+
+pub(super) fn validate_file(
     file: &Path,
     text: &str,
     raw: RawConfig,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Config, ConfigErrors> {
+) -> FileOutcome {
     let mut c = Checker { file, text, env, errors: Vec::new() };
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
 
-    let store = match &raw.store {
-        None => Some(StoreConfig { url: sqlite_url(&base, "inlet.db"), max_connections: 8 }),
-        Some(s) => {
-            let max_connections = s.max_connections.as_ref().map_or(8, |m| *m.get_ref());
-            if max_connections == 0 {
-                let span = s.max_connections.as_ref().map(|m| m.span()).unwrap_or_default();
-                c.error::<()>(span, "store.max_connections", ConfigErrorKind::Invalid("must be at least 1".into()));
-            }
-            c.expand(&s.url, "store.url").and_then(|url| {
-                if let Some(path) = url.strip_prefix("sqlite://") {
-                    Some(StoreConfig { url: sqlite_url(&base, path), max_connections })
-                } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-                    Some(StoreConfig { url, max_connections })
-                } else {
-                    c.error(
-                        s.url.span(),
-                        "store.url",
-                        ConfigErrorKind::Invalid(format!("store url `{url}` must start with sqlite:// or postgres://")),
-                    )
-                }
-            })
-        }
-    };
-
-    let server = match &raw.server {
-        None => Some(ServerConfig { listen: SocketAddr::from(([127, 0, 0, 1], 8080)) }),
-        Some(s) => c.expand(&s.listen, "server.listen").and_then(|l| match l.parse::<SocketAddr>() {
+    let store = raw.store.as_ref().and_then(|s| store_section(&mut c, &base, s.get_ref()));
+    let server = raw.server.as_ref().and_then(|s| {
+        let s = s.get_ref();
+        c.expand(&s.listen, "server.listen").and_then(|l| match l.parse::<SocketAddr>() {
             Ok(listen) => Some(ServerConfig { listen }),
             Err(_) => c.error(
                 s.listen.span(),
                 "server.listen",
                 ConfigErrorKind::Invalid(format!("`{l}` is not a HOST:PORT socket address")),
             ),
-        }),
-    };
+        })
+    });
+    let plugins = raw.plugins.as_ref().map(|p| plugins_section(&mut c, p.get_ref()));
+    let shared_errors = std::mem::take(&mut c.errors);
 
+    let routes = raw
+        .routes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let result = route(&mut c, &base, i, r).ok_or_else(|| std::mem::take(&mut c.errors));
+            // A route with errors returns none; one without may still have pushed some.
+            let result = match result {
+                Ok(_) if !c.errors.is_empty() => Err(std::mem::take(&mut c.errors)),
+                other => other,
+            };
+            DeclaredRoute { name: r.name.get_ref().clone(), index: i, at: line_col(text, r.name.span().start), result }
+        })
+        .collect();
+    FileOutcome { store, server, plugins, shared_errors, routes }
+}
+
+/// `[plugins]`: the process-wide plugin memory budget.
+fn plugins_section(c: &mut Checker<'_>, p: &RawPlugins) -> PluginsConfig {
     let mut plugins = PluginsConfig::default();
-    if let Some(mib) = raw.plugins.as_ref().and_then(|p| p.memory_budget_mib.as_ref()) {
+    if let Some(mib) = &p.memory_budget_mib {
         if !(16..=1 << 20).contains(mib.get_ref()) {
             c.error::<()>(
                 mib.span(),
@@ -269,37 +291,47 @@ pub(super) fn validate(
         }
         plugins.memory_budget_bytes = (*mib.get_ref() as usize) << 20;
     }
+    plugins
+}
 
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    let mut routes = Vec::new();
-    for (i, r) in raw.routes.iter().enumerate() {
-        let name = r.name.get_ref().as_str().to_string();
-        let line = line_col(text, r.name.span().start).0;
-        if let Some(first_line) = seen.get(&name) {
-            c.error::<()>(
-                r.name.span(),
-                format!("route[{i}].name"),
-                ConfigErrorKind::DuplicateRoute { name: name.clone(), first_line: *first_line },
-            );
+/// The `[store]` section alone (also what `inlet inbox` reads).
+fn store_section(c: &mut Checker<'_>, base: &Path, s: &RawStore) -> Option<StoreConfig> {
+    let max_connections = s.max_connections.as_ref().map_or(8, |m| *m.get_ref());
+    if max_connections == 0 {
+        let span = s.max_connections.as_ref().map(|m| m.span()).unwrap_or_default();
+        c.error::<()>(span, "store.max_connections", ConfigErrorKind::Invalid("must be at least 1".into()));
+    }
+    c.expand(&s.url, "store.url").and_then(|url| {
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            Some(StoreConfig { url: sqlite_url(base, path), max_connections })
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(StoreConfig { url, max_connections })
         } else {
-            seen.insert(name, line);
+            c.error(
+                s.url.span(),
+                "store.url",
+                ConfigErrorKind::Invalid(format!("store url `{url}` must start with sqlite:// or postgres://")),
+            )
         }
-        if let Some(route) = route(&mut c, &base, i, r) {
-            routes.push(route);
-        }
-    }
-
-    if !c.errors.is_empty() {
-        c.errors.sort_by_key(|e| (e.line, e.column));
-        return Err(ConfigErrors(c.errors));
-    }
-    Ok(Config {
-        path: file.to_path_buf(),
-        store: store.expect("no errors means a store"),
-        server: server.expect("no errors means a server"),
-        plugins,
-        routes,
     })
+}
+
+/// Validates only the store section of `file` (absent: the default beside the file).
+pub(super) fn store_only(
+    file: &Path,
+    text: &str,
+    raw: Option<&RawStore>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<StoreConfig, ConfigErrors> {
+    let mut c = Checker { file, text, env, errors: Vec::new() };
+    let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let Some(raw) = raw else { return Ok(default_store(&base)) };
+    store_section(&mut c, &base, raw).ok_or(ConfigErrors(c.errors))
+}
+
+/// `sqlite://inlet.db` beside the routing file.
+pub(super) fn default_store(base: &Path) -> StoreConfig {
+    StoreConfig { url: sqlite_url(base, "inlet.db"), max_connections: 8 }
 }
 
 fn sqlite_url(base: &Path, path: &str) -> String {
@@ -500,6 +532,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
 
     Some(RouteConfig {
         name: r.name.get_ref().clone(),
+        file: c.file.to_path_buf(),
         plugin: plugin?,
         source: source?,
         target: target?,

@@ -1,6 +1,8 @@
 //! Pub/Sub push: `POST /push/<route>` with the push envelope. A 2xx answer is the
 //! ack, so it is sent only after the row is committed; 503 when the inbox is
-//! unreachable (Pub/Sub redelivers); 400 for a body that is not a push envelope.
+//! unreachable (Pub/Sub redelivers); 503 too for a route that is refused (its plugin or
+//! settings do not load), so its messages wait in Pub/Sub until it is fixed; 404 for a
+//! route no routing file names; 400 for a body that is not a push envelope.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -78,6 +80,11 @@ pub async fn handle(
 ) -> (StatusCode, Json<serde_json::Value>) {
     let routes = shared.routes();
     let Some(route) = routes.get(&route) else {
+        // A refused route answers 503, so Pub/Sub redelivers once it is fixed.
+        if let Some(p) = routes.refusal(&route) {
+            let error = format!("route `{route}` is refused: {}", p.error);
+            return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": error })));
+        }
         return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no route named `{route}`") })));
     };
     let incoming = match serde_json::from_slice::<PushEnvelope>(&body)

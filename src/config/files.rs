@@ -1,0 +1,252 @@
+//! One routing file or a directory of them: finding the files, putting their routes
+//! together (names unique across files), and deciding which errors stop everything
+//! (the shared settings) and which refuse only a route or a team's file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
+use super::raw::{self, Outline};
+use super::validate::{self, DeclaredRoute, FileOutcome};
+use super::{Config, PluginsConfig, RefusedRoute, RouteName, ServerConfig, StoreConfig};
+
+/// The routing files `path` stands for: itself, or the `*.toml` files directly in the
+/// directory, in name order.
+pub fn routing_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path)? {
+        let p = entry?.path();
+        if p.extension().is_some_and(|e| e == "toml") && p.is_file() {
+            files.push(p);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The store of a routing file or directory, reading nothing else: no route, plugin
+/// file or target secret needs to be valid (for `inlet inbox`).
+pub fn load_store(path: &Path) -> Result<StoreConfig, ConfigErrors> {
+    let env = |name: &str| std::env::var(name).ok();
+    let files = routing_files(path).map_err(|e| read_error(path, &e))?;
+    let mut declaring = None;
+    for file in &files {
+        let text = read(file)?;
+        // A single file is the shared file whatever it holds; in a directory it is
+        // the one with `[store]`.
+        let holds_store = !path.is_dir() || raw::outline(&text).is_some_and(|o| o.store.is_some());
+        if holds_store {
+            declaring = Some((file.clone(), text));
+            break;
+        }
+    }
+    let Some((file, text)) = declaring else {
+        return Err(ConfigErrors::single(ConfigError::whole_file(path, ConfigErrorKind::NoStore)));
+    };
+    let only = raw::parse_store(&file, &text)?;
+    validate::store_only(&file, &text, only.store.as_ref().map(|s| s.get_ref()), &env)
+}
+
+fn read_error(path: &Path, e: &std::io::Error) -> ConfigErrors {
+    ConfigErrors::single(ConfigError::whole_file(path, ConfigErrorKind::Read(e.to_string())))
+}
+
+fn read(file: &Path) -> Result<String, ConfigErrors> {
+    std::fs::read_to_string(file).map_err(|e| read_error(file, &e))
+}
+
+/// One file's text checked, or the reason it could not be.
+struct Checked {
+    file: PathBuf,
+    text: String,
+    outcome: Result<FileOutcome, ConfigErrors>,
+    /// Where `[store]` and `[server]` are declared, when they are.
+    store_at: Option<usize>,
+    server_at: Option<usize>,
+    plugins_at: Option<usize>,
+    /// Route names of a file that did not parse, when its outline could be read.
+    outline_names: Vec<RouteName>,
+}
+
+fn check_file(file: PathBuf, text: String, env: &dyn Fn(&str) -> Option<String>) -> Checked {
+    let outline: Option<Outline> = raw::outline(&text);
+    let store_at = outline.as_ref().and_then(|o| o.store.as_ref()).map(|s| s.span().start);
+    let server_at = outline.as_ref().and_then(|o| o.server.as_ref()).map(|s| s.span().start);
+    let plugins_at = outline.as_ref().and_then(|o| o.plugins.as_ref()).map(|s| s.span().start);
+    let outcome = raw::parse(&file, &text).map(|raw| validate::validate_file(&file, &text, raw, env));
+    let outline_names = match (&outcome, outline) {
+        (Err(_), Some(o)) => o.route.into_iter().filter_map(|r| RouteName::try_from(r.name?).ok()).collect(),
+        _ => Vec::new(),
+    };
+    Checked { file, text, outcome, store_at, server_at, plugins_at, outline_names }
+}
+
+pub(super) fn from_text(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+    let checked = check_file(path.to_path_buf(), text.to_string(), env);
+    assemble(path, vec![checked], false)
+}
+
+pub(super) fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+    let is_dir = path.is_dir();
+    let files = routing_files(path).map_err(|e| read_error(path, &e))?;
+    let mut checked = Vec::new();
+    for file in files {
+        let text = read(&file)?;
+        checked.push(check_file(file, text, env));
+    }
+    assemble(path, checked, is_dir)
+}
+
+/// Errors collected over several files: sorted by file (in name order), then position.
+#[derive(Default)]
+struct Errors(Vec<(usize, ConfigError)>);
+
+impl Errors {
+    fn add(&mut self, file: usize, errors: impl IntoIterator<Item = ConfigError>) {
+        self.0.extend(errors.into_iter().map(|e| (file, e)));
+    }
+
+    fn into_sorted(mut self) -> ConfigErrors {
+        self.0.sort_by_key(|(f, e)| (*f, e.line, e.column));
+        ConfigErrors(self.0.into_iter().map(|(_, e)| e).collect())
+    }
+}
+
+/// Puts the checked files together. Fatal (`Err`): errors in the shared settings,
+/// the shared settings declared twice or (in a directory) not at all, or a shared file
+/// that does not parse — then with every other error too, so one run shows them all.
+fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, ConfigErrors> {
+    let mut fatal = Errors::default();
+    let mut refused_errors = Errors::default();
+    let shared = shared_file(path, &checked, is_dir, &mut fatal);
+    let names: Vec<String> = checked.iter().map(|c| c.file.display().to_string()).collect();
+
+    let mut store: Option<StoreConfig> = None;
+    let mut server: Option<ServerConfig> = None;
+    let mut plugins: Option<PluginsConfig> = None;
+    let mut refused = Vec::new();
+    let mut routes = Vec::new();
+    // Each route name and where it was first declared: (file index, line).
+    let mut first: BTreeMap<RouteName, (usize, usize)> = BTreeMap::new();
+    for (i, c) in checked.into_iter().enumerate() {
+        let outcome = match c.outcome {
+            Ok(o) => o,
+            Err(errors) if Some(i) == shared => {
+                fatal.add(i, errors.0);
+                continue;
+            }
+            Err(errors) => {
+                refused_errors.add(i, errors.0.clone());
+                let mut names: Vec<Option<RouteName>> = c.outline_names.into_iter().map(Some).collect();
+                if names.is_empty() {
+                    names.push(None);
+                }
+                refused.extend(names.into_iter().map(|name| RefusedRoute {
+                    file: c.file.clone(),
+                    name,
+                    errors: errors.clone(),
+                }));
+                continue;
+            }
+        };
+        fatal.add(i, outcome.shared_errors);
+        if Some(i) == shared {
+            store = outcome.store;
+            server = outcome.server;
+            plugins = outcome.plugins;
+        }
+        for declared in outcome.routes {
+            let DeclaredRoute { name, index, at, result } = declared;
+            let result = match first.get(&name) {
+                None => {
+                    first.insert(name.clone(), (i, at.0));
+                    result
+                }
+                Some(&(file, line)) => {
+                    let kind = if file == i {
+                        ConfigErrorKind::DuplicateRoute { name: name.to_string(), first_line: line }
+                    } else {
+                        ConfigErrorKind::DuplicateRouteAcrossFiles {
+                            name: name.to_string(),
+                            first_file: names[file].clone(),
+                            first_line: line,
+                        }
+                    };
+                    let dup = ConfigError {
+                        file: c.file.clone(),
+                        line: at.0,
+                        column: at.1,
+                        field: format!("route[{index}].name"),
+                        kind,
+                    };
+                    let mut errors = result.err().unwrap_or_default();
+                    errors.push(dup);
+                    Err(errors)
+                }
+            };
+            match result {
+                Ok(route) => routes.push(route),
+                Err(mut errors) => {
+                    errors.sort_by_key(|e| (e.line, e.column));
+                    refused_errors.add(i, errors.clone());
+                    refused.push(RefusedRoute { file: c.file.clone(), name: Some(name), errors: ConfigErrors(errors) });
+                }
+            }
+        }
+    }
+    if !fatal.0.is_empty() {
+        fatal.0.extend(refused_errors.0);
+        return Err(fatal.into_sorted());
+    }
+    let store = match store {
+        Some(s) => s,
+        // Only a single file gets here without a store (a directory needs one).
+        None => validate::default_store(path.parent().unwrap_or(Path::new(""))),
+    };
+    let server = server.unwrap_or(ServerConfig { listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8080)) });
+    Ok(Config { path: path.to_path_buf(), store, server, plugins: plugins.unwrap_or_default(), routes, refused })
+}
+
+/// Which file holds the shared settings. A single file always does. In a directory,
+/// the first that declares `[store]` or `[server]`; another one declaring either is a
+/// fatal error naming both, and so is none at all.
+fn shared_file(path: &Path, checked: &[Checked], is_dir: bool, fatal: &mut Errors) -> Option<usize> {
+    if !is_dir {
+        return Some(0);
+    }
+    let mut shared: Option<usize> = None;
+    for (i, c) in checked.iter().enumerate() {
+        for (table, at) in [("store", c.store_at), ("server", c.server_at), ("plugins", c.plugins_at)] {
+            let Some(at) = at else { continue };
+            match shared {
+                None => shared = Some(i),
+                Some(s) if s == i => {}
+                Some(s) => {
+                    let first = &checked[s];
+                    let first_at = match table {
+                        "store" => first.store_at,
+                        "server" => first.server_at,
+                        _ => first.plugins_at,
+                    }
+                    .or(first.store_at)
+                    .or(first.server_at)
+                    .unwrap_or(0);
+                    let kind = ConfigErrorKind::SharedSettingsTwice {
+                        table,
+                        first_file: first.file.display().to_string(),
+                        first_line: line_col(&first.text, first_at).0,
+                    };
+                    fatal.add(i, [ConfigError::at(&c.file, &c.text, at..at, table, kind)]);
+                }
+            }
+        }
+    }
+    match shared {
+        Some(s) if checked[s].store_at.is_some() => {}
+        _ => fatal.add(usize::MAX, [ConfigError::whole_file(path, ConfigErrorKind::NoStore)]),
+    }
+    shared
+}
