@@ -10,8 +10,8 @@ use toml::Spanned;
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
 use super::raw::{HumanDuration, RawConfig, RawLimits, RawPlugins, RawRoute, RawStore, SourceKind, TargetKind};
 use super::{
-    HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, PluginsConfig, PubsubSource, PubsubTarget, RetryPolicy,
-    RouteConfig, RouteName, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
+    HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, PluginsConfig, PubsubSource, PubsubTarget,
+    RetryPolicy, RouteConfig, RouteName, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
 };
 
 /// Collects errors while a file is checked, so all of them are reported at once.

@@ -4,6 +4,20 @@
 //! each other's rows; "no older unresolved entry with this key" is answered from a
 //! partial index over unresolved rows only. Migrations run under an advisory lock so
 //! instances starting together apply them once.
+//!
+//! **Per-key order across instances rests on a lock per (route, key), not on
+//! snapshots.** `FOR UPDATE SKIP LOCKED` locks only the candidate row; the check over
+//! the key's other entries reads rows it does not lock, in a snapshot taken when the
+//! statement starts. Two claims whose snapshots straddle a change (another claim's
+//! commit, a requeue, a re-decoded key, an insert whose id was drawn before an older
+//! one committed) could each take an entry of one key. So, for ordered routes:
+//! - every insert takes a *shared* transaction-level advisory lock on its
+//!   (route, key) before its id is drawn, and holds it until it commits;
+//! - a claim runs in a transaction: first it try-locks (exclusively, never waiting)
+//!   the keys of its candidates, then — in a new statement, so a new snapshot taken
+//!   after the locks — it claims only entries of keys it holds (or without a key).
+//!   Whatever changed a key before the lock was granted has committed, and whatever
+//!   would change it now waits or is skipped, so the check sees the key as it is.
 
 use std::time::Duration;
 
@@ -34,18 +48,101 @@ impl PgStore {
     }
 }
 
+/// The advisory lock key of (route $1, correlation key): routes are `[a-z0-9-]`, so
+/// `route:key` is unambiguous.
+macro_rules! key_lock {
+    ($key:literal) => {
+        concat!("hashtextextended($1 || ':' || ", $key, ", 0)")
+    };
+}
+
+/// The claim of an unordered route: one statement.
+const CLAIM_SQL: &str = concat!(
+    "WITH picked AS (\n",
+    include_str!("sql/claim_where.sql"),
+    "    FOR UPDATE SKIP LOCKED\n)\nUPDATE inbox_entry SET\n",
+    include_str!("sql/claim_set.sql"),
+    "FROM picked WHERE inbox_entry.id = picked.id\nRETURNING inbox_entry.*"
+);
+
+/// Step one of an ordered claim: the keys of the candidates, each try-locked (never
+/// waiting); returns the keys this transaction now holds. Same parameters as the
+/// claim's `$1`–`$5`.
+#[doc(hidden)]
+pub const CLAIM_KEYS_SQL: &str = concat!(
+    "SELECT k.correlation_key FROM (\n",
+    "  SELECT DISTINCT c.correlation_key FROM inbox_entry c\n",
+    "  WHERE c.correlation_key IS NOT NULL AND c.id IN (\n",
+    include_str!("sql/claim_where.sql"),
+    ")) k\nWHERE pg_try_advisory_xact_lock(",
+    key_lock!("k.correlation_key"),
+    ")"
+);
+
+/// Step two: the claim, restricted to entries without a key or of a key held (`$8`).
+#[doc(hidden)]
+pub const CLAIM_HELD_SQL: &str = concat!(
+    "WITH picked AS (\n",
+    include_str!("sql/claim_where.sql"),
+    "    FOR UPDATE SKIP LOCKED\n)\nUPDATE inbox_entry SET\n",
+    include_str!("sql/claim_set.sql"),
+    "FROM picked WHERE inbox_entry.id = picked.id\n",
+    "  AND (inbox_entry.correlation_key IS NULL OR inbox_entry.correlation_key = ANY($8))\n",
+    "RETURNING inbox_entry.*"
+);
+
+/// The insert: the shared key lock is taken in the scan that feeds the row, so before
+/// the row's id is drawn, and held until the insert's transaction commits.
+#[doc(hidden)]
+pub const INSERT_SQL: &str = concat!(
+    "INSERT INTO inbox_entry (\n",
+    "    route, dedup_key, correlation_key, event_type, schema_version, body, raw_data, attributes,\n",
+    "    message_id, publish_time, delivery_attempt, payload_digest, conflict_of, status, attempts,\n",
+    "    next_attempt_at, last_error, received_at, updated_at, finished_at)\n",
+    "SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::bytea, $7::bytea, $8::text,\n",
+    "    $9::text, $10::text, $11::integer, $12::text, $13::bigint, $14::text, 0,\n",
+    "    $15::bigint, $16::text, $15::bigint, $15::bigint, $17::bigint\n",
+    "FROM (SELECT pg_advisory_xact_lock_shared(",
+    key_lock!("COALESCE($3::text, '')"),
+    ")) AS key_guard\n",
+    "ON CONFLICT (route, dedup_key) DO NOTHING\n",
+    "RETURNING id"
+);
+
+impl PgStore {
+    async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<PgRow>, StoreError> {
+        let claim = |sql| {
+            sqlx::query(sql)
+                .bind(req.route)
+                .bind(req.now)
+                .bind(req.ordered)
+                .bind(req.parked_blocks)
+                .bind(i64::from(req.limit))
+        };
+        if !req.ordered {
+            return Ok(claim(CLAIM_SQL).bind(req.owner).bind(req.lease_ms).fetch_all(&self.pool).await?);
+        }
+        let mut tx = self.pool.begin().await?;
+        let held: Vec<String> = sqlx::query_scalar(CLAIM_KEYS_SQL)
+            .bind(req.route)
+            .bind(req.now)
+            .bind(req.ordered)
+            .bind(req.parked_blocks)
+            .bind(i64::from(req.limit))
+            .fetch_all(&mut *tx)
+            .await?;
+        let rows = claim(CLAIM_HELD_SQL).bind(req.owner).bind(req.lease_ms).bind(&held).fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+}
+
 store_impl! {
     store: PgStore,
     backend: "postgres",
     pool: PgPool,
     conn: PgConnection,
     row: PgRow,
-    claim_sql: concat!(
-        "WITH picked AS (\n",
-        include_str!("sql/claim_where.sql"),
-        "    FOR UPDATE SKIP LOCKED\n)\nUPDATE inbox_entry SET\n",
-        include_str!("sql/claim_set.sql"),
-        "FROM picked WHERE inbox_entry.id = picked.id\nRETURNING inbox_entry.*"
-    ),
+    insert_sql: INSERT_SQL,
     now_sql: "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT",
 }

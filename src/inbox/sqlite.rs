@@ -51,18 +51,41 @@ impl SqliteStore {
     }
 }
 
+/// The claim: one statement, which takes the write lock before it reads.
+#[doc(hidden)]
+pub const CLAIM_SQL: &str = concat!(
+    "UPDATE inbox_entry SET\n",
+    include_str!("sql/claim_set.sql"),
+    "WHERE id IN (\n",
+    include_str!("sql/claim_where.sql"),
+    ")\nRETURNING *"
+);
+
+/// The insert (public for the tests that interleave by hand).
+#[doc(hidden)]
+pub const INSERT_SQL: &str = include_str!("sql/insert.sql");
+
+impl SqliteStore {
+    async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<SqliteRow>, StoreError> {
+        Ok(sqlx::query(CLAIM_SQL)
+            .bind(req.route)
+            .bind(req.now)
+            .bind(req.ordered)
+            .bind(req.parked_blocks)
+            .bind(i64::from(req.limit))
+            .bind(req.owner)
+            .bind(req.lease_ms)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+}
+
 store_impl! {
     store: SqliteStore,
     backend: "sqlite",
     pool: SqlitePool,
     conn: SqliteConnection,
     row: SqliteRow,
-    claim_sql: concat!(
-        "UPDATE inbox_entry SET\n",
-        include_str!("sql/claim_set.sql"),
-        "WHERE id IN (\n",
-        include_str!("sql/claim_where.sql"),
-        ")\nRETURNING *"
-    ),
+    insert_sql: INSERT_SQL,
     now_sql: "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)",
 }

@@ -2,7 +2,8 @@
 //! implementation heavy; a macro keeps one body and one set of queries instead.
 
 /// Implements [`super::Store`] for `$store` (a struct with a `pool: $pool` field),
-/// given the backend's claim statement, clock query and migrations.
+/// given the backend's insert statement and clock query. Each backend brings its own
+/// `claim_rows` (the claim is where the two differ) and migrations.
 macro_rules! store_impl {
     (
         store: $store:ty,
@@ -10,7 +11,7 @@ macro_rules! store_impl {
         pool: $pool:ty,
         conn: $conn:ty,
         row: $row:ty,
-        claim_sql: $claim_sql:expr,
+        insert_sql: $insert_sql:expr,
         now_sql: $now_sql:expr,
     ) => {
         impl $store {
@@ -91,7 +92,7 @@ macro_rules! store_impl {
                 let d = e.decoded.as_ref();
                 let finished = matches!(status, $crate::inbox::Status::Done | $crate::inbox::Status::Ignored).then_some(now);
                 let attributes = serde_json::to_string(&e.attributes).expect("string pairs serialize");
-                Ok(sqlx::query_scalar(include_str!("sql/insert.sql"))
+                Ok(sqlx::query_scalar($insert_sql)
                     .bind(&e.route)
                     .bind(dedup_key)
                     .bind(d.map(|d| d.correlation_key.as_str()))
@@ -177,16 +178,7 @@ macro_rules! store_impl {
             async fn claim(&self, req: &$crate::inbox::ClaimRequest<'_>)
                 -> Result<Vec<$crate::inbox::Claimed>, $crate::inbox::StoreError>
             {
-                let rows = sqlx::query($claim_sql)
-                    .bind(req.route)
-                    .bind(req.now)
-                    .bind(req.ordered)
-                    .bind(req.parked_blocks)
-                    .bind(i64::from(req.limit))
-                    .bind(req.owner)
-                    .bind(req.lease_ms)
-                    .fetch_all(&self.pool)
-                    .await?;
+                let rows = self.claim_rows(req).await?;
                 let mut claimed = rows
                     .iter()
                     .map(|row| {
