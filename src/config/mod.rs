@@ -261,6 +261,12 @@ pub struct PluginLimits {
     pub fuel: Option<u64>,
     /// Largest event body or request (body, path and headers) a call may return.
     pub max_output_bytes: usize,
+    /// Longest correlation or dedup key `decode` may return (output rules, `crate::rules`).
+    pub max_key_bytes: usize,
+    /// Longest event type or schema version `decode` may return.
+    pub max_label_bytes: usize,
+    /// Longest reason stored as an entry's last error; longer ones are cut.
+    pub max_reason_bytes: usize,
 }
 
 impl Default for PluginLimits {
@@ -270,6 +276,9 @@ impl Default for PluginLimits {
             memory_bytes: 64 << 20,
             fuel: None,
             max_output_bytes: 8 << 20,
+            max_key_bytes: 1024,
+            max_label_bytes: 256,
+            max_reason_bytes: 4096,
         }
     }
 }

@@ -508,6 +508,14 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
             }
             limits.max_output_bytes = (mib as usize) << 20;
         }
+        let limit = |c: &mut Checker<'_>, n: &Option<Spanned<u32>>, field: &str, range, default: usize| {
+            c.within(n, &at(field), range).map_or(default, |n| n as usize)
+        };
+        limits.max_key_bytes = limit(c, &l.max_key_bytes, "limits.max_key_bytes", 1..=1 << 20, limits.max_key_bytes);
+        limits.max_label_bytes =
+            limit(c, &l.max_label_bytes, "limits.max_label_bytes", 1..=1 << 16, limits.max_label_bytes);
+        limits.max_reason_bytes =
+            limit(c, &l.max_reason_bytes, "limits.max_reason_bytes", 256..=1 << 20, limits.max_reason_bytes);
         if let Some(f) = &l.fuel {
             if *f.get_ref() == 0 {
                 c.error::<()>(f.span(), at("limits.fuel"), ConfigErrorKind::Invalid("must be at least 1".into()));
