@@ -103,7 +103,8 @@ impl Ingest {
     ) -> Result<Vec<InsertOutcome>, StoreError> {
         let mut outcomes = vec![None; entries.len()];
         // A stack of parts still to insert; the leftmost is on top.
-        let mut parts: Vec<Range<usize>> = Vec::from([0..entries.len()]);
+        let mut parts: Vec<Range<usize>> = Vec::new();
+        parts.push(0..entries.len());
         while let Some(part) = parts.pop() {
             match self.store.insert_batch(&entries[part.clone()], now).await {
                 Ok(done) => {

@@ -164,15 +164,7 @@ impl Inlet {
     }
 
     async fn push_envelope(&self, route: &str, envelope: &serde_json::Value) -> u16 {
-        self.http
-            .post(format!("{}/push/{route}", self.base))
-            .header("content-type", "application/json")
-            .body(envelope.to_string())
-            .send()
-            .await
-            .expect("push request")
-            .status()
-            .as_u16()
+        common::post_push(&self.http, &self.base, route, envelope).await
     }
 
     async fn entries(&self, route: &str) -> Vec<Entry> {
@@ -239,27 +231,15 @@ fn bad_decodes() -> Vec<(serde_json::Value, &'static str)> {
     ]
 }
 
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod on_sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() { super::$name(super::Backend::Sqlite).await; }
-            )*
-        }
-        mod on_postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() { super::$name(super::Backend::Postgres).await; }
-            )*
-        }
-    };
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_answers_that_break_a_rule_are_parked_naming_it_sqlite() {
+    decode_answers_that_break_a_rule_are_parked_naming_it(Backend::Sqlite).await;
 }
 
-on_both_stores!(
-    decode_answers_that_break_a_rule_are_parked_naming_it,
-    render_answers_that_break_a_rule_are_parked_and_never_sent,
-);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_answers_that_break_a_rule_are_parked_naming_it_postgres() {
+    decode_answers_that_break_a_rule_are_parked_naming_it(Backend::Postgres).await;
+}
 
 async fn decode_answers_that_break_a_rule_are_parked_naming_it(backend: Backend) {
     let target = Recorder::start().await;
@@ -326,6 +306,16 @@ fn bad_renders() -> Vec<(serde_json::Value, &'static str)> {
         // A multi-step exchange: the first request is fine, the next one is not.
         (json!({ "next": { "path": "/../team-b/trigger" } }), "request.path.dot-segment"),
     ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn render_answers_that_break_a_rule_are_parked_and_never_sent_sqlite() {
+    render_answers_that_break_a_rule_are_parked_and_never_sent(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn render_answers_that_break_a_rule_are_parked_and_never_sent_postgres() {
+    render_answers_that_break_a_rule_are_parked_and_never_sent(Backend::Postgres).await;
 }
 
 async fn render_answers_that_break_a_rule_are_parked_and_never_sent(backend: Backend) {
