@@ -13,6 +13,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use common::{PubSubEmulator, TestPg, push_envelope, wait_for, wait_until};
 use inlet::app::{self, Running};
+use inlet::clock::Clock as _;
 use inlet::config::Config;
 use inlet::inbox::{Entry, ListFilter, Status, Store};
 use inlet::ingest::Incoming;
@@ -389,6 +390,19 @@ async fn rows_postgres_refuses_are_parked_with_the_database_error() {
         assert_eq!(entry.dedup_key, id);
         assert_eq!(inlet.push("raised", payload, id).await, 200, "{id}: a redelivery is acked too");
     }
+    // A requeue decodes the parked message again; the database refuses that outcome
+    // too, and the entry is parked again at once instead of retried forever.
+    let parked = inlet.settled("raised", "long-key").await;
+    let now = inlet.running().shared.clock.now();
+    assert!(inlet.store.requeue(parked.id, now).await.unwrap(), "requeued");
+    let again = wait_for("the requeued entry parked again", WAIT, || async {
+        let e = inlet.store.get(parked.id).await.unwrap().expect("the entry");
+        (e.status == Status::Parked && e.last_error.as_deref().unwrap_or("").contains("outcome")).then_some(e)
+    })
+    .await;
+    let error = again.last_error.as_deref().unwrap();
+    assert!(error.contains("the inbox refused the outcome") && error.contains("54000"), "{error}");
+    assert_eq!(again.correlation_key, None, "the long key was not stored");
     // A message id with a NUL (a push sender may send anything): PostgreSQL refuses
     // the text; the row is kept with the id escaped and a digest as dedup key.
     let odd = json!({ "key": "k-odd" });
