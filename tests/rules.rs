@@ -13,7 +13,6 @@ use std::time::Duration;
 use base64::Engine as _;
 use common::{PubSubEmulator, TestPg, push_envelope, wait_for, wait_until};
 use inlet::app::{self, Running};
-use inlet::clock::Clock as _;
 use inlet::config::Config;
 use inlet::inbox::{Entry, ListFilter, Status, Store};
 use inlet::ingest::Incoming;
