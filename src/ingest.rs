@@ -1,15 +1,23 @@
 //! The receiver's half: decode a broker message with the route's plugin and store it.
 //! Whatever the plugin makes of the message — an event, an "ignore", a decode error,
-//! a trap — ends as a committed row; only a store failure is returned, and that
-//! means nack. This is the one place every source goes through (invariants 1–3).
+//! a trap, an answer that breaks an output rule (`crate::rules`) — ends as a committed
+//! row; only a store failure is returned, and that means nack. This is the one place
+//! every source goes through (invariants 1–3, 9).
+//!
+//! A row the database refuses for what it holds ([`StoreError::refuses_row`]: a key
+//! too long for an index, a NUL in text) is not an outage: that message is stored
+//! PARKED without its keys and with the database's error, and its neighbours in a
+//! batch are stored as usual (the batch is split until the bad rows are found).
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, Millis};
 use crate::inbox::{Decoded, InsertOutcome, NewEntry, Status, Store, StoreError};
 use crate::plugin::{PluginFault, wit};
 use crate::routing::Route;
+use crate::rules;
 use crate::telemetry::Metrics;
 
 /// A message as a source received it.
@@ -55,8 +63,8 @@ impl Ingest {
     /// Decodes and stores one message. `Ok` means the row is committed (or was
     /// already there) and the broker may be acked; `Err` means nack.
     pub async fn accept(&self, route: &Route, msg: Incoming) -> Result<InsertOutcome, IngestError> {
-        let entry = self.decode(route, msg).await?;
-        let result = self.store.insert(&entry, self.clock.now()).await;
+        let mut entry = self.decode(route, msg).await?;
+        let result = self.insert_one(route, &mut entry, self.clock.now()).await;
         self.record(route, &entry, &result);
         if matches!(result, Ok(InsertOutcome::Inserted { .. })) && entry.status == Status::Open {
             route.stored.notify_one();
@@ -66,13 +74,14 @@ impl Ingest {
 
     /// Decodes and stores many messages in one transaction, in the order given (the
     /// inbox order, and so the delivery order within a key). `Ok` means every row is
-    /// committed and every message may be acked; `Err` means nack them all.
+    /// committed and every message may be acked; `Err` means nack them all (rows that
+    /// were committed before the failure absorb the redelivery as duplicates).
     pub async fn accept_batch(&self, route: &Route, msgs: Vec<Incoming>) -> Result<Vec<InsertOutcome>, IngestError> {
         let mut entries = Vec::with_capacity(msgs.len());
         for msg in msgs {
             entries.push(self.decode(route, msg).await?);
         }
-        let result = self.store.insert_batch(&entries, self.clock.now()).await;
+        let result = self.insert_isolating(route, &mut entries, self.clock.now()).await;
         match &result {
             Ok(outcomes) => {
                 for (entry, outcome) in entries.iter().zip(outcomes) {
@@ -93,6 +102,79 @@ impl Ingest {
         Ok(result?)
     }
 
+    /// Inserts one row; if the database refuses it for what it holds, stores the
+    /// message PARKED without its keys instead (`entry` becomes that row).
+    async fn insert_one(&self, route: &Route, entry: &mut NewEntry, now: Millis) -> Result<InsertOutcome, StoreError> {
+        match self.store.insert(entry, now).await {
+            Err(error) if error.refuses_row() => {
+                *entry = self.refused(route, entry, &error);
+                self.store.insert(entry, now).await
+            }
+            result => result,
+        }
+    }
+
+    /// Inserts `entries` in order, in one transaction when the database takes them
+    /// all. When it refuses one for what it holds, the batch is split in halves (left
+    /// first, so the inbox order holds) until each refused row is alone; that one is
+    /// stored PARKED without its keys, the rest as they are. Any other error stops at
+    /// once: everything from the failed part on is not committed.
+    async fn insert_isolating(
+        &self,
+        route: &Route,
+        entries: &mut [NewEntry],
+        now: Millis,
+    ) -> Result<Vec<InsertOutcome>, StoreError> {
+        let mut outcomes = vec![None; entries.len()];
+        // A stack of parts still to insert; the leftmost is on top.
+        let mut parts: Vec<Range<usize>> = Vec::new();
+        parts.push(0..entries.len());
+        while let Some(part) = parts.pop() {
+            match self.store.insert_batch(&entries[part.clone()], now).await {
+                Ok(done) => {
+                    for (slot, outcome) in outcomes[part].iter_mut().zip(done) {
+                        *slot = Some(outcome);
+                    }
+                }
+                Err(error) if error.refuses_row() && part.len() > 1 => {
+                    let middle = part.start + part.len() / 2;
+                    parts.push(middle..part.end);
+                    parts.push(part.start..middle);
+                }
+                Err(error) if error.refuses_row() => {
+                    let entry = &mut entries[part.start];
+                    *entry = self.refused(route, entry, &error);
+                    outcomes[part.start] = Some(self.store.insert(entry, now).await?);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(outcomes.into_iter().map(|o| o.expect("every part was inserted")).collect())
+    }
+
+    /// The row for a message the database refused: PARKED, with the raw payload, the
+    /// attributes and the database's error, but no decoded event, a dedup key made
+    /// from the message id, and its own text fields made storable.
+    fn refused(&self, route: &Route, entry: &NewEntry, error: &StoreError) -> NewEntry {
+        let limits = &route.config.limits;
+        let code = error.code().unwrap_or_else(|| "unknown".into());
+        tracing::warn!(route = route.name(), message_id = %rules::storable(&entry.message_id, 200), code, %error, "the inbox refused the message for what it holds; parking it without its keys");
+        self.metrics.store_refused.get_or_create(&Metrics::route(route.name())).inc();
+        let reason = format!(
+            "the inbox refused the message (code {code}): {error}; stored without its decoded event{}",
+            entry.last_error.as_deref().map(|e| format!(" (before: {e})")).unwrap_or_default()
+        );
+        NewEntry {
+            dedup_key: rules::message_id_key(&entry.message_id, limits),
+            decoded: None,
+            message_id: rules::storable(&entry.message_id, limits.max_reason_bytes).into_owned(),
+            publish_time: entry.publish_time.as_deref().map(|t| rules::storable(t, 64).into_owned()),
+            status: Status::Parked,
+            last_error: Some(rules::storable(&reason, limits.max_reason_bytes).into_owned()),
+            ..entry.clone()
+        }
+    }
+
     /// Runs the plugin's `decode` and turns its answer into the row to store, or
     /// into [`IngestError::PluginBusy`] while a transient fault has tries left.
     pub async fn decode(&self, route: &Route, msg: Incoming) -> Result<NewEntry, IngestError> {
@@ -103,9 +185,10 @@ impl Ingest {
             publish_time: msg.publish_time.clone(),
             delivery_attempt: msg.delivery_attempt,
         };
+        let limits = &route.config.limits;
         let mut entry = NewEntry {
             route: route.name().to_string(),
-            dedup_key: msg.message_id.clone(),
+            dedup_key: rules::message_id_key(&msg.message_id, limits),
             decoded: None,
             raw_data: msg.data,
             attributes: msg.attributes,
@@ -123,6 +206,11 @@ impl Ingest {
                 tracing::warn!(route = route.name(), message_id = %entry.message_id, %fault, tries, "plugin could not decode the message in time; it will be redelivered");
                 self.metrics.plugin_faults.get_or_create(&fault_labels(route.name(), "decode", fault.kind())).inc();
                 return Err(IngestError::PluginBusy(fault));
+            }
+            Ok(Ok(wit::Decoded::Event(ev))) if let Err(violation) = rules::check_event(&route.config, &ev) => {
+                tracing::warn!(route = route.name(), message_id = %entry.message_id, %violation, "decode answer broke an output rule; parking the message");
+                self.count_refused(route, "decode", &violation);
+                entry.last_error = Some(format!("decode output refused: {violation}"));
             }
             Ok(Ok(wit::Decoded::Event(ev))) => {
                 if let Some(key) = ev.dedup_key.filter(|k| !k.is_empty()) {
@@ -151,6 +239,7 @@ impl Ingest {
                 entry.last_error = Some(format!("plugin fault during decode: {fault}{tried}"));
             }
         }
+        entry.last_error = entry.last_error.map(|e| rules::storable(&e, limits.max_reason_bytes).into_owned());
         Ok(entry)
     }
 
@@ -169,6 +258,11 @@ impl Ingest {
         let tries = seen.entry(key).or_insert(0);
         *tries += 1;
         *tries
+    }
+
+    /// Counts a plugin answer refused by an output rule.
+    pub fn count_refused(&self, route: &Route, call: &'static str, violation: &rules::Violation) {
+        count_refused(&self.metrics, route.name(), call, violation);
     }
 
     fn record(&self, route: &Route, entry: &NewEntry, result: &Result<InsertOutcome, StoreError>) {
@@ -198,6 +292,12 @@ impl Ingest {
         };
         self.metrics.ingested.get_or_create(&Metrics::outcome(route.name(), outcome)).inc();
     }
+}
+
+/// Counts a plugin answer refused by an output rule (ingest and relay alike).
+pub fn count_refused(metrics: &Metrics, route: &str, call: &'static str, violation: &rules::Violation) {
+    let labels = crate::telemetry::OutputRuleLabels { route: route.to_string(), call, rule: violation.rule };
+    metrics.output_refused.get_or_create(&labels).inc();
 }
 
 pub fn fault_labels(route: &str, call: &'static str, kind: &'static str) -> crate::telemetry::PluginFaultLabels {

@@ -39,6 +39,14 @@ pub struct PluginFaultLabels {
     pub kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutputRuleLabels {
+    pub route: String,
+    pub call: &'static str,
+    /// The rule's name (`crate::rules::Violation::rule`): a fixed set.
+    pub rule: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     /// Messages taken in, by outcome: inserted, duplicate, conflict, parked, ignored.
@@ -52,6 +60,10 @@ pub struct Metrics {
     /// Entries that ended PARKED during relay (alarm on this).
     pub parked: Family<RouteLabel, Counter>,
     pub plugin_faults: Family<PluginFaultLabels, Counter>,
+    /// Plugin answers refused by an output rule (`crate::rules`); the entry is parked.
+    pub output_refused: Family<OutputRuleLabels, Counter>,
+    /// Messages the inbox refused for what they hold, stored PARKED without their keys.
+    pub store_refused: Family<RouteLabel, Counter>,
     /// Routing files applied (`ok`) or refused (`refused`) while running.
     pub config_reloads: Family<OutcomeLabel, Counter>,
     /// Plugin versions swapped in (`ok`) or refused (`refused`).
@@ -102,6 +114,8 @@ impl Metrics {
             attempts: Family::default(),
             parked: Family::default(),
             plugin_faults: Family::default(),
+            output_refused: Family::default(),
+            store_refused: Family::default(),
             lease_lost: Family::default(),
             plugin_reloads: Family::default(),
             config_reloads: Family::default(),
@@ -143,6 +157,16 @@ impl Metrics {
         registry.register("delivery_attempts", "Delivery attempts by disposition", m.attempts.clone());
         registry.register("parked", "Entries parked by the relay", m.parked.clone());
         registry.register("plugin_faults", "Plugin calls that trapped or broke a limit", m.plugin_faults.clone());
+        registry.register(
+            "plugin_output_refused",
+            "Plugin answers refused by an output rule, by call and rule",
+            m.output_refused.clone(),
+        );
+        registry.register(
+            "store_refused",
+            "Messages the inbox refused for what they hold, stored PARKED without their keys",
+            m.store_refused.clone(),
+        );
         registry.register("config_reloads", "Routing files applied or refused while running", m.config_reloads.clone());
         registry.register("plugin_reloads", "Plugin versions swapped in or refused", m.plugin_reloads.clone());
         registry.register("route_up", "1 while a route runs, 0 while it is refused", m.route_up.clone());

@@ -192,6 +192,8 @@ fn valid_file_reads_policies_store_and_server() {
     assert_eq!(route.not_yet.max_interval, Duration::from_secs(30));
     assert_eq!(route.limits.call_timeout, Duration::from_millis(250));
     assert_eq!(route.limits.memory_bytes, 32 << 20);
+    assert_eq!(route.limits.max_key_bytes, 512);
+    assert_eq!((route.limits.max_label_bytes, route.limits.max_reason_bytes), (256, 4096), "the defaults");
 }
 
 #[test]

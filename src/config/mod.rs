@@ -318,6 +318,12 @@ pub struct PluginLimits {
     pub keep_warm_bytes: usize,
     /// Decodes of one message that may hit the backstop before it is parked.
     pub timeout_tries: u32,
+    /// Longest correlation or dedup key `decode` may return (output rules, `crate::rules`).
+    pub max_key_bytes: usize,
+    /// Longest event type or schema version `decode` may return.
+    pub max_label_bytes: usize,
+    /// Longest reason stored as an entry's last error; longer ones are cut.
+    pub max_reason_bytes: usize,
 }
 
 impl Default for PluginLimits {
@@ -330,6 +336,9 @@ impl Default for PluginLimits {
             max_concurrent_calls: 16,
             keep_warm_bytes: 16 << 20,
             timeout_tries: 3,
+            max_key_bytes: 1024,
+            max_label_bytes: 256,
+            max_reason_bytes: 4096,
         }
     }
 }

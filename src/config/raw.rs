@@ -288,6 +288,21 @@ pub(super) struct RawLimits {
     /// Times a decode may hit `call_timeout` for one message before the message is
     /// parked (default 3).
     pub timeout_tries: Option<Spanned<u32>>,
+    /// Longest correlation key or dedup key `decode` may return, in bytes, 1 to
+    /// 1048576 (default 1024). A longer key parks the message (rule
+    /// `correlation-key.max-bytes` / `dedup-key.max-bytes`). PostgreSQL cannot index a
+    /// key of more than about 2,400 bytes: above that the database refuses the row and
+    /// the message is parked with the database's error instead.
+    pub max_key_bytes: Option<Spanned<u32>>,
+    /// Longest event type or schema version `decode` may return, in bytes, 1 to 65536
+    /// (default 256). A longer one parks the message (rule `event-type.max-bytes` /
+    /// `schema-version.max-bytes`).
+    pub max_label_bytes: Option<Spanned<u32>>,
+    /// Longest reason kept in an entry's last error (an ignore or park reason, a decode
+    /// or render error, a target's answer), in bytes, 256 to 1048576 (default 4096).
+    /// A longer reason is cut at this size and marked `… [cut: N bytes in all]`; the
+    /// entry is stored or settled as the plugin asked.
+    pub max_reason_bytes: Option<Spanned<u32>>,
 }
 
 /// A duration written for people: `"250ms"`, `"10s"`, `"30m"`, `"1h 30m"`.

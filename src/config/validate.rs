@@ -573,6 +573,15 @@ fn plugin_limits(c: &mut Checker<'_>, l: &RawLimits, at: &dyn Fn(&str) -> String
     if let Some(n) = within(&l.timeout_tries, "limits.timeout_tries", 1..=100) {
         limits.timeout_tries = n as u32;
     }
+    if let Some(n) = within(&l.max_key_bytes, "limits.max_key_bytes", 1..=1 << 20) {
+        limits.max_key_bytes = n;
+    }
+    if let Some(n) = within(&l.max_label_bytes, "limits.max_label_bytes", 1..=1 << 16) {
+        limits.max_label_bytes = n;
+    }
+    if let Some(n) = within(&l.max_reason_bytes, "limits.max_reason_bytes", 256..=1 << 20) {
+        limits.max_reason_bytes = n;
+    }
     if let Some(f) = &l.fuel {
         if *f.get_ref() == 0 {
             c.error::<()>(f.span(), at("limits.fuel"), ConfigErrorKind::Invalid("must be at least 1".into()));

@@ -266,6 +266,25 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         matches!(self, StoreError::Unavailable(_))
     }
+
+    /// Whether the database refused a row for what it holds (a value too long for an
+    /// index, a character the encoding cannot hold, a constraint other than the dedup
+    /// key): the same row fails again on every try, so the caller must store something
+    /// else (the message PARKED without its keys), not nack it forever. Never true for
+    /// an outage.
+    pub fn refuses_row(&self) -> bool {
+        matches!(self, StoreError::Database(e) if refuses_row(e))
+    }
+
+    /// The SQLSTATE (PostgreSQL) or extended result code (SQLite) of a database error.
+    pub fn code(&self) -> Option<String> {
+        match self {
+            StoreError::Unavailable(sqlx::Error::Database(db)) | StoreError::Database(sqlx::Error::Database(db)) => {
+                db.code().map(|c| c.into_owned())
+            }
+            _ => None,
+        }
+    }
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -284,23 +303,50 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => match db.code() {
+            // SQLite: BUSY (5), LOCKED (6), IOERR (10), and their extended codes (low
+            // byte). Only for SQLite's errors: many SQLSTATEs are numbers too (22021,
+            // a NUL in text, has 5 as its low byte).
+            Some(code) if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() => {
+                code.parse::<i32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 10))
+            }
             Some(code) => {
                 let code = code.as_ref();
                 // PostgreSQL: connection exceptions (08), admin shutdown / cannot
                 // connect now (57P0x), serialization failure and deadlock (40001, 40P01),
-                // insufficient resources (53). SQLite: BUSY (5), LOCKED (6), IOERR (10),
-                // and their extended codes (low byte).
+                // insufficient resources (53).
                 code.starts_with("08")
                     || code.starts_with("57P0")
                     || code == "40001"
                     || code == "40P01"
                     || code.starts_with("53")
-                    || code.parse::<i32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 10))
             }
             None => false,
         },
         _ => false,
     }
+}
+
+/// The dedup key's unique constraint: a violation of it is a race another insert won,
+/// not a bad row (and `ON CONFLICT` normally absorbs it).
+const DEDUP_CONSTRAINT: &str = "inbox_entry_dedup";
+
+/// Classifies by SQLSTATE class / SQLite primary result code, never by message text.
+fn refuses_row(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else { return false };
+    let Some(code) = db.code() else { return false };
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // TOOBIG (18), CONSTRAINT (19) but not CONSTRAINT_UNIQUE (2067, the dedup key:
+        // the only unique index besides the row id), MISMATCH (20), RANGE (25).
+        let Ok(n) = code.parse::<i32>() else { return false };
+        return n != 2067 && matches!(n & 0xff, 18 | 19 | 20 | 25);
+    }
+    if db.constraint() == Some(DEDUP_CONSTRAINT) {
+        return false;
+    }
+    // PostgreSQL: data exception (22, e.g. 22021 a NUL in text, 22001 too long),
+    // integrity constraint violation (23), program limit exceeded (54, e.g. an index
+    // row larger than a btree page allows).
+    ["22", "23", "54"].iter().any(|class| code.starts_with(class))
 }
 
 /// The inbox as the host uses it.

@@ -16,9 +16,10 @@ use tokio::task::JoinSet;
 use crate::clock::{Clock, Millis};
 use crate::config::{Ordering, ParkedPolicy};
 use crate::inbox::{ClaimRequest, Claimed, Decoded, Settlement, Store, StoreError};
-use crate::ingest::fault_labels;
+use crate::ingest::{count_refused, fault_labels};
 use crate::plugin::wit;
 use crate::routing::Route;
+use crate::rules;
 use crate::telemetry::Metrics;
 use policy::{Decision, Disposition};
 
@@ -148,11 +149,25 @@ impl Relay {
                 decision(self.clock.now()).settle(disposition, &mut fastrand::Rng::new())
             }
         };
+        let settlement = self.storable(settlement);
         if let Settlement::Parked { error } = &settlement {
             tracing::warn!(route, id, key = c.entry.correlation_key.as_deref().unwrap_or(""), error, "entry parked");
             self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
         }
-        match self.store.settle(id, &c.lease, self.clock.now(), &settlement).await {
+        let mut result = self.store.settle(id, &c.lease, self.clock.now(), &settlement).await;
+        if let Err(error) = &result
+            && error.refuses_row()
+        {
+            // What the attempt produced cannot be stored (say, a re-decoded key too
+            // long for the index): retrying would fail the same way, so park instead.
+            let code = error.code().unwrap_or_else(|| "unknown".into());
+            let reason = format!("the inbox refused the outcome of the attempt (code {code}): {error}");
+            tracing::warn!(route, id, %error, "the inbox refused an outcome; parking the entry");
+            self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
+            let parked = self.storable(Settlement::Parked { error: reason });
+            result = self.store.settle(id, &c.lease, self.clock.now(), &parked).await;
+        }
+        match result {
             Ok(()) => tracing::debug!(route, id, ?settlement, "entry settled"),
             Err(StoreError::LeaseLost { .. }) => {
                 tracing::warn!(
@@ -168,6 +183,29 @@ impl Relay {
         }
     }
 
+    /// The settlement with its text made storable and cut at the route's
+    /// `max_reason_bytes`: a reason from the plugin or a target's answer may hold
+    /// anything.
+    fn storable(&self, settlement: Settlement) -> Settlement {
+        let max = self.route.config.limits.max_reason_bytes;
+        let bound = |text: String| rules::storable(&text, max).into_owned();
+        match settlement {
+            Settlement::Ignored { reason } => Settlement::Ignored { reason: bound(reason) },
+            Settlement::Retry { at, error } => Settlement::Retry { at, error: bound(error) },
+            Settlement::Parked { error } => Settlement::Parked { error: bound(error) },
+            other @ (Settlement::Done | Settlement::Decoded(_)) => other,
+        }
+    }
+
+    /// A rendered request (from `render` or a `next` step) that breaks an output rule:
+    /// counted, and the reason the entry is parked with.
+    fn refuse_request(&self, call: &'static str, step: u32, req: &wit::Request) -> Option<Disposition> {
+        let violation = rules::check_request(&self.route.config.target, req).err()?;
+        count_refused(&self.metrics, self.route.name(), call, &violation);
+        let what = if step > 1 { format!("{call} output for step {step}") } else { format!("{call} output") };
+        Some(Disposition::Park { reason: format!("{what} refused, the request was not sent: {violation}") })
+    }
+
     /// Render, send, classify.
     async fn deliver(&self, c: &Claimed, decoded: Decoded) -> Disposition {
         let route = self.route.name();
@@ -181,7 +219,10 @@ impl Relay {
         // One version for the whole exchange, even if a reload lands meanwhile.
         let plugin = self.route.plugin();
         let request = match plugin.render(event.clone()).await {
-            Ok(Ok(r)) => r,
+            Ok(Ok(r)) => match self.refuse_request("render", 1, &r) {
+                Some(refused) => return refused,
+                None => r,
+            },
             Ok(Err(reason)) => {
                 return Disposition::Park { reason: format!("plugin could not render the request: {reason}") };
             }
@@ -224,6 +265,9 @@ impl Relay {
                             hint: None,
                         };
                     }
+                    if let Some(refused) = self.refuse_request("classify", exchange.step + 1, &next.request) {
+                        return refused;
+                    }
                     request = next.request;
                     exchange = wit::Exchange { step: exchange.step + 1, state: next.state };
                     continue;
@@ -260,6 +304,10 @@ impl Relay {
             delivery_attempt: c.entry.delivery_attempt.map(|a| a.max(0) as u32),
         };
         Ok(match self.route.plugin().decode(msg).await {
+            Ok(Ok(wit::Decoded::Event(ev))) if let Err(violation) = rules::check_event(&self.route.config, &ev) => {
+                count_refused(&self.metrics, self.route.name(), "decode", &violation);
+                Settlement::Parked { error: format!("decode output refused: {violation}") }
+            }
             Ok(Ok(wit::Decoded::Event(ev))) => Settlement::Decoded(Decoded {
                 event_type: ev.event_type,
                 correlation_key: ev.correlation_key,

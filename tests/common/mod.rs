@@ -244,6 +244,18 @@ pub fn push_envelope(data: &[u8], attributes: &[(&str, &str)], message_id: &str)
     })
 }
 
+/// POSTs a push envelope to `BASE/push/ROUTE`, as a push subscription does; the status.
+pub async fn post_push(http: &reqwest::Client, base: &str, route: &str, envelope: &serde_json::Value) -> u16 {
+    let response = http
+        .post(format!("{base}/push/{route}"))
+        .header("content-type", "application/json")
+        .body(envelope.to_string())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("push to route {route}: {e}"));
+    response.status().as_u16()
+}
+
 /// Current UTC time as RFC 3339 with milliseconds, e.g. `2025-01-31T12:34:56.789Z`.
 fn rfc3339_now() -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970");
