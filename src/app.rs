@@ -306,6 +306,9 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     Ok(Running { addr, shared, shutdown, tasks, grace: options.grace })
 }
 
+/// Rows one retention statement deletes at most.
+const PURGE_BATCH: u32 = 1_000;
+
 /// Refreshes the backlog gauges and purges finished entries past their retention.
 async fn housekeeping(shared: Arc<Shared>, retention: Duration, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -320,7 +323,9 @@ async fn housekeeping(shared: Arc<Shared>, retention: Duration, mut shutdown: wa
         if since_purge >= Duration::from_secs(60) {
             since_purge = Duration::ZERO;
             let before = shared.clock.now() - retention.as_millis() as i64;
-            match shared.store.purge_finished(before, 10_000).await {
+            // Small batches with a pause between them: the relay's claims and settles
+            // get the database in between, and any backlog is cleared in one round.
+            match inbox::purge_all(shared.store.as_ref(), before, PURGE_BATCH, Duration::from_millis(20)).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(purged = n, "purged finished entries past their retention"),
                 Err(error) => tracing::warn!(%error, "retention purge failed; will try again"),

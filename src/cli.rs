@@ -332,14 +332,7 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
         }
         InboxCommand::Purge { older_than } => {
             let before = clock.now() - older_than.as_millis() as i64;
-            let mut total = 0;
-            loop {
-                let n = store.purge_finished(before, 10_000).await?;
-                total += n;
-                if n == 0 {
-                    break;
-                }
-            }
+            let total = crate::inbox::purge_all(store.as_ref(), before, 10_000, Duration::ZERO).await?;
             println!("purged {total} finished entries");
             Ok(ExitCode::SUCCESS)
         }

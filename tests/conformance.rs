@@ -63,6 +63,7 @@ conformance!(
     requeue_only_touches_parked_or_open_entries,
     entry_parked_before_decoding_is_decoded_on_requeue,
     purge_removes_finished_entries_but_never_parked_ones,
+    purge_clears_a_backlog_larger_than_one_batch,
     concurrent_claimers_never_hold_one_key_twice,
     counts_report_unresolved_entries,
 );
@@ -365,4 +366,22 @@ async fn counts_report_unresolved_entries(store: Arc<dyn Store>) {
     let now = store.db_now().await.unwrap();
     let host = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     assert!((now - host).abs() < 5_000, "database clock {now} vs host {host}");
+}
+
+async fn purge_clears_a_backlog_larger_than_one_batch(store: Arc<dyn Store>) {
+    let done =
+        |n: usize| NewEntry { status: Status::Done, ..entry("r", &format!("k{}", n % 7), &format!("d-{n}"), "x") };
+    let batch: Vec<NewEntry> = (0..2_500).map(done).collect();
+    for chunk in batch.chunks(500) {
+        store.insert_batch(chunk, T0).await.unwrap();
+    }
+    let parked = insert(&store, NewEntry { status: Status::Parked, ..entry("r", "k", "p-1", "x") }).await;
+    let purged = inbox::purge_all(store.as_ref(), T0 + 1, 1_000, std::time::Duration::from_millis(1)).await.unwrap();
+    assert_eq!(purged, 2_500, "three batches, one call");
+    let left = store.list(&ListFilter { route: Some("r".into()), limit: 100, ..Default::default() }).await.unwrap();
+    assert_eq!(ids_of(&left), vec![parked], "only the parked entry is left");
+}
+
+fn ids_of(entries: &[inbox::Entry]) -> Vec<i64> {
+    entries.iter().map(|e| e.id).collect()
 }

@@ -391,6 +391,27 @@ pub trait Store: Send + Sync + 'static {
 }
 
 /// Opens (and migrates) the store a URL names.
+/// Deletes finished entries that ended before `before`, `batch` rows per statement,
+/// until none is left; waits `pause` between batches so claims and settles get the
+/// database in between. Returns how many were deleted. A backlog of any size is
+/// cleared in one call, so retention keeps up with any sustained rate.
+pub async fn purge_all(
+    store: &dyn Store,
+    before: Millis,
+    batch: u32,
+    pause: std::time::Duration,
+) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        let n = store.purge_finished(before, batch).await?;
+        total += n;
+        if n < u64::from(batch) {
+            return Ok(total);
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
+
 pub async fn open(url: &str, max_connections: u32) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(sqlite::SqliteStore::open(url, max_connections).await?))
