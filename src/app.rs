@@ -154,6 +154,9 @@ pub struct Options {
     pub pubsub: Connection,
     /// How long shutdown waits for in-flight deliveries.
     pub grace: Duration,
+    /// Fault injection for tests (see `RelayOptions::panic_on_key`).
+    #[doc(hidden)]
+    pub panic_on_key: Option<String>,
 }
 
 impl Default for Options {
@@ -169,6 +172,7 @@ impl Default for Options {
             reload_every: Some(Duration::from_secs(2)),
             pubsub: Connection::from_env(),
             grace: Duration::from_secs(30),
+            panic_on_key: None,
         }
     }
 }
@@ -262,7 +266,11 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         config: Mutex::new(config.clone()),
         config_seen: Mutex::default(),
         relays: Mutex::new(Relays::default()),
-        relay_options: RelayOptions { owner: options.owner.clone(), poll: options.poll },
+        relay_options: RelayOptions {
+            owner: options.owner.clone(),
+            poll: options.poll,
+            panic_on_key: options.panic_on_key.clone(),
+        },
     });
 
     let addr = options.listen.unwrap_or(config.server.listen);

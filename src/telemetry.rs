@@ -76,6 +76,8 @@ pub struct Metrics {
     pub routing_files_refused: Gauge,
     /// Outcomes discarded because the worker's lease was gone.
     pub lease_lost: Family<RouteLabel, Counter>,
+    /// Delivery attempts that panicked (a bug in Inlet): alert on any.
+    pub attempt_panics: Family<RouteLabel, Counter>,
     /// Time from sending a request to the target to its answer.
     pub delivery_seconds: Family<RouteLabel, Histogram>,
     /// Unresolved entries by state, refreshed periodically from the inbox.
@@ -117,6 +119,7 @@ impl Metrics {
             output_refused: Family::default(),
             store_refused: Family::default(),
             lease_lost: Family::default(),
+            attempt_panics: Family::default(),
             plugin_reloads: Family::default(),
             config_reloads: Family::default(),
             route_up: Family::default(),
@@ -155,6 +158,11 @@ impl Metrics {
             m.dedup_conflicts.clone(),
         );
         registry.register("delivery_attempts", "Delivery attempts by disposition", m.attempts.clone());
+        registry.register(
+            "attempt_panics",
+            "Delivery attempts that panicked (a bug in Inlet), each counted as a failed attempt",
+            m.attempt_panics.clone(),
+        );
         registry.register("parked", "Entries parked by the relay", m.parked.clone());
         registry.register("plugin_faults", "Plugin calls that trapped or broke a limit", m.plugin_faults.clone());
         registry.register(

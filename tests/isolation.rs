@@ -352,3 +352,39 @@ async fn plugins_see_no_real_time_or_entropy() {
     let later = body(one.decode(message(b"entropy", "e-1")).await);
     assert!(later.starts_with("wall=0 elapsed=0ns "), "{later}");
 }
+
+/// A delivery attempt that panics (a bug in the host, injected here) is logged,
+/// counted as a failed attempt and in `inlet_attempt_panics_total`, retried with
+/// backoff and parked at `max_attempts` — not left to its lease forever — while the
+/// relay goes on delivering other keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_attempt_is_counted_and_parked_at_max_attempts() {
+    let routes = format!(
+        "[[route]]\nname = \"r\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n\
+         retry = {{ initial = \"50ms\", max = \"100ms\", max_attempts = 3 }}\n",
+        common::plugin_path("hostile").display()
+    );
+    let inlet = common::start_on_sqlite(&routes, |o| o.panic_on_key = Some("boom".into())).await;
+    let (base, http) = (inlet.base(), reqwest::Client::new());
+    assert_eq!(push(&http, &base, "r", b"boom:1", "b-1").await.0, 200);
+    assert_eq!(push(&http, &base, "r", b"fine:1", "f-1").await.0, 200);
+    let store = Arc::clone(&inlet.running.shared.store);
+    let entries = wait_for("the panicking entry parked and the other done", Duration::from_secs(60), || {
+        let store = Arc::clone(&store);
+        async move {
+            let entries = entries_of(&store, "r").await;
+            let settled = entries.iter().all(|e| matches!(e.status, Status::Parked | Status::Done));
+            settled.then_some(entries)
+        }
+    })
+    .await;
+    let boom = entries.iter().find(|e| e.message_id == "b-1").unwrap();
+    assert_eq!(boom.status, Status::Parked);
+    assert_eq!(boom.attempts, 3, "every panicked attempt counted");
+    let error = boom.last_error.clone().unwrap_or_default();
+    assert!(error.contains("panicked") && error.contains("fault injection"), "{error}");
+    assert_eq!(entries.iter().find(|e| e.message_id == "f-1").unwrap().status, Status::Done);
+    let metrics = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("inlet_attempt_panics_total{route=\"r\"} 3"), "{metrics}");
+    inlet.running.stop().await;
+}

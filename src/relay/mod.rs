@@ -30,6 +30,10 @@ pub struct RelayOptions {
     pub owner: String,
     /// How often to look for due entries when nothing wakes the relay.
     pub poll: Duration,
+    /// Fault injection for tests: an attempt at an entry of this correlation key
+    /// panics, as a bug in the host would. Never set in production.
+    #[doc(hidden)]
+    pub panic_on_key: Option<String>,
 }
 
 /// How often a relay looks for expired leases to take back.
@@ -65,7 +69,7 @@ impl Relay {
                         full_batch = claimed.len() == free;
                         for c in claimed {
                             let relay = Arc::clone(&self);
-                            in_flight.spawn(async move { relay.attempt(c).await });
+                            in_flight.spawn(async move { relay.attempt_contained(c).await });
                         }
                     }
                     Err(error) => {
@@ -126,8 +130,45 @@ impl Relay {
             .await
     }
 
+    /// [`Relay::attempt`], with a panic in it (a bug in the host) caught: logged,
+    /// counted in `inlet_attempt_panics_total`, and settled like a failed attempt —
+    /// retried with backoff and parked at `max_attempts` — instead of leaving the
+    /// entry to its lease and a crash loop nobody sees.
+    async fn attempt_contained(self: Arc<Self>, c: Claimed) {
+        let (id, lease, attempts, received_at) = (c.entry.id, c.lease.clone(), c.entry.attempts, c.entry.received_at);
+        let this = Arc::clone(&self);
+        let Err(panic) = CatchUnwind(Box::pin(async move { this.attempt(c).await })).await else { return };
+        let route = self.route.name();
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        tracing::error!(route, id, panic = %message, "a delivery attempt panicked; counting it as a failed attempt");
+        self.metrics.attempt_panics.get_or_create(&Metrics::route(route)).inc();
+        let decision = Decision {
+            retry: &self.route.config.retry,
+            not_yet: &self.route.config.not_yet,
+            attempts: attempts.max(1) as u32,
+            received_at,
+            now: self.clock.now(),
+        };
+        let error = format!("the delivery attempt panicked (a bug in Inlet): {message}");
+        let settlement = decision.settle(Disposition::Retry { error, hint: None }, &mut fastrand::Rng::new());
+        if let Settlement::Parked { error } = &settlement {
+            tracing::warn!(route, id, error, "entry parked");
+            self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
+        }
+        if let Err(error) = self.store.settle(id, &lease, self.clock.now(), &settlement).await {
+            tracing::error!(route, id, %error, "could not settle the panicked attempt; the entry is retried when its lease expires");
+        }
+    }
+
     /// One attempt at one claimed entry, ending in exactly one settle.
     pub async fn attempt(&self, c: Claimed) {
+        if self.options.panic_on_key.is_some() && c.entry.correlation_key == self.options.panic_on_key {
+            panic!("fault injection: panic_on_key {:?}", c.entry.correlation_key);
+        }
         let route = self.route.name();
         let id = c.entry.id;
         let decision = |now| Decision {
@@ -330,5 +371,20 @@ impl Relay {
                 Settlement::Parked { error }
             }
         })
+    }
+}
+
+/// Polls a future and turns a panic inside it into an `Err` with the panic's payload.
+struct CatchUnwind<F>(std::pin::Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let fut = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(poll) => poll.map(Ok),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
     }
 }
