@@ -206,7 +206,15 @@ async fn unordered_route_claims_every_due_entry(store: Arc<dyn Store>) {
 async fn retry_waits_until_due(store: Arc<dyn Store>) {
     let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
     let c = store.claim(&req("r", "w", T0, 10)).await.unwrap();
-    store.settle(a1, &c[0].lease, T0 + 10, &Settlement::Retry { at: T0 + 1_000, error: "503".into() }).await.unwrap();
+    store
+        .settle(
+            a1,
+            &c[0].lease,
+            T0 + 10,
+            &Settlement::Retry { at: T0 + 1_000, error: "503".into(), not_yet_since: None },
+        )
+        .await
+        .unwrap();
     let e = store.get(a1).await.unwrap().unwrap();
     assert_eq!((e.status, e.next_attempt_at, e.last_error.as_deref()), (Status::Open, T0 + 1_000, Some("503")));
     assert!(store.claim(&req("r", "w", T0 + 999, 10)).await.unwrap().is_empty(), "not due yet");

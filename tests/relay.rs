@@ -297,6 +297,20 @@ async fn not_yet_is_retried_until_ready_or_parked_at_the_deadline(backend: Backe
         "{error}"
     );
     assert_eq!(camunda.deliveries_for("never").len() as i32, e.attempts);
+
+    // A requeue starts a new run: the deadline counts again from the run's first
+    // not-yet answer, not from receipt (which would leave exactly one try).
+    let requeued_at = clock.now();
+    assert!(inlet.store.requeue(id, requeued_at).await.unwrap());
+    let mut e = inlet.next_settled(id, 0).await;
+    while e.status == Status::Open {
+        assert!(e.next_attempt_at <= requeued_at + 600_000, "never scheduled past the new deadline");
+        clock.set(e.next_attempt_at);
+        e = inlet.next_settled(id, e.attempts).await;
+    }
+    assert_eq!(e.status, Status::Parked);
+    assert!(e.attempts > 1, "the requeued entry got a whole deadline again, not one try: {e:?}");
+    assert!(clock.now() >= requeued_at + 600_000, "parked only once the new deadline was reached");
     inlet.stop().await;
 }
 

@@ -254,7 +254,10 @@ pub(super) struct RawRetry {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawNotYet {
-    /// Time since receipt after which a not-yet entry is parked (default `30m`).
+    /// How long a target may keep answering "not yet" before the entry is parked
+    /// (default `30m`), counted from the first not-yet answer of the current run: time
+    /// spent waiting behind older entries of the key does not count, and a requeue
+    /// starts a new run with the whole deadline.
     pub deadline: Option<Spanned<HumanDuration>>,
     /// Largest delay between not-yet attempts (default `1m`).
     pub max_interval: Option<Spanned<HumanDuration>>,

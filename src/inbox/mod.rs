@@ -157,6 +157,9 @@ pub struct Entry {
     pub lease_expires_at: Option<Millis>,
     pub last_error: Option<String>,
     pub received_at: Millis,
+    /// When the current run's first NOT-YET answer came; `None` before one, and
+    /// again after a requeue. The not-yet deadline counts from here.
+    pub not_yet_since: Option<Millis>,
     pub updated_at: Millis,
     pub finished_at: Option<Millis>,
 }
@@ -208,10 +211,12 @@ pub enum Settlement {
     Ignored {
         reason: String,
     },
-    /// Back to OPEN until `at`; `error` is kept as the last error.
+    /// Back to OPEN until `at`; `error` is kept as the last error. `not_yet_since`
+    /// (a NOT-YET answer) starts the not-yet clock if it is not running yet.
     Retry {
         at: Millis,
         error: String,
+        not_yet_since: Option<Millis>,
     },
     Parked {
         error: String,

@@ -144,6 +144,7 @@ macro_rules! store_impl {
                     lease_expires_at: row.try_get("lease_expires_at")?,
                     last_error: row.try_get("last_error")?,
                     received_at: row.try_get("received_at")?,
+                    not_yet_since: row.try_get("not_yet_since")?,
                     updated_at: row.try_get("updated_at")?,
                     finished_at: row.try_get("finished_at")?,
                 })
@@ -212,9 +213,13 @@ macro_rules! store_impl {
                 let (status, next, error, finished, decoded, reset) = match s {
                     Settlement::Done => (Status::Done, None, none, Some(now), None, false),
                     Settlement::Ignored { reason } => (Status::Ignored, None, Some(reason.as_str()), Some(now), None, false),
-                    Settlement::Retry { at, error } => (Status::Open, Some(*at), Some(error.as_str()), None, None, false),
+                    Settlement::Retry { at, error, .. } => (Status::Open, Some(*at), Some(error.as_str()), None, None, false),
                     Settlement::Parked { error } => (Status::Parked, None, Some(error.as_str()), None, None, false),
                     Settlement::Decoded(d) => (Status::Open, Some(now), none, None, Some(d), true),
+                };
+                let not_yet_since = match s {
+                    Settlement::Retry { not_yet_since, .. } => *not_yet_since,
+                    _ => None,
                 };
                 let r = sqlx::query(include_str!("sql/settle.sql"))
                     .bind(id)
@@ -230,6 +235,7 @@ macro_rules! store_impl {
                     .bind(decoded.and_then(|d| d.schema_version.as_deref()))
                     .bind(decoded.map(|d| d.body.as_slice()))
                     .bind(reset)
+                    .bind(not_yet_since)
                     .execute(&self.pool)
                     .await?;
                 if r.rows_affected() == 0 {

@@ -135,7 +135,8 @@ impl Relay {
     /// retried with backoff and parked at `max_attempts` — instead of leaving the
     /// entry to its lease and a crash loop nobody sees.
     async fn attempt_contained(self: Arc<Self>, c: Claimed) {
-        let (id, lease, attempts, received_at) = (c.entry.id, c.lease.clone(), c.entry.attempts, c.entry.received_at);
+        let (id, lease, attempts, not_yet_since) =
+            (c.entry.id, c.lease.clone(), c.entry.attempts, c.entry.not_yet_since);
         let this = Arc::clone(&self);
         let Err(panic) = CatchUnwind(Box::pin(async move { this.attempt(c).await })).await else { return };
         let route = self.route.name();
@@ -146,13 +147,7 @@ impl Relay {
             .unwrap_or_else(|| "a panic without a message".into());
         tracing::error!(route, id, panic = %message, "a delivery attempt panicked; counting it as a failed attempt");
         self.metrics.attempt_panics.get_or_create(&Metrics::route(route)).inc();
-        let decision = Decision {
-            retry: &self.route.config.retry,
-            not_yet: &self.route.config.not_yet,
-            attempts: attempts.max(1) as u32,
-            received_at,
-            now: self.clock.now(),
-        };
+        let decision = self.decision(attempts, not_yet_since);
         let error = format!("the delivery attempt panicked (a bug in Inlet): {message}");
         let settlement = decision.settle(Disposition::Retry { error, hint: None }, &mut fastrand::Rng::new());
         if let Settlement::Parked { error } = &settlement {
@@ -164,6 +159,17 @@ impl Relay {
         }
     }
 
+    /// The policy's view of an entry whose attempt just ended, as of now.
+    fn decision(&self, attempts: i32, not_yet_since: Option<Millis>) -> Decision<'_> {
+        Decision {
+            retry: &self.route.config.retry,
+            not_yet: &self.route.config.not_yet,
+            attempts: attempts.max(1) as u32,
+            not_yet_since,
+            now: self.clock.now(),
+        }
+    }
+
     /// One attempt at one claimed entry, ending in exactly one settle.
     pub async fn attempt(&self, c: Claimed) {
         if self.options.panic_on_key.is_some() && c.entry.correlation_key == self.options.panic_on_key {
@@ -171,23 +177,18 @@ impl Relay {
         }
         let route = self.route.name();
         let id = c.entry.id;
-        let decision = |now| Decision {
-            retry: &self.route.config.retry,
-            not_yet: &self.route.config.not_yet,
-            attempts: c.entry.attempts.max(1) as u32,
-            received_at: c.entry.received_at,
-            now,
-        };
         let settlement = match c.entry.decoded() {
             None => match self.redecode(&c).await {
                 Ok(settlement) => settlement,
                 // The plugin could not answer in time: an attempt like any other.
-                Err(transient) => decision(self.clock.now()).settle(transient, &mut fastrand::Rng::new()),
+                Err(transient) => {
+                    self.decision(c.entry.attempts, c.entry.not_yet_since).settle(transient, &mut fastrand::Rng::new())
+                }
             },
             Some(decoded) => {
                 let disposition = self.deliver(&c, decoded).await;
                 self.metrics.attempts.get_or_create(&Metrics::outcome(route, disposition.label())).inc();
-                decision(self.clock.now()).settle(disposition, &mut fastrand::Rng::new())
+                self.decision(c.entry.attempts, c.entry.not_yet_since).settle(disposition, &mut fastrand::Rng::new())
             }
         };
         let settlement = self.storable(settlement);
@@ -232,7 +233,9 @@ impl Relay {
         let bound = |text: String| rules::storable(&text, max).into_owned();
         match settlement {
             Settlement::Ignored { reason } => Settlement::Ignored { reason: bound(reason) },
-            Settlement::Retry { at, error } => Settlement::Retry { at, error: bound(error) },
+            Settlement::Retry { at, error, not_yet_since } => {
+                Settlement::Retry { at, error: bound(error), not_yet_since }
+            }
             Settlement::Parked { error } => Settlement::Parked { error: bound(error) },
             other @ (Settlement::Done | Settlement::Decoded(_)) => other,
         }

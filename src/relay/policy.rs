@@ -57,7 +57,8 @@ pub struct Decision<'a> {
     pub not_yet: &'a NotYetPolicy,
     /// Attempts made so far, including the one just finished.
     pub attempts: u32,
-    pub received_at: Millis,
+    /// When this run's first NOT-YET answer came, if one has.
+    pub not_yet_since: Option<Millis>,
     pub now: Millis,
 }
 
@@ -75,10 +76,13 @@ impl Decision<'_> {
                     Some(h) => h.min(self.retry.max),
                     None => backoff(self.retry, self.attempts, rng),
                 };
-                Settlement::Retry { at: self.now + delay.as_millis() as Millis, error }
+                Settlement::Retry { at: self.now + delay.as_millis() as Millis, error, not_yet_since: None }
             }
             Disposition::NotYet { reason } => {
-                let deadline = self.received_at + self.not_yet.deadline.as_millis() as Millis;
+                // From the first not-yet answer of this run: time spent waiting behind
+                // older entries of the key, or before a requeue, does not count.
+                let since = self.not_yet_since.unwrap_or(self.now);
+                let deadline = since + self.not_yet.deadline.as_millis() as Millis;
                 if self.now >= deadline {
                     return Settlement::Parked {
                         error: format!(
@@ -90,7 +94,7 @@ impl Decision<'_> {
                 let delay = backoff(self.retry, self.attempts, rng).min(self.not_yet.max_interval);
                 // The last try happens at the deadline, not after it.
                 let at = (self.now + delay.as_millis() as Millis).min(deadline);
-                Settlement::Retry { at, error: format!("not yet: {reason}") }
+                Settlement::Retry { at, error: format!("not yet: {reason}"), not_yet_since: Some(since) }
             }
         }
     }
