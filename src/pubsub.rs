@@ -85,8 +85,13 @@ impl Connection {
 
     /// A publisher for one topic. It batches for at most a few milliseconds: the
     /// relay awaits each publish, so a long batching delay is added to every delivery.
-    pub async fn publisher(&self, topic: &str) -> Result<Publisher, String> {
-        let mut b = Publisher::builder(topic).set_delay_threshold(Duration::from_millis(2));
+    /// Its retries end with `timeout` (the client's own policy would keep trying in
+    /// the background for minutes, so a publish the relay gave up on — and retried,
+    /// or followed by the key's next entry — could still land after it).
+    pub async fn publisher(&self, topic: &str, timeout: Duration) -> Result<Publisher, String> {
+        use google_cloud_gax::retry_policy::RetryPolicyExt as _;
+        let retries = google_cloud_pubsub::retry_policy::RetryableErrors.with_time_limit(timeout);
+        let mut b = Publisher::builder(topic).set_delay_threshold(Duration::from_millis(2)).with_retry_policy(retries);
         if let (Some(ep), Some(creds)) = (&self.emulator, self.anonymous()) {
             b = b.with_endpoint(ep).with_credentials(creds);
         }

@@ -155,3 +155,60 @@ async fn publishing_to_a_missing_topic_parks_the_entry_with_the_reason() {
     assert!(error.contains("the topic does not exist") && error.contains("404"), "{error}");
     inlet.running.stop().await;
 }
+
+/// A publish the target gave up on stays given up: with the emulator unreachable for
+/// longer than the target's timeout, the publish fails within the timeout, and once
+/// the emulator is back nothing of it arrives later (the client's own retries are
+/// bounded by the same timeout). A publish after that goes through, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_that_timed_out_is_not_published_later() {
+    use inlet::plugin::wit;
+    use inlet::target::{Clients, Delivery, Target};
+
+    let emulator = PubSubEmulator::start(PROJECT).await;
+    emulator.create_topic("out").await;
+    emulator.create_subscription("out", "out-sub", false).await;
+    let proxy = common::TcpProxy::start(&emulator.host).await;
+    let config = inlet::config::TargetConfig::Pubsub(inlet::config::PubsubTarget {
+        topic: format!("projects/{PROJECT}/topics/out"),
+        ordering_key: false,
+        timeout: Duration::from_secs(2),
+        attributes: Default::default(),
+    });
+    let target = Target::new("out", &config, &Clients::new(inlet::pubsub::Connection::emulator(&proxy.addr)));
+    let request = |body: &str| wit::Request {
+        method: "POST".into(),
+        path: String::new(),
+        headers: vec![],
+        body: body.as_bytes().to_vec(),
+    };
+    let delivery = Delivery { idempotency_key: "e-1", correlation_key: "k" };
+
+    proxy.set_up(false);
+    let started = std::time::Instant::now();
+    let outcome = target.deliver(&request("lost"), &delivery).await;
+    let took = started.elapsed();
+    assert!(matches!(outcome, wit::Outcome::TransportError(_)), "{outcome:?}");
+    assert!(took < Duration::from_secs(10), "the publish gave up within its timeout (took {took:?})");
+    proxy.set_up(true);
+    // Long enough for a client that kept retrying in the background to get through.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let late = emulator.pull("out-sub").await;
+    assert!(late.is_empty(), "a publish the target gave up on arrived later: {late:?}");
+
+    let outcome = target.deliver(&request("kept"), &delivery).await;
+    assert!(matches!(&outcome, wit::Outcome::Response(r) if r.status == 200), "{outcome:?}");
+    let arrived = common::wait_for("the second publish", Duration::from_secs(30), || async {
+        let m = emulator.pull("out-sub").await;
+        (!m.is_empty()).then_some(m)
+    })
+    .await;
+    let data: Vec<String> = arrived
+        .iter()
+        .map(|m| {
+            let b64 = m["data"].as_str().unwrap_or_default();
+            String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).unwrap()).unwrap()
+        })
+        .collect();
+    assert_eq!(data, vec!["kept".to_string()]);
+}

@@ -32,7 +32,11 @@ impl PubsubTarget {
     }
 
     pub async fn deliver(&self, req: &wit::Request, delivery: &Delivery<'_>) -> wit::Outcome {
-        let publisher = match self.publisher.get_or_try_init(|| self.connection.publisher(&self.config.topic)).await {
+        let publisher = match self
+            .publisher
+            .get_or_try_init(|| self.connection.publisher(&self.config.topic, self.config.timeout))
+            .await
+        {
             Ok(p) => p,
             Err(e) => return transport(wit::TransportErrorKind::Connect, e),
         };
