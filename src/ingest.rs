@@ -273,7 +273,8 @@ impl Ingest {
                 _ => "inserted",
             },
             Ok(InsertOutcome::Duplicate { .. }) => "duplicate",
-            Ok(InsertOutcome::Conflict { existing, entry: conflict }) => {
+            Ok(InsertOutcome::Conflict { first: false, .. }) => "duplicate",
+            Ok(InsertOutcome::Conflict { existing, entry: conflict, first: true }) => {
                 tracing::warn!(
                     route = route.name(),
                     dedup_key = %entry.dedup_key,

@@ -124,7 +124,9 @@ async fn insert_is_idempotent_and_conflicts_are_kept(store: Arc<dyn Store>) {
     assert!(matches!(other_route, InsertOutcome::Inserted { .. }), "dedup keys are per route");
 
     let conflict = store.insert(&entry("r", "k", "evt-1", "a different payload"), T0 + 2).await.unwrap();
-    let InsertOutcome::Conflict { existing, entry: cid } = conflict else { panic!("conflict expected: {conflict:?}") };
+    let InsertOutcome::Conflict { existing, entry: cid, first: true } = conflict else {
+        panic!("a first conflict expected: {conflict:?}")
+    };
     assert_eq!(existing, id);
     let c = store.get(cid).await.unwrap().expect("conflict entry stored");
     assert_eq!(c.status, Status::Parked);
@@ -134,7 +136,7 @@ async fn insert_is_idempotent_and_conflicts_are_kept(store: Arc<dyn Store>) {
 
     // The conflicting message redelivered is not a second conflict.
     let again = store.insert(&entry("r", "k", "evt-1", "a different payload"), T0 + 3).await.unwrap();
-    assert_eq!(again, InsertOutcome::Conflict { existing: id, entry: cid });
+    assert_eq!(again, InsertOutcome::Conflict { existing: id, entry: cid, first: false }, "known, not counted again");
     let all = store.list(&ListFilter { route: Some("r".into()), limit: 100, ..Default::default() }).await.unwrap();
     assert_eq!(all.len(), 2);
 

@@ -218,10 +218,13 @@ async fn duplicate_push_is_absorbed_and_a_conflict_is_kept_visible(backend: Back
     assert_eq!((conflict.status, conflict.conflict_of), (Status::Parked, Some(id)));
     assert!(conflict.last_error.as_deref().unwrap().contains("different payload"));
     assert_eq!(conflict.raw_data, work_order(2, "A"));
+    // The conflicting message redelivered: absorbed, and not a second conflict.
+    assert_eq!(inlet.push_envelope("wo", &second_part).await, 200);
+    assert_eq!(inlet.entries("wo").await.len(), 2);
     let metrics = inlet.metrics().await;
     assert!(metrics.contains("inlet_dedup_conflicts_total{route=\"wo\"} 1"), "conflict metric:\n{metrics}");
     assert!(
-        metrics.contains("inlet_ingested_total{route=\"wo\",outcome=\"duplicate\"} 2"),
+        metrics.contains("inlet_ingested_total{route=\"wo\",outcome=\"duplicate\"} 3"),
         "duplicate metric:\n{metrics}"
     );
     assert_eq!(camunda.count(), 1, "the conflict is not delivered until a person decides");

@@ -117,8 +117,10 @@ pub enum InsertOutcome {
     /// The same payload under a known dedup key: a redelivery, nothing stored.
     Duplicate { id: i64 },
     /// A different payload under a known dedup key: stored PARKED as its own entry
-    /// (`entry`) that points at the `existing` one, for a person to judge.
-    Conflict { existing: i64, entry: i64 },
+    /// (`entry`) that points at the `existing` one, for a person to judge. `first` is
+    /// false when this conflicting payload was already stored (a redelivery of it),
+    /// so a conflict is logged and counted once, not at every redelivery.
+    Conflict { existing: i64, entry: i64, first: bool },
 }
 
 impl InsertOutcome {

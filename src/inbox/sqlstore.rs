@@ -67,15 +67,15 @@ macro_rules! store_impl {
                     "dedup key `{}` already belongs to entry {} with a different payload; kept here for a person to judge (requeue delivers it, purge drops it)",
                     e.dedup_key, existing
                 );
-                let entry = match Self::insert_row(conn, e, &key, &digest, Some(existing), Status::Parked, Some(&reason), now).await? {
-                    Some(id) => id,
-                    None => sqlx::query_scalar("SELECT id FROM inbox_entry WHERE route = $1 AND dedup_key = $2")
+                let (entry, first) = match Self::insert_row(conn, e, &key, &digest, Some(existing), Status::Parked, Some(&reason), now).await? {
+                    Some(id) => (id, true),
+                    None => ( sqlx::query_scalar("SELECT id FROM inbox_entry WHERE route = $1 AND dedup_key = $2")
                         .bind(&e.route)
                         .bind(&key)
                         .fetch_one(&mut *conn)
-                        .await?,
+                        .await?, false),
                 };
-                Ok(InsertOutcome::Conflict { existing, entry })
+                Ok(InsertOutcome::Conflict { existing, entry, first })
             }
 
             #[allow(clippy::too_many_arguments)]
