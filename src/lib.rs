@@ -25,6 +25,7 @@ pub mod pubsub;
 pub mod relay;
 pub mod reload;
 pub mod routing;
+pub mod server;
 pub mod source;
 pub mod target;
 pub mod telemetry;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
-use super::raw::{HumanDuration, RawConfig, RawRoute, SourceKind, TargetKind};
+use super::raw::{HumanDuration, RawConfig, RawRoute, RawServer, SourceKind, TargetKind};
 use super::{
     Config, HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, PubsubSource, PubsubTarget, RetryPolicy,
     RouteConfig, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
@@ -126,6 +126,17 @@ impl Checker<'_> {
         Some(d.get_ref().0)
     }
 
+    /// An optional duration more than zero and at most `max`.
+    fn at_most(&mut self, d: &Option<Spanned<HumanDuration>>, field: &str, max: Duration) -> Option<Duration> {
+        let value = self.positive(d, field)?;
+        if value > max {
+            let span = d.as_ref().expect("positive saw a value").span();
+            let max = humantime::format_duration(max);
+            return self.error(span, field, ConfigErrorKind::Invalid(format!("must be at most {max}")));
+        }
+        Some(value)
+    }
+
     /// An optional whole number within `range`.
     fn within(&mut self, n: &Option<Spanned<u32>>, field: &str, range: std::ops::RangeInclusive<u32>) -> Option<u32> {
         let n = n.as_ref()?;
@@ -209,6 +220,34 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
     }
 }
 
+/// The `[server]` table: the listener and the limits that protect it.
+fn server(c: &mut Checker<'_>, s: &RawServer) -> Option<ServerConfig> {
+    let defaults = ServerConfig::default();
+    let listen = match &s.listen {
+        None => Some(defaults.listen),
+        Some(listen) => c.expand(listen, "server.listen").and_then(|l| match l.parse::<SocketAddr>() {
+            Ok(addr) => Some(addr),
+            Err(_) => c.error(
+                listen.span(),
+                "server.listen",
+                ConfigErrorKind::Invalid(format!("`{l}` is not a HOST:PORT socket address")),
+            ),
+        }),
+    };
+    let max_body_mib = c.within(&s.max_body_mib, "server.max_body_mib", 1..=64);
+    let max_concurrent_pushes = c.within(&s.max_concurrent_pushes, "server.max_concurrent_pushes", 1..=100_000);
+    let header_read_timeout = c.at_most(&s.header_read_timeout, "server.header_read_timeout", Duration::from_secs(300));
+    let request_timeout = c.at_most(&s.request_timeout, "server.request_timeout", Duration::from_secs(600));
+    let listen = listen?;
+    Some(ServerConfig {
+        listen,
+        max_body_bytes: max_body_mib.map_or(defaults.max_body_bytes, |m| (m as usize) << 20),
+        header_read_timeout: header_read_timeout.unwrap_or(defaults.header_read_timeout),
+        request_timeout: request_timeout.unwrap_or(defaults.request_timeout),
+        max_concurrent_pushes: max_concurrent_pushes.map_or(defaults.max_concurrent_pushes, |n| n as usize),
+    })
+}
+
 fn dur(d: &Option<Spanned<HumanDuration>>) -> Option<Duration> {
     d.as_ref().map(|d| d.get_ref().0)
 }
@@ -247,15 +286,8 @@ pub(super) fn validate(
     };
 
     let server = match &raw.server {
-        None => Some(ServerConfig { listen: SocketAddr::from(([127, 0, 0, 1], 8080)) }),
-        Some(s) => c.expand(&s.listen, "server.listen").and_then(|l| match l.parse::<SocketAddr>() {
-            Ok(listen) => Some(ServerConfig { listen }),
-            Err(_) => c.error(
-                s.listen.span(),
-                "server.listen",
-                ConfigErrorKind::Invalid(format!("`{l}` is not a HOST:PORT socket address")),
-            ),
-        }),
+        None => Some(ServerConfig::default()),
+        Some(s) => server(&mut c, s),
     };
 
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
