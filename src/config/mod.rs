@@ -291,7 +291,7 @@ impl Default for PluginLimits {
             call_timeout: Duration::from_millis(500),
             memory_bytes: 64 << 20,
             fuel: None,
-            max_output_bytes: 8 << 20,
+            max_output_bytes: 16 << 20,
         }
     }
 }

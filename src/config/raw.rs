@@ -242,7 +242,8 @@ pub(super) struct RawLimits {
     /// Instructions one call may execute (wasmtime fuel): a deterministic limit,
     /// independent of the machine's load. Off by default; `call_timeout` still applies.
     pub fuel: Option<Spanned<u64>>,
-    /// Largest event body or request one call may return, in MiB (default 8).
+    /// Largest event body or request one call may return, in MiB (default 16: a 10 MB
+    /// Pub/Sub message passed through whole fits).
     pub max_output_mib: Option<Spanned<u32>>,
 }
 
