@@ -232,7 +232,8 @@ async fn a_nine_mib_message_pushed_is_stored_intact_and_delivered() {
     let id = answer["entry"].as_i64().expect("the answer names the entry");
     let entry = inlet.entry(id).await;
     assert_eq!((entry.raw_data.len(), sha256(&entry.raw_data)), (BIG, digest.clone()), "raw payload intact");
-    let body = entry.body.as_deref().unwrap_or_else(|| panic!("not decoded: {:?} {:?}", entry.status, entry.last_error));
+    let body =
+        entry.body.as_deref().unwrap_or_else(|| panic!("not decoded: {:?} {:?}", entry.status, entry.last_error));
     assert_eq!((body.len(), sha256(body)), (BIG, digest.clone()), "event body intact");
 
     wait_until("the 9 MiB entry is delivered", WAIT, || async { target.bodies() == vec![(BIG, digest.clone())] }).await;
@@ -258,24 +259,28 @@ async fn a_nine_mib_message_pulled_is_stored_intact_and_delivered() {
     let emulator = PubSubEmulator::start("inlet-test").await;
     emulator.create_topic("big").await;
     emulator.create_subscription("big", "inlet", false).await;
-    let target = Recorder::start().await;
-    let source = format!(r#"{{ kind = "pubsub", subscription = "{}" }}"#, emulator.subscription_path("inlet"));
-    let inlet = Inlet::start(None, "", &route("big", &target.url(), &source), Some(&emulator)).await;
-
     let data = event("big-1", "K", BIG);
     let digest = sha256(&data);
-    let file = inlet.dir.path().join("big.json");
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("big.json");
     std::fs::write(&file, &data).unwrap();
+    // Published before Inlet starts: the stream opens on a waiting 9 MiB message.
     let started = Instant::now();
     common::publish_file(&emulator, "big", &file, 0).await;
+    eprintln!("figure: Google's Python client published the 9 MiB message in {:?}", started.elapsed());
 
+    let target = Recorder::start().await;
+    let source = format!(r#"{{ kind = "pubsub", subscription = "{}" }}"#, emulator.subscription_path("inlet"));
+    let started = Instant::now();
+    let inlet = Inlet::start(None, "", &route("big", &target.url(), &source), Some(&emulator)).await;
     let entry =
         wait_for("the pulled message is stored", WAIT, || async { inlet.entries("big").await.into_iter().next() })
             .await;
-    eprintln!("figure: a 9 MiB message published and stored through the pull source in {:?}", started.elapsed());
+    eprintln!("figure: the 9 MiB message pulled and stored {:?} after Inlet started", started.elapsed());
     let entry = inlet.entry(entry.id).await;
     assert_eq!((entry.raw_data.len(), sha256(&entry.raw_data)), (BIG, digest.clone()), "raw payload intact");
-    let body = entry.body.as_deref().unwrap_or_else(|| panic!("not decoded: {:?} {:?}", entry.status, entry.last_error));
+    let body =
+        entry.body.as_deref().unwrap_or_else(|| panic!("not decoded: {:?} {:?}", entry.status, entry.last_error));
     assert_eq!((body.len(), sha256(body)), (BIG, digest.clone()), "event body intact");
     assert_eq!(entry.dedup_key, "big-1");
 
