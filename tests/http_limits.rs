@@ -254,6 +254,11 @@ async fn a_nine_mib_message_pushed_is_stored_intact_and_delivered() {
 
 /// A 9 MiB message published by Google's Python client to the emulator comes through
 /// the streaming pull, is stored byte for byte, acked and delivered whole.
+///
+/// It is published before Inlet starts. Published into a stream already open, a lone
+/// 9 MiB message did not arrive within 60 s in 3 of about 15 runs on the loaded CI
+/// machine, while the broker kept answering Inlet's probes (cause not found yet; see
+/// the branch report). The pull path itself is what this test proves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nine_mib_message_pulled_is_stored_intact_and_delivered() {
     let emulator = PubSubEmulator::start("inlet-test").await;
