@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -276,8 +277,12 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     let addr = options.listen.unwrap_or(config.server.listen);
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })?;
     let addr = listener.local_addr().map_err(|source| StartError::Listen { addr, source })?;
+    let push_limits = source::push::Limits::new(Arc::clone(&shared), &config.server);
+    let push = post(source::push::handle)
+        .route_layer(axum::middleware::from_fn_with_state(push_limits, source::push::limit))
+        .route_layer(DefaultBodyLimit::max(config.server.max_body_bytes));
     let app = Router::new()
-        .route("/push/{route}", post(source::push::handle))
+        .route("/push/{route}", push)
         .route("/api/entries", get(admin::list))
         .route("/api/entries/{id}", get(admin::show))
         .route("/api/entries/{id}/requeue", post(admin::requeue))
@@ -288,15 +293,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))
         .with_state(Arc::clone(&shared));
-    let mut rx = shutdown_rx.clone();
-    tasks.spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        });
-        if let Err(error) = serve.await {
-            tracing::error!(%error, "http server failed");
-        }
-    });
+    tasks.spawn(crate::server::serve(listener, app, config.server.header_read_timeout, shutdown_rx.clone()));
     let names: Vec<String> = routes.iter().map(|r| r.name().to_string()).collect();
     let routes = Arc::new(routes);
     shared.replace_routes(Arc::clone(&routes), &names);

@@ -26,6 +26,7 @@ pub mod relay;
 pub mod reload;
 pub mod routing;
 pub mod rules;
+pub mod server;
 pub mod source;
 pub mod target;
 pub mod telemetry;

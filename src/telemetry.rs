@@ -33,6 +33,12 @@ pub struct RouteStatus {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteReason {
+    pub route: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginFaultLabels {
     pub route: String,
     pub call: &'static str,
@@ -98,6 +104,12 @@ pub struct Metrics {
     pub pubsub_batch_size: Family<RouteLabel, Histogram>,
     /// Bytes all plugin instances of the process hold (the `[plugins]` budget's use).
     pub plugin_memory_bytes: Gauge,
+    /// Push requests the listener refused before the route saw them, by reason:
+    /// `shed` (too many in flight), `too_large`, `body_timeout`, `timeout`. The
+    /// route is `-` when the path names no route.
+    pub push_rejected: Family<RouteReason, Counter>,
+    /// Push requests being handled now (what `max_concurrent_pushes` caps).
+    pub push_in_flight: Gauge,
 }
 
 impl Default for Metrics {
@@ -139,6 +151,8 @@ impl Metrics {
                 Histogram::new([1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0])
             }),
             plugin_memory_bytes: Gauge::default(),
+            push_rejected: Family::default(),
+            push_in_flight: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("ingested", "Messages taken in, by outcome", m.ingested.clone());
@@ -210,6 +224,12 @@ impl Metrics {
             "Messages per inbox transaction of the Pub/Sub source",
             m.pubsub_batch_size.clone(),
         );
+        registry.register(
+            "push_rejected",
+            "Push requests refused by the listener's limits, by reason",
+            m.push_rejected.clone(),
+        );
+        registry.register("push_in_flight", "Push requests being handled", m.push_in_flight.clone());
         Metrics { registry, ..m }
     }
 

@@ -197,6 +197,23 @@ fn valid_file_reads_policies_store_and_server() {
 }
 
 #[test]
+fn server_limits_are_read_and_default_to_a_ten_megabyte_pubsub_message() {
+    let config = load(Path::new("tests/ui/server-limits-valid.toml")).expect("valid");
+    assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(config.server.max_body_bytes, 32 << 20);
+    assert_eq!(config.server.header_read_timeout, Duration::from_secs(5));
+    assert_eq!(config.server.request_timeout, Duration::from_secs(120));
+    assert_eq!(config.server.max_concurrent_pushes, 64);
+
+    let defaults = valid().server;
+    // 10 MB of data is 13.4 MB as base64, plus the envelope around it.
+    assert!(defaults.max_body_bytes >= 14_000_000, "{}", defaults.max_body_bytes);
+    assert_eq!(defaults.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(defaults.request_timeout, Duration::from_secs(60));
+    assert_eq!(defaults.max_concurrent_pushes, 128);
+}
+
+#[test]
 fn valid_file_resolves_plugin_against_its_folder() {
     let config = valid();
     for route in &config.routes {

@@ -206,7 +206,7 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
         // Only a single file gets here without a store (a directory needs one).
         None => validate::default_store(path.parent().unwrap_or(Path::new(""))),
     };
-    let server = server.unwrap_or(ServerConfig { listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8080)) });
+    let server = server.unwrap_or_default();
     Ok(Config { path: path.to_path_buf(), store, server, plugins: plugins.unwrap_or_default(), routes, refused })
 }
 

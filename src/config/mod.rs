@@ -111,6 +111,28 @@ pub struct StoreConfig {
 pub struct ServerConfig {
     /// Address of the HTTP listener: push endpoints, admin API, metrics, health.
     pub listen: SocketAddr,
+    /// Largest push request body; a larger one is answered 413.
+    pub max_body_bytes: usize,
+    /// Time a client has to send a request line and headers (and how long an idle
+    /// keep-alive connection is kept); the connection is closed after it.
+    pub header_read_timeout: Duration,
+    /// Time a push request has from its headers to its answer: body, decode, commit.
+    pub request_timeout: Duration,
+    /// Push requests handled at once; one more is shed with 503 and `Retry-After`.
+    pub max_concurrent_pushes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            // A 10 MB Pub/Sub message is about 13.4 MB as base64 in the push envelope.
+            max_body_bytes: 16 << 20,
+            header_read_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+            max_concurrent_pushes: 128,
+        }
+    }
 }
 
 /// A route name: lowercase ASCII letters, digits and `-`, starting with a letter,

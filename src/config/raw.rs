@@ -125,8 +125,30 @@ pub(super) struct RawStore {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawServer {
-    /// `HOST:PORT` to listen on for push messages, the admin API, metrics and health.
-    pub listen: Spanned<String>,
+    /// `HOST:PORT` to listen on for push messages, the admin API, metrics and health
+    /// (default `127.0.0.1:8080`).
+    pub listen: Option<Spanned<String>>,
+    /// Largest push request body, in MiB, 1 to 64 (default 16: a 10 MB Pub/Sub message
+    /// is about 13.4 MB as base64 in the push envelope). A larger body is answered 413
+    /// and counted in `inlet_push_rejected_total{reason="too_large"}`. Only `/push`
+    /// takes bodies this large; the admin API keeps a 2 MiB limit.
+    pub max_body_mib: Option<Spanned<u32>>,
+    /// Time a client has to send a request line and its headers, up to `5m` (default
+    /// `10s`); the connection is then closed, so a client that never finishes its
+    /// headers cannot hold a connection. It is also how long an idle keep-alive
+    /// connection is kept.
+    pub header_read_timeout: Option<Spanned<HumanDuration>>,
+    /// Time a push request has from its headers to its answer — reading the body,
+    /// decode and the commit — up to `10m` (default `60s`). A body not received in time
+    /// is answered 408, a request not finished in time 503; neither is an ack, and a
+    /// row committed just before the cut makes the redelivery a duplicate.
+    pub request_timeout: Option<Spanned<HumanDuration>>,
+    /// Push requests handled at once, 1 to 100000 (default 128). One more is answered
+    /// 503 with `Retry-After` at once, before its body is read, and counted in
+    /// `inlet_push_rejected_total{reason="shed"}`. It bounds the push bodies held in
+    /// memory: this many times `max_body_mib` (2 GiB with the defaults), about twice
+    /// that while envelopes are decoded.
+    pub max_concurrent_pushes: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -8,7 +8,9 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
-use super::raw::{HumanDuration, RawConfig, RawLimits, RawPlugins, RawRoute, RawStore, SourceKind, TargetKind};
+use super::raw::{
+    HumanDuration, RawConfig, RawLimits, RawPlugins, RawRoute, RawServer, RawStore, SourceKind, TargetKind,
+};
 use super::{
     HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, PluginsConfig, PubsubSource, PubsubTarget,
     RetryPolicy, RouteConfig, RouteName, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
@@ -126,6 +128,17 @@ impl Checker<'_> {
         Some(d.get_ref().0)
     }
 
+    /// An optional duration more than zero and at most `max`.
+    fn at_most(&mut self, d: &Option<Spanned<HumanDuration>>, field: &str, max: Duration) -> Option<Duration> {
+        let value = self.positive(d, field)?;
+        if value > max {
+            let span = d.as_ref().expect("positive saw a value").span();
+            let max = humantime::format_duration(max);
+            return self.error(span, field, ConfigErrorKind::Invalid(format!("must be at most {max}")));
+        }
+        Some(value)
+    }
+
     /// An optional whole number within `range`.
     fn within(&mut self, n: &Option<Spanned<u32>>, field: &str, range: std::ops::RangeInclusive<u32>) -> Option<u32> {
         let n = n.as_ref()?;
@@ -209,6 +222,34 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
     }
 }
 
+/// The `[server]` table: the listener and the limits that protect it.
+fn server(c: &mut Checker<'_>, s: &RawServer) -> Option<ServerConfig> {
+    let defaults = ServerConfig::default();
+    let listen = match &s.listen {
+        None => Some(defaults.listen),
+        Some(listen) => c.expand(listen, "server.listen").and_then(|l| match l.parse::<SocketAddr>() {
+            Ok(addr) => Some(addr),
+            Err(_) => c.error(
+                listen.span(),
+                "server.listen",
+                ConfigErrorKind::Invalid(format!("`{l}` is not a HOST:PORT socket address")),
+            ),
+        }),
+    };
+    let max_body_mib = c.within(&s.max_body_mib, "server.max_body_mib", 1..=64);
+    let max_concurrent_pushes = c.within(&s.max_concurrent_pushes, "server.max_concurrent_pushes", 1..=100_000);
+    let header_read_timeout = c.at_most(&s.header_read_timeout, "server.header_read_timeout", Duration::from_secs(300));
+    let request_timeout = c.at_most(&s.request_timeout, "server.request_timeout", Duration::from_secs(600));
+    let listen = listen?;
+    Some(ServerConfig {
+        listen,
+        max_body_bytes: max_body_mib.map_or(defaults.max_body_bytes, |m| (m as usize) << 20),
+        header_read_timeout: header_read_timeout.unwrap_or(defaults.header_read_timeout),
+        request_timeout: request_timeout.unwrap_or(defaults.request_timeout),
+        max_concurrent_pushes: max_concurrent_pushes.map_or(defaults.max_concurrent_pushes, |n| n as usize),
+    })
+}
+
 fn dur(d: &Option<Spanned<HumanDuration>>) -> Option<Duration> {
     d.as_ref().map(|d| d.get_ref().0)
 }
@@ -247,17 +288,7 @@ pub(super) fn validate_file(
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
 
     let store = raw.store.as_ref().and_then(|s| store_section(&mut c, &base, s.get_ref()));
-    let server = raw.server.as_ref().and_then(|s| {
-        let s = s.get_ref();
-        c.expand(&s.listen, "server.listen").and_then(|l| match l.parse::<SocketAddr>() {
-            Ok(listen) => Some(ServerConfig { listen }),
-            Err(_) => c.error(
-                s.listen.span(),
-                "server.listen",
-                ConfigErrorKind::Invalid(format!("`{l}` is not a HOST:PORT socket address")),
-            ),
-        })
-    });
+    let server = raw.server.as_ref().and_then(|s| server(&mut c, s.get_ref()));
     let plugins = raw.plugins.as_ref().map(|p| plugins_section(&mut c, p.get_ref()));
     let shared_errors = std::mem::take(&mut c.errors);
 

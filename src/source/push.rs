@@ -3,20 +3,38 @@
 //! unreachable (Pub/Sub redelivers); 503 too for a route that is refused (its plugin or
 //! settings do not load), so its messages wait in Pub/Sub until it is fixed; 404 for a
 //! route no routing file names; 400 for a body that is not a push envelope.
+//!
+//! [`limit`] stands in front of the handler and protects the process: at most
+//! `max_concurrent_pushes` requests at once (one more is shed with 503 and
+//! `Retry-After` before its body is read), bodies up to `max_body_mib` (413), and one
+//! deadline for the whole request (408 while the body is still arriving, 503 after).
+//! None of these answers is an ack, so Pub/Sub redelivers and nothing is lost.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::Deserialize;
 use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
 use crate::app::Shared;
+use crate::config::ServerConfig;
 use crate::ingest::Incoming;
+use crate::telemetry::RouteReason;
+
+/// Seconds a shed or timed-out push is told to wait (`Retry-After`). Pub/Sub applies
+/// its own backoff; other senders get a hint that the pressure is brief.
+const RETRY_AFTER_SECS: &str = "1";
 
 /// The push envelope. Google sends camelCase; the emulator sends both camelCase and
 /// snake_case twins and omits `deliveryAttempt`, so both spellings are accepted.
@@ -100,5 +118,138 @@ pub async fn handle(
     match shared.ingest.accept(route, incoming).await {
         Ok(outcome) => (StatusCode::OK, Json(json!({ "entry": outcome.id(), "outcome": format!("{outcome:?}") }))),
         Err(error) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": error.to_string() }))),
+    }
+}
+
+/// The listener's limits for `/push`, shared by every push request (the state of
+/// [`limit`]).
+#[derive(Clone)]
+pub struct Limits {
+    shared: Arc<Shared>,
+    permits: Arc<Semaphore>,
+    max_in_flight: usize,
+    max_body: usize,
+    timeout: Duration,
+}
+
+impl Limits {
+    pub fn new(shared: Arc<Shared>, server: &ServerConfig) -> Limits {
+        Limits {
+            shared,
+            permits: Arc::new(Semaphore::new(server.max_concurrent_pushes)),
+            max_in_flight: server.max_concurrent_pushes,
+            max_body: server.max_body_bytes,
+            timeout: server.request_timeout,
+        }
+    }
+
+    /// Counts a refused request and builds its answer.
+    fn reject(&self, route: &str, reason: Rejection) -> Response {
+        // Only names of configured routes become labels: the path is the sender's.
+        let known = self.shared.routes().get(route).is_some();
+        let label = RouteReason { route: if known { route } else { "-" }.to_string(), reason: reason.label() };
+        self.shared.metrics.push_rejected.get_or_create(&label).inc();
+        tracing::warn!(route, reason = reason.label(), "refused a push request: {}", reason.message(self));
+        let mut response = (reason.status(), Json(json!({ "error": reason.message(self) }))).into_response();
+        if reason.status() == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+        }
+        if matches!(reason, Rejection::TooLarge | Rejection::BodyTimeout) {
+            // The rest of the body is not read: the connection cannot carry another request.
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+}
+
+/// Why [`limit`] refused a push request.
+#[derive(Debug, Clone, Copy)]
+enum Rejection {
+    Shed,
+    TooLarge,
+    BodyTimeout,
+    Timeout,
+}
+
+impl Rejection {
+    fn label(self) -> &'static str {
+        match self {
+            Rejection::Shed => "shed",
+            Rejection::TooLarge => "too_large",
+            Rejection::BodyTimeout => "body_timeout",
+            Rejection::Timeout => "timeout",
+        }
+    }
+
+    fn status(self) -> StatusCode {
+        match self {
+            Rejection::Shed | Rejection::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Rejection::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+        }
+    }
+
+    fn message(self, limits: &Limits) -> String {
+        match self {
+            Rejection::Shed => format!(
+                "too many push requests in flight (max_concurrent_pushes = {}); retry later",
+                limits.max_in_flight
+            ),
+            Rejection::TooLarge => format!("the body is larger than max_body_mib ({} bytes)", limits.max_body),
+            Rejection::BodyTimeout => {
+                format!(
+                    "the body did not arrive within request_timeout ({})",
+                    humantime::format_duration(limits.timeout)
+                )
+            }
+            Rejection::Timeout => format!(
+                "the request did not finish within request_timeout ({}); nothing was acked",
+                humantime::format_duration(limits.timeout)
+            ),
+        }
+    }
+}
+
+/// Holds one of `max_concurrent_pushes` permits and shows it in `inlet_push_in_flight`.
+struct InFlight<'a> {
+    gauge: &'a prometheus_client::metrics::gauge::Gauge,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+/// Middleware in front of [`handle`]: sheds, bounds the body and the time (see the
+/// module doc). The body is read here, so the handler gets it whole.
+pub async fn limit(State(limits): State<Limits>, Path(route): Path<String>, request: Request, next: Next) -> Response {
+    let Ok(permit) = Arc::clone(&limits.permits).try_acquire_owned() else {
+        return limits.reject(&route, Rejection::Shed);
+    };
+    limits.shared.metrics.push_in_flight.inc();
+    let _in_flight = InFlight { gauge: &limits.shared.metrics.push_in_flight, _permit: permit };
+    let deadline = Instant::now() + limits.timeout;
+
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_body as u64) {
+        return limits.reject(&route, Rejection::TooLarge);
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match tokio::time::timeout_at(deadline, Limited::new(body, limits.max_body).collect()).await {
+        Err(_) => return limits.reject(&route, Rejection::BodyTimeout),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => return limits.reject(&route, Rejection::TooLarge),
+        Ok(Err(e)) => {
+            tracing::warn!(route, error = %e, "a push request's body broke off");
+            return (StatusCode::BAD_REQUEST, Json(json!({ "error": format!("cannot read the body: {e}") })))
+                .into_response();
+        }
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    let request = Request::from_parts(parts, Body::from(bytes));
+    match tokio::time::timeout_at(deadline, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => limits.reject(&route, Rejection::Timeout),
     }
 }

@@ -942,17 +942,36 @@ pub async fn publish_independent(
     start: usize,
     ordered: bool,
 ) -> PublishReport {
-    let python = pubsub_python();
+    let mut cmd = publisher(emulator, topic, count, keys, start);
+    if ordered {
+        cmd.arg("--ordered");
+    }
+    run_publisher(cmd, count).await
+}
+
+/// Publishes one message, number `start` in [`publish_independent`]'s numbering (key
+/// `key-0`, attributes `seq`, `key`, `eventId` = `evt-{start}`), whose data is the
+/// bytes of `data_file`, with Google's Python client: for large messages.
+pub async fn publish_file(emulator: &PubSubEmulator, topic: &str, data_file: &std::path::Path, start: usize) {
+    let mut cmd = publisher(emulator, topic, 1, 1, start);
+    cmd.arg("--data-file").arg(data_file);
+    run_publisher(cmd, 1).await;
+}
+
+/// `tests/pubsub/publish.py` with the arguments every publish takes.
+fn publisher(emulator: &PubSubEmulator, topic: &str, count: usize, keys: usize, start: usize) -> std::process::Command {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("pubsub").join("publish.py");
-    let mut cmd = std::process::Command::new(&python);
+    let mut cmd = std::process::Command::new(pubsub_python());
     cmd.arg(&script)
         .args(["--topic", &emulator.topic_path(topic)])
         .args(["--count", &count.to_string(), "--keys", &keys.to_string(), "--start", &start.to_string()])
         .env("PUBSUB_EMULATOR_HOST", &emulator.host)
         .stdin(std::process::Stdio::null());
-    if ordered {
-        cmd.arg("--ordered");
-    }
+    cmd
+}
+
+/// Runs the publisher, panics with its errors if it failed, returns its report.
+async fn run_publisher(mut cmd: std::process::Command, count: usize) -> PublishReport {
     let described = format!("{cmd:?}");
     // A blocking wait on its own thread: the test's runtime keeps serving (fakes, Inlet).
     let out = tokio::task::spawn_blocking(move || cmd.output())

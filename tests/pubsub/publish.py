@@ -2,6 +2,7 @@
 the messages the pull-source tests consume come from a client that is not Inlet's.
 
     publish.py --topic projects/P/topics/T --count N --keys K [--start S] [--ordered]
+               [--data-file PATH]
 
 Run by tests/common (publish_independent) with the python of scripts/ensure-py-pubsub.
 The client talks to the emulator named by PUBSUB_EMULATOR_HOST by itself (no
@@ -17,6 +18,9 @@ number i // K (so calls with consecutive ranges continue every key's sequence):
   key: the same i published twice is one inbox entry (as a redelivery would be), even
   after an emulator restart, which numbers message ids from 1 again;
 - ordering key: the key, with --ordered (and message ordering enabled on the client).
+
+With --data-file, every message's data is that file's bytes instead of the event (for
+large messages: Pub/Sub takes up to 10 MB); the attributes stay as above.
 
 Prints one JSON line on stdout, {"published": N, "seconds": S, "rate": R}, timed from
 the first publish until every publish was confirmed. Exits non-zero, with the errors on
@@ -41,6 +45,7 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=0, help="number of the first message")
     parser.add_argument("--ordered", action="store_true", help="publish with ordering keys")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for confirmations")
+    parser.add_argument("--data-file", help="publish this file's bytes as every message's data")
     args = parser.parse_args()
     if args.count < 0 or args.keys < 1 or args.start < 0:
         parser.error("--count and --start must be >= 0 and --keys >= 1")
@@ -49,6 +54,11 @@ def main() -> int:
         batch_settings=pubsub_v1.types.BatchSettings(max_messages=1000, max_latency=0.01),
         publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=args.ordered),
     )
+
+    payload = None
+    if args.data_file is not None:
+        with open(args.data_file, "rb") as f:
+            payload = f.read()
 
     started = time.monotonic()
     futures = {}
@@ -59,6 +69,8 @@ def main() -> int:
             f'{{"workOrderId":"{key}","completedItems":{i // args.keys},'
             f'"completionTimestamp":"2026-08-01T10:00:00Z"}}'
         ).encode()
+        if payload is not None:
+            data = payload
         future = publisher.publish(
             args.topic,
             data,
