@@ -33,6 +33,8 @@ pub struct Shared {
     pub ingest: Arc<Ingest>,
     /// Where Pub/Sub sources pull from.
     pub pubsub: Connection,
+    /// Signing keys for push routes that require an OIDC token.
+    pub push_verifier: crate::source::push_auth::Verifier,
     /// The routing file as last applied, and where it lives.
     pub(crate) config: Mutex<Config>,
     pub(crate) config_seen: Mutex<crate::reload::Seen>,
@@ -142,6 +144,8 @@ pub struct Options {
     pub poll: Duration,
     /// Override of the configured listen address (e.g. port 0 in tests).
     pub listen: Option<SocketAddr>,
+    /// Override of `[admin] listen` (only used when the routing file sets one).
+    pub admin_listen: Option<SocketAddr>,
     /// How long DONE and IGNORED entries are kept.
     pub retention: Duration,
     /// Folder of compiled plugins, so restarts do not recompile; `None` disables it.
@@ -164,6 +168,7 @@ impl Default for Options {
             clock: None,
             poll: Duration::from_millis(500),
             listen: None,
+            admin_listen: None,
             retention: Duration::from_secs(7 * 24 * 3600),
             plugin_cache: crate::plugin::default_cache_dir(),
             reload_every: Some(Duration::from_secs(2)),
@@ -186,6 +191,8 @@ pub enum StartError {
 /// A started instance.
 pub struct Running {
     pub addr: SocketAddr,
+    /// Where the admin API listens: `addr`, unless `[admin] listen` gives it its own.
+    pub admin_addr: SocketAddr,
     pub shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
@@ -253,6 +260,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
             metrics: Arc::clone(&metrics),
         }),
         pubsub: options.pubsub.clone(),
+        push_verifier: crate::source::push_auth::Verifier::new(),
         routes: RwLock::new(Arc::new(Routes::empty(None, clients))),
         store,
         clock,
@@ -264,35 +272,82 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     });
 
     let addr = options.listen.unwrap_or(config.server.listen);
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })?;
+    let listener = bind(addr).await?;
     let addr = listener.local_addr().map_err(|source| StartError::Listen { addr, source })?;
-    let app = Router::new()
-        .route("/push/{route}", post(source::push::handle))
+    let push = Router::new().route("/push/{route}", post(source::push::handle)).with_state(Arc::clone(&shared));
+    let admin = admin_router(&shared);
+    // Bound now, served once the routes are in place: a request accepted before would
+    // find no route (healthy, yet answering 404 to pushes).
+    let mut servers = Vec::new();
+    let admin_addr = match config.admin.listen {
+        Some(configured) => {
+            let admin_listener = bind(options.admin_listen.unwrap_or(configured)).await?;
+            let admin_addr = admin_listener.local_addr().map_err(|source| StartError::Listen { addr, source })?;
+            servers.push((admin_listener, admin.merge(probes(&shared))));
+            servers.push((listener, push.merge(probes(&shared))));
+            admin_addr
+        }
+        None => {
+            servers.push((listener, push.merge(admin).merge(probes(&shared))));
+            addr
+        }
+    };
+    for warning in config.access_warnings() {
+        tracing::warn!("{warning}");
+    }
+    let names: Vec<String> = routes.iter().map(|r| r.name().to_string()).collect();
+    shared.replace_routes(Arc::new(routes), &names);
+    for (listener, app) in servers {
+        tasks.spawn(serve(listener, app, shutdown_rx.clone()));
+    }
+    crate::reload::remember_applied(&shared);
+    tracing::info!(%addr, %admin_addr, routes = names.len(), store = shared.store.backend(), "inlet listening");
+    tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx.clone()));
+    tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
+    Ok(Running { addr, admin_addr, shared, shutdown, tasks, grace: options.grace })
+}
+
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, StartError> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })
+}
+
+/// The admin API and `/metrics`, each behind its gate (see `admin::access`).
+fn admin_router(shared: &Arc<Shared>) -> Router {
+    let api = Router::new()
         .route("/api/entries", get(admin::list))
         .route("/api/entries/{id}", get(admin::show))
         .route("/api/entries/{id}/requeue", post(admin::requeue))
         .route("/api/entries/{id}/park", post(admin::park))
         .route("/api/reload", post(admin::reload))
+        .route("/api/purge", post(admin::purge))
+        .route("/api/audit", get(admin::audit_log))
+        .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::authenticate))
+        .with_state(Arc::clone(shared));
+    let metrics = Router::new()
         .route("/metrics", get(admin::metrics))
+        .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::metrics_gate))
+        .with_state(Arc::clone(shared));
+    api.merge(metrics)
+}
+
+/// `/healthz` and `/readyz`: open on every listener.
+fn probes(shared: &Arc<Shared>) -> Router {
+    Router::new()
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))
-        .with_state(Arc::clone(&shared));
-    let mut rx = shutdown_rx.clone();
-    tasks.spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        });
-        if let Err(error) = serve.await {
-            tracing::error!(%error, "http server failed");
-        }
+        .with_state(Arc::clone(shared))
+}
+
+/// Serves `app` until shutdown, with each request's peer address available (the
+/// admin gate's loopback check needs it).
+async fn serve(listener: tokio::net::TcpListener, app: Router, mut shutdown: watch::Receiver<bool>) {
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
+    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
     });
-    let names: Vec<String> = routes.iter().map(|r| r.name().to_string()).collect();
-    shared.replace_routes(Arc::new(routes), &names);
-    crate::reload::remember_applied(&shared);
-    tracing::info!(%addr, routes = names.len(), store = shared.store.backend(), "inlet listening");
-    tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx.clone()));
-    tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
-    Ok(Running { addr, shared, shutdown, tasks, grace: options.grace })
+    if let Err(error) = serve.await {
+        tracing::error!(%error, "http server failed");
+    }
 }
 
 /// Refreshes the backlog gauges and purges finished entries past their retention.

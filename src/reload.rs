@@ -124,6 +124,11 @@ async fn apply_config(shared: &Arc<Shared>) -> Result<Value, String> {
     if new.server != old.server {
         return Err("the server section changed; that needs a restart".into());
     }
+    // Tokens and roles apply at once (the admin gate reads them per request); a
+    // listener does not move while running.
+    if new.admin.listen != old.admin.listen {
+        return Err("[admin] listen changed; that needs a restart".into());
+    }
     let current = shared.routes();
     let next = {
         let new = new.clone();

@@ -39,6 +39,12 @@ pub struct PluginFaultLabels {
     pub kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteReason {
+    pub route: String,
+    pub reason: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     /// Messages taken in, by outcome: inserted, duplicate, conflict, parked, ignored.
@@ -76,6 +82,8 @@ pub struct Metrics {
     pub pubsub_outstanding: Family<RouteLabel, Gauge>,
     /// Messages per inbox transaction of the Pub/Sub source.
     pub pubsub_batch_size: Family<RouteLabel, Histogram>,
+    /// Push requests refused by push auth, by reason (missing, expired, audience, …).
+    pub push_auth_refused: Family<RouteReason, Counter>,
 }
 
 impl Default for Metrics {
@@ -110,6 +118,7 @@ impl Metrics {
             pubsub_batch_size: Family::new_with_constructor(|| {
                 Histogram::new([1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0])
             }),
+            push_auth_refused: Family::default(),
             registry: Registry::default(),
         };
         registry.register("ingested", "Messages taken in, by outcome", m.ingested.clone());
@@ -149,6 +158,11 @@ impl Metrics {
             "pubsub_batch_size",
             "Messages per inbox transaction of the Pub/Sub source",
             m.pubsub_batch_size.clone(),
+        );
+        registry.register(
+            "push_auth_refused",
+            "Push requests refused by push auth, by reason",
+            m.push_auth_refused.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -1,5 +1,7 @@
 //! Phase two: environment expansion, defaults and the checks serde cannot make.
 
+mod access;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -151,6 +153,13 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
         ("dead_letter_topic", s.dead_letter_topic.as_ref().map(|v| v.span())),
         ("max_delivery_attempts", s.max_delivery_attempts.as_ref().map(|v| v.span())),
     ];
+    if let (SourceKind::Pubsub, Some(a)) = (s.kind.get_ref(), &s.auth) {
+        c.error::<()>(
+            a.span(),
+            format!("{at}.auth"),
+            ConfigErrorKind::FieldNotAllowed { field: "auth".into(), kind: "a pubsub source" },
+        );
+    }
     match s.kind.get_ref() {
         SourceKind::Push => {
             c.stray(&fields, &[], &at, "a push source");
@@ -239,7 +248,10 @@ pub(super) fn validate(
                     c.error(
                         s.url.span(),
                         "store.url",
-                        ConfigErrorKind::Invalid(format!("store url `{url}` must start with sqlite:// or postgres://")),
+                        ConfigErrorKind::Invalid(format!(
+                            "store url `{}` must start with sqlite:// or postgres://",
+                            crate::redact::url(&url)
+                        )),
                     )
                 }
             })
@@ -258,6 +270,10 @@ pub(super) fn validate(
         }),
     };
 
+    let admin = access::admin(&mut c, &base, raw.admin.as_ref());
+    let default_push_auth =
+        raw.push.as_ref().and_then(|p| p.auth.as_ref()).and_then(|a| access::push_auth(&mut c, a, "push.auth"));
+
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut routes = Vec::new();
     for (i, r) in raw.routes.iter().enumerate() {
@@ -272,8 +288,13 @@ pub(super) fn validate(
         } else {
             seen.insert(name, line);
         }
+        let push_auth = match (r.source.get_ref().kind.get_ref(), &r.source.get_ref().auth) {
+            (SourceKind::Push, Some(a)) => access::push_auth(&mut c, a, &format!("route[{i}].source.auth")),
+            (SourceKind::Push, None) => default_push_auth.clone(),
+            (SourceKind::Pubsub, _) => None,
+        };
         if let Some(route) = route(&mut c, &base, i, r) {
-            routes.push(route);
+            routes.push(RouteConfig { push_auth, ..route });
         }
     }
 
@@ -286,6 +307,7 @@ pub(super) fn validate(
         store: store.expect("no errors means a store"),
         server: server.expect("no errors means a server"),
         routes,
+        admin,
     })
 }
 
@@ -360,7 +382,10 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
                         c.error(
                             u.span(),
                             at("target.url"),
-                            ConfigErrorKind::Invalid(format!("`{url}` is not an http:// or https:// URL")),
+                            ConfigErrorKind::Invalid(format!(
+                                "`{}` is not an http:// or https:// URL",
+                                crate::redact::url(&url)
+                            )),
                         )
                     }
                 }),
@@ -529,5 +554,6 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         retry,
         not_yet,
         limits,
+        push_auth: None,
     })
 }

@@ -15,7 +15,8 @@ use sqlx::sqlite::{
 use super::StoreError;
 use super::sqlstore::store_impl;
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("sql/sqlite_0001_inbox.sql"))];
+const MIGRATIONS: &[(i64, &str)] =
+    &[(1, include_str!("sql/sqlite_0001_inbox.sql")), (2, include_str!("sql/sqlite_0002_audit.sql"))];
 
 /// The connection settings of the inbox file (also what the benchmark's raw-insert
 /// baseline uses, so the two are compared on equal terms).

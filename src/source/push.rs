@@ -1,6 +1,9 @@
 //! Pub/Sub push: `POST /push/<route>` with the push envelope. A 2xx answer is the
 //! ack, so it is sent only after the row is committed; 503 when the inbox is
 //! unreachable (Pub/Sub redelivers); 400 for a body that is not a push envelope.
+//! 404 for a route that is not a push route (a pull route takes no pushes). A
+//! route with push auth checks the OIDC token first ([`super::push_auth`]): no
+//! row is written for a refused request.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,13 +11,15 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::Shared;
+use crate::config::{PushAuth, SourceConfig};
 use crate::ingest::Incoming;
+use crate::telemetry::RouteReason;
 
 /// The push envelope. Google sends camelCase; the emulator sends both camelCase and
 /// snake_case twins and omits `deliveryAttempt`, so both spellings are accepted.
@@ -74,12 +79,22 @@ impl PushEnvelope {
 pub async fn handle(
     State(shared): State<Arc<Shared>>,
     Path(route): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> (StatusCode, Json<serde_json::Value>) {
     let routes = shared.routes();
-    let Some(route) = routes.get(&route) else {
-        return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no route named `{route}`") })));
+    let Some(route) = routes.get(&route).filter(|r| matches!(r.config.source, SourceConfig::Push)) else {
+        return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no push route named `{route}`") })));
     };
+    if let Some(PushAuth::Oidc(rule)) = &route.config.push_auth
+        && let Err(refused) = shared.push_verifier.verify(&headers, rule).await
+    {
+        let label = RouteReason { route: route.name().to_string(), reason: refused.as_str() };
+        shared.metrics.push_auth_refused.get_or_create(&label).inc();
+        tracing::warn!(route = route.name(), reason = refused.as_str(), "push request refused by push auth");
+        let error = format!("push auth: {}", refused.as_str());
+        return (refused.status(), Json(json!({ "error": error })));
+    }
     let incoming = match serde_json::from_slice::<PushEnvelope>(&body)
         .map_err(|e| format!("body is not a push envelope: {e}"))
         .and_then(PushEnvelope::into_incoming)
