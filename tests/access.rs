@@ -390,3 +390,35 @@ async fn secrets_stay_out_of_check_errors_debug_and_last_error() {
     assert!(last_error.contains("token=***"), "the URL is still recognisable: {last_error}");
     instance.running.stop().await;
 }
+
+#[test]
+fn check_warns_about_open_pushes_and_an_admin_api_without_tokens_on_a_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = plugin_path("work_order");
+    let route = |name: &str, auth: &str| {
+        format!(
+            "[[route]]\nname = \"{name}\"\nplugin = \"{}\"\nsource = {{ kind = \"push\"{auth} }}\ntarget = {{ kind = \"log\" }}\n\n",
+            plugin.display()
+        )
+    };
+    let verified = ", auth = { audience = \"https://inlet.test\", service_account = \"sa@p.iam.gserviceaccount.com\" }";
+    let file = dir.path().join("inlet.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[server]\nlisten = \"0.0.0.0:8080\"\n\n{}{}{}",
+            route("open", ""),
+            route("explicit", ", auth = \"none\""),
+            route("verified", verified)
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inlet")).arg("check").arg(&file).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "warnings do not fail the check: {stderr}");
+    let warned =
+        |route: &str| stderr.lines().any(|l| l.starts_with("warning:") && l.contains(&format!("route `{route}`")));
+    assert!(warned("open") && warned("explicit"), "{stderr}");
+    assert!(!warned("verified"), "{stderr}");
+    assert!(stderr.contains("no [[admin.token]] defined"), "{stderr}");
+}
