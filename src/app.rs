@@ -34,6 +34,8 @@ pub struct Shared {
     pub ingest: Arc<Ingest>,
     /// Where Pub/Sub sources pull from.
     pub pubsub: Connection,
+    /// Signing keys for push routes that require an OIDC token.
+    pub push_verifier: crate::source::push_auth::Verifier,
     /// The routing file as last applied, and where it lives.
     pub(crate) config: Mutex<Config>,
     pub(crate) config_seen: Mutex<crate::reload::Seen>,
@@ -143,6 +145,8 @@ pub struct Options {
     pub poll: Duration,
     /// Override of the configured listen address (e.g. port 0 in tests).
     pub listen: Option<SocketAddr>,
+    /// Override of `[admin] listen` (only used when the routing file sets one).
+    pub admin_listen: Option<SocketAddr>,
     /// How long DONE and IGNORED entries are kept.
     pub retention: Duration,
     /// Folder of compiled plugins, so restarts do not recompile; `None` disables it.
@@ -168,6 +172,7 @@ impl Default for Options {
             clock: None,
             poll: Duration::from_millis(500),
             listen: None,
+            admin_listen: None,
             retention: Duration::from_secs(7 * 24 * 3600),
             plugin_cache: crate::plugin::default_cache_dir(),
             reload_every: Some(Duration::from_secs(2)),
@@ -189,6 +194,8 @@ pub enum StartError {
 /// A started instance.
 pub struct Running {
     pub addr: SocketAddr,
+    /// Where the admin API listens: `addr`, unless `[admin] listen` gives it its own.
+    pub admin_addr: SocketAddr,
     pub shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
@@ -260,6 +267,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     let shared = Arc::new(Shared {
         ingest: Arc::new(Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics))),
         pubsub: options.pubsub.clone(),
+        push_verifier: crate::source::push_auth::Verifier::new(),
         routes: RwLock::new(Arc::new(Routes::empty(None, clients))),
         store,
         clock,
@@ -275,32 +283,44 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     });
 
     let addr = options.listen.unwrap_or(config.server.listen);
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })?;
+    let listener = bind(addr).await?;
     let addr = listener.local_addr().map_err(|source| StartError::Listen { addr, source })?;
     let push_limits = source::push::Limits::new(Arc::clone(&shared), &config.server);
     let push = post(source::push::handle)
         .route_layer(axum::middleware::from_fn_with_state(push_limits, source::push::limit))
         .route_layer(DefaultBodyLimit::max(config.server.max_body_bytes));
-    let app = Router::new()
-        .route("/push/{route}", push)
-        .route("/api/entries", get(admin::list))
-        .route("/api/entries/{id}", get(admin::show))
-        .route("/api/entries/{id}/requeue", post(admin::requeue))
-        .route("/api/entries/{id}/park", post(admin::park))
-        .route("/api/reload", post(admin::reload))
-        .route("/api/routes", get(admin::routes))
-        .route("/metrics", get(admin::metrics))
-        .route("/healthz", get(admin::healthz))
-        .route("/readyz", get(admin::readyz))
-        .with_state(Arc::clone(&shared));
-    tasks.spawn(crate::server::serve(listener, app, config.server.header_read_timeout, shutdown_rx.clone()));
+    let push = Router::new().route("/push/{route}", push).with_state(Arc::clone(&shared));
+    let admin = admin_router(&shared);
+    // Bound now, served once the routes are in place: a request accepted before would
+    // find no route (healthy, yet answering 404 to pushes).
+    let mut servers = Vec::new();
+    let admin_addr = match config.admin.listen {
+        Some(configured) => {
+            let admin_listener = bind(options.admin_listen.unwrap_or(configured)).await?;
+            let admin_addr = admin_listener.local_addr().map_err(|source| StartError::Listen { addr, source })?;
+            servers.push((admin_listener, admin.merge(probes(&shared))));
+            servers.push((listener, push.merge(probes(&shared))));
+            admin_addr
+        }
+        None => {
+            servers.push((listener, push.merge(admin).merge(probes(&shared))));
+            addr
+        }
+    };
+    for warning in config.access_warnings() {
+        tracing::warn!("{warning}");
+    }
     let names: Vec<String> = routes.iter().map(|r| r.name().to_string()).collect();
     let routes = Arc::new(routes);
     shared.replace_routes(Arc::clone(&routes), &names);
     crate::reload::report(&shared, &routes);
+    for (listener, app) in servers {
+        tasks.spawn(crate::server::serve(listener, app, config.server.header_read_timeout, shutdown_rx.clone()));
+    }
     crate::reload::remember_applied(&shared);
     tracing::info!(
         %addr,
+        %admin_addr,
         routes = names.len(),
         refused = routes.problems().len(),
         store = shared.store.backend(),
@@ -308,7 +328,39 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     );
     tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx.clone()));
     tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
-    Ok(Running { addr, shared, shutdown, tasks, grace: options.grace })
+    Ok(Running { addr, admin_addr, shared, shutdown, tasks, grace: options.grace })
+}
+
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, StartError> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })
+}
+
+/// The admin API and `/metrics`, each behind its gate (see `admin::access`).
+fn admin_router(shared: &Arc<Shared>) -> Router {
+    let api = Router::new()
+        .route("/api/entries", get(admin::list))
+        .route("/api/entries/{id}", get(admin::show))
+        .route("/api/entries/{id}/requeue", post(admin::requeue))
+        .route("/api/entries/{id}/park", post(admin::park))
+        .route("/api/reload", post(admin::reload))
+        .route("/api/routes", get(admin::routes))
+        .route("/api/purge", post(admin::purge))
+        .route("/api/audit", get(admin::audit_log))
+        .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::authenticate))
+        .with_state(Arc::clone(shared));
+    let metrics = Router::new()
+        .route("/metrics", get(admin::metrics))
+        .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::metrics_gate))
+        .with_state(Arc::clone(shared));
+    api.merge(metrics)
+}
+
+/// `/healthz` and `/readyz`: open on every listener.
+fn probes(shared: &Arc<Shared>) -> Router {
+    Router::new()
+        .route("/healthz", get(admin::healthz))
+        .route("/readyz", get(admin::readyz))
+        .with_state(Arc::clone(shared))
 }
 
 /// Rows one retention statement deletes at most.

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use crate::app;
 use crate::clock::{Clock, DbClock};
 use crate::config::Config;
-use crate::inbox::{self, Entry, ListFilter, Status, Store};
+use crate::inbox::{self, Entry, ListFilter, NewAudit, Status, Store};
 use crate::pubsub::Connection;
 use crate::routing::Routes;
 use crate::target::Clients;
@@ -154,6 +154,14 @@ pub enum InboxCommand {
     },
     /// Unresolved entries per route and state.
     Stats,
+    /// The audit log: every repair action, who did it, and how it ended.
+    Audit {
+        /// Only lines with an id above this.
+        #[arg(long)]
+        after: Option<i64>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
 }
 
 pub async fn main() -> ExitCode {
@@ -279,7 +287,11 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
         eprintln!("error: {} of {total} routes refused: {}", refused.len(), refused.join(", "));
         return Ok(ExitCode::FAILURE);
     }
-    println!("{}: ok ({} routes, store {})", path.display(), config.routes.len(), config.store.url);
+    for warning in config.access_warnings() {
+        eprintln!("warning: {}: {warning}", path.display());
+    }
+    let store = crate::redact::url(&config.store.url);
+    println!("{}: ok ({} routes, store {store})", path.display(), config.routes.len());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -312,17 +324,21 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
             };
             let mut failed = false;
             for id in ids {
-                if store.requeue(id, clock.now()).await? {
+                let done = store.requeue(id, clock.now()).await?;
+                if done {
                     println!("requeued {id}");
                 } else {
                     eprintln!("entry {id} is missing or not PARKED/OPEN; left as it is");
                     failed = true;
                 }
+                cli_audit(store.as_ref(), &clock, "requeue", id, done, None).await;
             }
             Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
         InboxCommand::Park { id, reason } => {
-            if store.park(id, &format!("parked by hand: {reason}"), clock.now()).await? {
+            let done = store.park(id, &format!("parked by hand: {reason}"), clock.now()).await?;
+            cli_audit(store.as_ref(), &clock, "park", id, done, Some(reason)).await;
+            if done {
                 println!("parked {id}");
                 Ok(ExitCode::SUCCESS)
             } else {
@@ -333,7 +349,38 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
         InboxCommand::Purge { older_than } => {
             let before = clock.now() - older_than.as_millis() as i64;
             let total = crate::inbox::purge_all(store.as_ref(), before, 10_000, Duration::ZERO).await?;
+            let audit = NewAudit {
+                actor: crate::admin::audit::cli_actor(),
+                action: "purge".into(),
+                route: None,
+                subject: format!(
+                    "DONE and IGNORED entries finished more than {} ago",
+                    humantime::format_duration(older_than)
+                ),
+                outcome: "ok".into(),
+                detail: Some(format!("{total} deleted")),
+            };
+            crate::admin::audit::record(store.as_ref(), audit, clock.now()).await;
             println!("purged {total} finished entries");
+            Ok(ExitCode::SUCCESS)
+        }
+        InboxCommand::Audit { after, limit } => {
+            println!(
+                "{:>6}  {:<24}  {:<20}  {:<10}  {:<20}  {:<9}  SUBJECT",
+                "ID", "AT", "ACTOR", "ACTION", "ROUTE", "OUTCOME"
+            );
+            for a in store.list_audit(after, limit).await? {
+                println!(
+                    "{:>6}  {:<24}  {:<20}  {:<10}  {:<20}  {:<9}  {}",
+                    a.id,
+                    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(a.at.max(0) as u64)),
+                    a.actor,
+                    a.action,
+                    a.route.as_deref().unwrap_or("-"),
+                    a.outcome,
+                    a.subject
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         InboxCommand::Stats => {
@@ -348,6 +395,20 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Records a CLI repair of one entry as `cli:<user>`.
+async fn cli_audit(store: &dyn Store, clock: &DbClock, action: &str, id: i64, done: bool, detail: Option<String>) {
+    let route = store.get(id).await.ok().flatten().map(|e| e.route);
+    let audit = NewAudit {
+        actor: crate::admin::audit::cli_actor(),
+        action: action.into(),
+        route,
+        subject: format!("entry {id}"),
+        outcome: if done { "ok" } else { "conflict" }.into(),
+        detail,
+    };
+    crate::admin::audit::record(store, audit, clock.now()).await;
 }
 
 async fn all_parked_ids(store: &dyn Store, route: &str) -> anyhow::Result<Vec<i64>> {

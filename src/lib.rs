@@ -22,6 +22,7 @@ pub mod ingest;
 pub mod plugin;
 pub mod plugin_dev;
 pub mod pubsub;
+pub mod redact;
 pub mod relay;
 pub mod reload;
 pub mod routing;

@@ -149,6 +149,11 @@ async fn apply_config(shared: &Arc<Shared>, forced: bool) -> Result<Value, Strin
     if new.server != old.server {
         return Err("the server section changed; that needs a restart".into());
     }
+    // Tokens and roles apply at once (the admin gate reads them per request); a
+    // listener does not move while running.
+    if new.admin.listen != old.admin.listen {
+        return Err("[admin] listen changed; that needs a restart".into());
+    }
     let v = apply_routes(shared, &new, forced).await?;
     *shared.config.lock().expect("config lock") = new;
     tracing::info!(added = %v["added"], changed = %v["changed"], removed = %v["removed"], "routing files applied");

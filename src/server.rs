@@ -31,8 +31,11 @@ pub async fn serve(listener: TcpListener, app: Router, header_read_timeout: Dura
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    connections.spawn(connection(http.clone(), stream, app.clone(), shutdown.clone()));
+                Ok((stream, peer)) => {
+                    // The peer address, as `axum::extract::ConnectInfo` (the admin gate's
+                    // loopback check reads it).
+                    let app = app.clone().layer(axum::Extension(axum::extract::ConnectInfo(peer)));
+                    connections.spawn(connection(http.clone(), stream, app, shutdown.clone()));
                 }
                 Err(error) => accept_failed(error).await,
             },

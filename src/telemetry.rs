@@ -110,6 +110,8 @@ pub struct Metrics {
     pub push_rejected: Family<RouteReason, Counter>,
     /// Push requests being handled now (what `max_concurrent_pushes` caps).
     pub push_in_flight: Gauge,
+    /// Push requests refused by push auth, by reason (missing, expired, audience, …).
+    pub push_auth_refused: Family<RouteReason, Counter>,
 }
 
 impl Default for Metrics {
@@ -153,6 +155,7 @@ impl Metrics {
             plugin_memory_bytes: Gauge::default(),
             push_rejected: Family::default(),
             push_in_flight: Gauge::default(),
+            push_auth_refused: Family::default(),
             registry: Registry::default(),
         };
         registry.register("ingested", "Messages taken in, by outcome", m.ingested.clone());
@@ -230,6 +233,11 @@ impl Metrics {
             m.push_rejected.clone(),
         );
         registry.register("push_in_flight", "Push requests being handled", m.push_in_flight.clone());
+        registry.register(
+            "push_auth_refused",
+            "Push requests refused by push auth, by reason",
+            m.push_auth_refused.clone(),
+        );
         Metrics { registry, ..m }
     }
 

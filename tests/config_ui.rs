@@ -27,6 +27,7 @@ const UI_DIR: &str = "tests/ui";
 fn env(name: &str) -> Option<String> {
     match name {
         "INLET_TEST_TOKEN" => Some("s3cret".to_string()),
+        "INLET_TEST_ADMIN_TOKEN" => Some("a-long-enough-admin-token".to_string()),
         "INLET_TEST_ENGINE_URL" => Some("http://engine.test:8080".to_string()),
         _ => None,
     }

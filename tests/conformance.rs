@@ -66,6 +66,7 @@ conformance!(
     purge_clears_a_backlog_larger_than_one_batch,
     concurrent_claimers_never_hold_one_key_twice,
     counts_report_unresolved_entries,
+    audit_log_keeps_lines_in_order_and_pages,
 );
 
 fn entry(route: &str, key: &str, dedup: &str, payload: &str) -> NewEntry {
@@ -394,4 +395,25 @@ async fn purge_clears_a_backlog_larger_than_one_batch(store: Arc<dyn Store>) {
 
 fn ids_of(entries: &[inbox::Entry]) -> Vec<i64> {
     entries.iter().map(|e| e.id).collect()
+}
+
+async fn audit_log_keeps_lines_in_order_and_pages(store: Arc<dyn Store>) {
+    let line = |actor: &str, action: &str, route: Option<&str>| inlet::inbox::NewAudit {
+        actor: actor.into(),
+        action: action.into(),
+        route: route.map(Into::into),
+        subject: "entry 7".into(),
+        outcome: "ok".into(),
+        detail: None,
+    };
+    let first = store.record_audit(&line("ops-a", "requeue", Some("a")), T0).await.unwrap();
+    let second = store.record_audit(&line("cli:me", "purge", None), T0 + 5).await.unwrap();
+    assert!(second > first);
+    let all = store.list_audit(None, 10).await.unwrap();
+    let seen: Vec<_> =
+        all.iter().map(|a| (a.id, a.at, a.actor.as_str(), a.action.as_str(), a.route.as_deref())).collect();
+    assert_eq!(seen, vec![(first, T0, "ops-a", "requeue", Some("a")), (second, T0 + 5, "cli:me", "purge", None)]);
+    let page = store.list_audit(Some(first), 10).await.unwrap();
+    assert_eq!(page.iter().map(|a| a.id).collect::<Vec<_>>(), vec![second]);
+    assert_eq!(store.list_audit(None, 1).await.unwrap().len(), 1);
 }

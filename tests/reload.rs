@@ -134,7 +134,8 @@ async fn a_changed_routing_file_is_applied_per_route_and_a_broken_one_is_refused
         "[[route]]\nname = \"b\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
         wo.display()
     );
-    let store = "[store]\nurl = \"sqlite://inbox.db\"\n\n";
+    // The test calls the admin API without a token, from 127.0.0.1.
+    let store = "[store]\nurl = \"sqlite://inbox.db\"\n\n[admin]\nauth = \"none-loopback\"\n\n";
     std::fs::write(&cfg, format!("{store}{}", route_a(4))).unwrap();
     let options = app::Options {
         listen: Some("127.0.0.1:0".parse().unwrap()),

@@ -59,7 +59,11 @@ async fn a_team_plugin_built_for_another_contract_refuses_only_its_route_until_i
     // The platform's file holds the shared settings; each team has its own file. The
     // broken plugin is named relative to its team's file.
     std::fs::copy(common::plugin_path("future_contract"), routes.join("billing.wasm")).unwrap();
-    std::fs::write(routes.join("00-platform.toml"), "[store]\nurl = \"sqlite://inbox.db\"\n").unwrap();
+    std::fs::write(
+        routes.join("00-platform.toml"),
+        "[store]\nurl = \"sqlite://inbox.db\"\n\n[admin]\nauth = \"none-loopback\"\n",
+    )
+    .unwrap();
     let good = common::plugin_path("work_order").display().to_string();
     std::fs::write(routes.join("orders.toml"), route("orders", &good, &http_target(&camunda))).unwrap();
     let billing_file = routes.join("billing.toml");
@@ -138,7 +142,11 @@ async fn reload_timer_retries_a_fixed_plugin_and_a_broken_team_file_keeps_its_la
     let good = common::plugin_path("work_order");
     let b_plugin = dir.path().join("b.wasm");
     std::fs::copy(common::plugin_path("future_contract"), &b_plugin).unwrap();
-    std::fs::write(dir.path().join("platform.toml"), "[store]\nurl = \"sqlite://inbox.db\"\n").unwrap();
+    std::fs::write(
+        dir.path().join("platform.toml"),
+        "[store]\nurl = \"sqlite://inbox.db\"\n\n[admin]\nauth = \"none-loopback\"\n",
+    )
+    .unwrap();
     let team_a = dir.path().join("team-a.toml");
     std::fs::write(&team_a, route("a", &good.display().to_string(), "{ kind = \"log\" }")).unwrap();
     let team_b = dir.path().join("team-b.toml");

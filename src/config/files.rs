@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::access::{AdminConfig, PushAuth};
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
 use super::raw::{self, Outline};
 use super::validate::{self, DeclaredRoute, FileOutcome};
-use super::{Config, PluginsConfig, RefusedRoute, RouteName, ServerConfig, StoreConfig};
+use super::{Config, PluginsConfig, RefusedRoute, RouteName, ServerConfig, SourceConfig, StoreConfig};
 
 /// The routing files `path` stands for: itself, or the `*.toml` files directly in the
 /// directory, in name order.
@@ -67,6 +68,8 @@ struct Checked {
     store_at: Option<usize>,
     server_at: Option<usize>,
     plugins_at: Option<usize>,
+    admin_at: Option<usize>,
+    push_at: Option<usize>,
     /// Route names of a file that did not parse, when its outline could be read.
     outline_names: Vec<RouteName>,
 }
@@ -76,12 +79,14 @@ fn check_file(file: PathBuf, text: String, env: &dyn Fn(&str) -> Option<String>)
     let store_at = outline.as_ref().and_then(|o| o.store.as_ref()).map(|s| s.span().start);
     let server_at = outline.as_ref().and_then(|o| o.server.as_ref()).map(|s| s.span().start);
     let plugins_at = outline.as_ref().and_then(|o| o.plugins.as_ref()).map(|s| s.span().start);
+    let admin_at = outline.as_ref().and_then(|o| o.admin.as_ref()).map(|s| s.span().start);
+    let push_at = outline.as_ref().and_then(|o| o.push.as_ref()).map(|s| s.span().start);
     let outcome = raw::parse(&file, &text).map(|raw| validate::validate_file(&file, &text, raw, env));
     let outline_names = match (&outcome, outline) {
         (Err(_), Some(o)) => o.route.into_iter().filter_map(|r| RouteName::try_from(r.name?).ok()).collect(),
         _ => Vec::new(),
     };
-    Checked { file, text, outcome, store_at, server_at, plugins_at, outline_names }
+    Checked { file, text, outcome, store_at, server_at, plugins_at, admin_at, push_at, outline_names }
 }
 
 pub(super) fn from_text(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
@@ -127,6 +132,8 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
     let mut store: Option<StoreConfig> = None;
     let mut server: Option<ServerConfig> = None;
     let mut plugins: Option<PluginsConfig> = None;
+    let mut admin: Option<AdminConfig> = None;
+    let mut push_default: Option<PushAuth> = None;
     let mut refused = Vec::new();
     let mut routes = Vec::new();
     // Each route name and where it was first declared: (file index, line).
@@ -157,6 +164,8 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
             store = outcome.store;
             server = outcome.server;
             plugins = outcome.plugins;
+            admin = outcome.admin;
+            push_default = outcome.push_default;
         }
         for declared in outcome.routes {
             let DeclaredRoute { name, index, at, result } = declared;
@@ -207,7 +216,19 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
         None => validate::default_store(path.parent().unwrap_or(Path::new(""))),
     };
     let server = server.unwrap_or_default();
-    Ok(Config { path: path.to_path_buf(), store, server, plugins: plugins.unwrap_or_default(), routes, refused })
+    // `[push] auth` is the default of every push route, whichever file declares it.
+    for route in routes.iter_mut().filter(|r| matches!(r.source, SourceConfig::Push) && r.push_auth.is_none()) {
+        route.push_auth = push_default.clone();
+    }
+    Ok(Config {
+        path: path.to_path_buf(),
+        store,
+        server,
+        plugins: plugins.unwrap_or_default(),
+        admin: admin.unwrap_or_default(),
+        routes,
+        refused,
+    })
 }
 
 /// Which file holds the shared settings. A single file always does. In a directory,
@@ -219,7 +240,14 @@ fn shared_file(path: &Path, checked: &[Checked], is_dir: bool, fatal: &mut Error
     }
     let mut shared: Option<usize> = None;
     for (i, c) in checked.iter().enumerate() {
-        for (table, at) in [("store", c.store_at), ("server", c.server_at), ("plugins", c.plugins_at)] {
+        let tables = [
+            ("store", c.store_at),
+            ("server", c.server_at),
+            ("plugins", c.plugins_at),
+            ("admin", c.admin_at),
+            ("push", c.push_at),
+        ];
+        for (table, at) in tables {
             let Some(at) = at else { continue };
             match shared {
                 None => shared = Some(i),
@@ -229,7 +257,9 @@ fn shared_file(path: &Path, checked: &[Checked], is_dir: bool, fatal: &mut Error
                     let first_at = match table {
                         "store" => first.store_at,
                         "server" => first.server_at,
-                        _ => first.plugins_at,
+                        "plugins" => first.plugins_at,
+                        "admin" => first.admin_at,
+                        _ => first.push_at,
                     }
                     .or(first.store_at)
                     .or(first.server_at)

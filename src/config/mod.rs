@@ -7,6 +7,7 @@
 //! Every error carries the file, line, column and field; phase two reports all of
 //! its errors at once.
 
+mod access;
 mod error;
 mod files;
 mod raw;
@@ -17,6 +18,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use access::{AdminAuth, AdminConfig, AdminToken, GOOGLE_JWKS_URL, OidcPush, PushAuth, Role, Secret};
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use files::{load_store, routing_files};
 
@@ -33,6 +35,8 @@ pub struct Config {
     /// Routes (or whole files) that did not validate. Empty from [`Config::load`];
     /// [`Config::load_partial`] keeps them here so the other routes can run.
     pub refused: Vec<RefusedRoute>,
+    /// Who may use the admin API (`[admin]`).
+    pub admin: AdminConfig,
 }
 
 /// A route, or a whole routing file, kept out because of its errors.
@@ -99,7 +103,7 @@ impl Config {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct StoreConfig {
     /// `sqlite://PATH` (relative to the routing file) or `postgres://…`.
     pub url: String,
@@ -188,6 +192,9 @@ pub struct RouteConfig {
     pub retry: RetryPolicy,
     pub not_yet: NotYetPolicy,
     pub limits: PluginLimits,
+    /// Push routes: the route's `source.auth`, else `[push] auth`; `None` when
+    /// neither is written (or the source is not push).
+    pub push_auth: Option<PushAuth>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,7 +261,7 @@ pub struct PubsubTarget {
     pub attributes: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct HttpTarget {
     /// Base URL; the plugin's request path is appended to it.
     pub url: String,
@@ -371,5 +378,27 @@ impl PluginLimits {
     /// just under `keep_warm_bytes`. The process budget bounds all routes together.
     pub fn worst_case_bytes(&self, pool: usize) -> usize {
         self.max_concurrent_calls * self.memory_bytes + pool * self.keep_warm_bytes
+    }
+}
+
+/// Without the password: configurations are logged and printed whole.
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("url", &crate::redact::url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
+}
+
+/// Header values (credentials, typically) and the URL's secrets masked.
+impl std::fmt::Debug for HttpTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: BTreeMap<&str, &str> = self.headers.keys().map(|k| (k.as_str(), crate::redact::MASK)).collect();
+        f.debug_struct("HttpTarget")
+            .field("url", &crate::redact::url(&self.url))
+            .field("timeout", &self.timeout)
+            .field("headers", &headers)
+            .finish()
     }
 }

@@ -78,6 +78,102 @@ pub(super) struct RawConfig {
     /// The routes, one `[[route]]` table each. Route names are unique across all files.
     #[serde(default, rename = "route")]
     pub routes: Vec<RawRoute>,
+    /// Who may use the admin API. Without this section the API needs a token and
+    /// none is defined, so it refuses every request (`/healthz`, `/readyz` and
+    /// `/metrics` stay open).
+    pub admin: Option<RawAdmin>,
+    /// Defaults for every push route.
+    pub push: Option<RawPush>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAdmin {
+    /// `"token"` (default): every request carries `Authorization: Bearer <token>`
+    /// of a `[[admin.token]]`. `"none-loopback"`: for local use, requests from
+    /// 127.0.0.1 / ::1 need no token (and act as admin); other peers are refused.
+    pub auth: Option<Spanned<super::AdminAuth>>,
+    /// `HOST:PORT` of a listener of its own for the admin API and `/metrics`, so
+    /// the push port can face Google while admin stays internal. Default: the
+    /// admin API shares `[server] listen`.
+    pub listen: Option<Spanned<String>>,
+    /// `true`: `/metrics` needs a token of any role, like the API (default false).
+    pub metrics_need_token: Option<bool>,
+    /// The tokens, one `[[admin.token]]` table each.
+    #[serde(default, rename = "token")]
+    pub tokens: Vec<RawToken>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawToken {
+    /// Who holds it; the audit log records actions under this name.
+    pub name: Spanned<String>,
+    /// `"viewer"` (read), `"operator"` (also requeue, park) or `"admin"` (also
+    /// reload, purge, audit log).
+    pub role: Spanned<super::Role>,
+    /// The token by reference, exactly `"${NAME}"` (an environment variable). A
+    /// literal secret is refused: the routing file is not a secret store.
+    pub secret: Option<Spanned<String>>,
+    /// Or a file holding the token (trailing newline ignored), relative to the
+    /// routing file. Tokens must be at least 16 characters.
+    pub secret_file: Option<Spanned<String>>,
+    /// The routes this token may see and act on (default: all). Entries of other
+    /// routes answer 404, as if they did not exist.
+    pub routes: Option<Vec<Spanned<String>>>,
+    /// Whether payloads (`raw_data`, `body`) are shown (default: false for a
+    /// viewer, true for operator and admin).
+    pub payloads: Option<Spanned<bool>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPush {
+    /// Default `auth` of every push route that does not set its own; see
+    /// `source.auth`.
+    pub auth: Option<Spanned<RawPushAuth>>,
+}
+
+/// `"none"`, or `{ audience = "…", service_account = "…", jwks_url = "…" }`.
+#[derive(Debug)]
+pub(super) enum RawPushAuth {
+    Mode(String),
+    Oidc(RawOidc),
+}
+
+/// By hand rather than `untagged`: an untagged enum buffers its input, which loses
+/// the spans of the table's fields (and names no field in its error).
+impl<'de> Deserialize<'de> for RawPushAuth {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawPushAuth;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"none\" or a table { audience = \"…\", service_account = \"…\" }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawPushAuth, E> {
+                Ok(RawPushAuth::Mode(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawPushAuth, A::Error> {
+                RawOidc::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(RawPushAuth::Oidc)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOidc {
+    /// The audience the push subscription puts in its token (`aud`). Required:
+    /// a token minted for another service must not be accepted here.
+    pub audience: Spanned<String>,
+    /// The subscription's service account; the token's `email` must equal it and
+    /// be verified.
+    pub service_account: Spanned<String>,
+    /// Where the signing keys are (default Google's,
+    /// `https://www.googleapis.com/oauth2/v3/certs`).
+    pub jwks_url: Option<Spanned<String>>,
 }
 
 /// What a file declares, read without judging the rest: whether it holds the shared
@@ -88,6 +184,8 @@ pub(super) struct Outline {
     pub store: Option<Spanned<toml::Value>>,
     pub server: Option<Spanned<toml::Value>>,
     pub plugins: Option<Spanned<toml::Value>>,
+    pub admin: Option<Spanned<toml::Value>>,
+    pub push: Option<Spanned<toml::Value>>,
     #[serde(default)]
     pub route: Vec<OutlineRoute>,
 }
@@ -222,6 +320,12 @@ pub(super) struct RawSource {
     /// pubsub (setup): deliveries before a message goes to the dead-letter topic,
     /// 5 to 100 (default 10).
     pub max_delivery_attempts: Option<Spanned<u32>>,
+    /// push: how a request proves it comes from the subscription.
+    /// `{ audience = "…", service_account = "…" }` requires Pub/Sub's OIDC token
+    /// (`Authorization: Bearer`, RS256, checked against Google's keys or
+    /// `jwks_url`); `"none"` accepts any request. Default: `[push] auth`, else
+    /// none (and `inlet check` warns when the listener is not loopback).
+    pub auth: Option<Spanned<RawPushAuth>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]

@@ -1,5 +1,7 @@
 //! Phase two: environment expansion, defaults and the checks serde cannot make.
 
+mod access;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -7,6 +9,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+use super::access::{AdminConfig, PushAuth};
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
 use super::raw::{
     HumanDuration, RawConfig, RawLimits, RawPlugins, RawRoute, RawServer, RawStore, SourceKind, TargetKind,
@@ -164,6 +167,13 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
         ("dead_letter_topic", s.dead_letter_topic.as_ref().map(|v| v.span())),
         ("max_delivery_attempts", s.max_delivery_attempts.as_ref().map(|v| v.span())),
     ];
+    if let (SourceKind::Pubsub, Some(a)) = (s.kind.get_ref(), &s.auth) {
+        c.error::<()>(
+            a.span(),
+            format!("{at}.auth"),
+            ConfigErrorKind::FieldNotAllowed { field: "auth".into(), kind: "a pubsub source" },
+        );
+    }
     match s.kind.get_ref() {
         SourceKind::Push => {
             c.stray(&fields, &[], &at, "a push source");
@@ -263,6 +273,11 @@ pub(super) struct FileOutcome {
     pub server: Option<ServerConfig>,
     /// `[plugins]`, when declared and valid.
     pub plugins: Option<PluginsConfig>,
+    /// `[admin]`, when declared and valid.
+    pub admin: Option<AdminConfig>,
+    /// `[push] auth`, when declared and valid: the default of push routes that set
+    /// none (applied across files by `files::assemble`).
+    pub push_default: Option<PushAuth>,
     /// Errors in `[store]`, `[server]` or `[plugins]`: without those nothing can run.
     pub shared_errors: Vec<ConfigError>,
     pub routes: Vec<DeclaredRoute>,
@@ -290,6 +305,9 @@ pub(super) fn validate_file(
     let store = raw.store.as_ref().and_then(|s| store_section(&mut c, &base, s.get_ref()));
     let server = raw.server.as_ref().and_then(|s| server(&mut c, s.get_ref()));
     let plugins = raw.plugins.as_ref().map(|p| plugins_section(&mut c, p.get_ref()));
+    let admin = raw.admin.as_ref().map(|a| access::admin(&mut c, &base, Some(a)));
+    let push_default =
+        raw.push.as_ref().and_then(|p| p.auth.as_ref()).and_then(|a| access::push_auth(&mut c, a, "push.auth"));
     let shared_errors = std::mem::take(&mut c.errors);
 
     let routes = raw
@@ -297,7 +315,14 @@ pub(super) fn validate_file(
         .iter()
         .enumerate()
         .map(|(i, r)| {
-            let result = route(&mut c, &base, i, r).ok_or_else(|| std::mem::take(&mut c.errors));
+            // A push route's own `source.auth`; one without gets `[push] auth` later.
+            let push_auth = match (r.source.get_ref().kind.get_ref(), &r.source.get_ref().auth) {
+                (SourceKind::Push, Some(a)) => access::push_auth(&mut c, a, &format!("route[{i}].source.auth")),
+                _ => None,
+            };
+            let result = route(&mut c, &base, i, r)
+                .map(|route| RouteConfig { push_auth, ..route })
+                .ok_or_else(|| std::mem::take(&mut c.errors));
             // A route with errors returns none; one without may still have pushed some.
             let result = match result {
                 Ok(_) if !c.errors.is_empty() => Err(std::mem::take(&mut c.errors)),
@@ -306,7 +331,7 @@ pub(super) fn validate_file(
             DeclaredRoute { name: r.name.get_ref().clone(), index: i, at: line_col(text, r.name.span().start), result }
         })
         .collect();
-    FileOutcome { store, server, plugins, shared_errors, routes }
+    FileOutcome { store, server, plugins, admin, push_default, shared_errors, routes }
 }
 
 /// `[plugins]`: the process-wide plugin memory budget.
@@ -341,7 +366,10 @@ fn store_section(c: &mut Checker<'_>, base: &Path, s: &RawStore) -> Option<Store
             c.error(
                 s.url.span(),
                 "store.url",
-                ConfigErrorKind::Invalid(format!("store url `{url}` must start with sqlite:// or postgres://")),
+                ConfigErrorKind::Invalid(format!(
+                    "store url `{}` must start with sqlite:// or postgres://",
+                    crate::redact::url(&url)
+                )),
             )
         }
     })
@@ -436,7 +464,10 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
                         c.error(
                             u.span(),
                             at("target.url"),
-                            ConfigErrorKind::Invalid(format!("`{url}` is not an http:// or https:// URL")),
+                            ConfigErrorKind::Invalid(format!(
+                                "`{}` is not an http:// or https:// URL",
+                                crate::redact::url(&url)
+                            )),
                         )
                     }
                 }),
@@ -575,6 +606,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         retry,
         not_yet,
         limits,
+        push_auth: None,
     })
 }
 

@@ -248,6 +248,35 @@ pub struct RouteStatusCount {
     pub oldest_received_at: Option<Millis>,
 }
 
+/// A repair action as the audit log records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAudit {
+    /// A token name, `loopback`, or `cli:<user>`.
+    pub actor: String,
+    /// `requeue`, `park`, `purge`, `reload`, …
+    pub action: String,
+    /// The route acted on, when the action concerns one.
+    pub route: Option<String>,
+    /// The entries or the filter acted on, e.g. `entry 42`, `finished before 1700000000000`.
+    pub subject: String,
+    /// `ok`, `conflict`, `failed`, …
+    pub outcome: String,
+    pub detail: Option<String>,
+}
+
+/// One line of the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AuditRecord {
+    pub id: i64,
+    pub at: Millis,
+    pub actor: String,
+    pub action: String,
+    pub route: Option<String>,
+    pub subject: String,
+    pub outcome: String,
+    pub detail: Option<String>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database could not be reached or did not answer in time: the host's
@@ -395,6 +424,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The database's clock.
     async fn db_now(&self) -> Result<Millis, StoreError>;
+
+    /// Appends a line to the audit log; returns its id.
+    async fn record_audit(&self, a: &NewAudit, now: Millis) -> Result<i64, StoreError>;
+
+    /// Audit lines with an id above `after_id`, oldest first.
+    async fn list_audit(&self, after_id: Option<i64>, limit: u32) -> Result<Vec<AuditRecord>, StoreError>;
 }
 
 /// Opens (and migrates) the store a URL names.
@@ -425,7 +460,7 @@ pub async fn open(url: &str, max_connections: u32) -> Result<Arc<dyn Store>, Sto
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(Arc::new(postgres::PgStore::open(url, max_connections).await?))
     } else {
-        Err(StoreError::UnsupportedUrl(url.to_string()))
+        Err(StoreError::UnsupportedUrl(crate::redact::url(url)))
     }
 }
 

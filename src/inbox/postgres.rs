@@ -26,8 +26,11 @@ use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use super::StoreError;
 use super::sqlstore::store_impl;
 
-const MIGRATIONS: &[(i64, &str)] =
-    &[(1, include_str!("sql/postgres_0001_inbox.sql")), (3, include_str!("sql/postgres_0003_not_yet_since.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("sql/postgres_0001_inbox.sql")),
+    (2, include_str!("sql/postgres_0002_audit.sql")),
+    (3, include_str!("sql/postgres_0003_not_yet_since.sql")),
+];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII).
 const MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock(452824163700)";

@@ -15,8 +15,11 @@ use sqlx::sqlite::{
 use super::StoreError;
 use super::sqlstore::store_impl;
 
-const MIGRATIONS: &[(i64, &str)] =
-    &[(1, include_str!("sql/sqlite_0001_inbox.sql")), (3, include_str!("sql/sqlite_0003_not_yet_since.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("sql/sqlite_0001_inbox.sql")),
+    (2, include_str!("sql/sqlite_0002_audit.sql")),
+    (3, include_str!("sql/sqlite_0003_not_yet_since.sql")),
+];
 
 /// The connection settings of the inbox file (also what the benchmark's raw-insert
 /// baseline uses, so the two are compared on equal terms).

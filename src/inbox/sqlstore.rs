@@ -295,6 +295,44 @@ macro_rules! store_impl {
             async fn db_now(&self) -> Result<$crate::clock::Millis, $crate::inbox::StoreError> {
                 Ok(sqlx::query_scalar($now_sql).fetch_one(&self.pool).await?)
             }
+
+            async fn record_audit(&self, a: &$crate::inbox::NewAudit, now: $crate::clock::Millis) -> Result<i64, $crate::inbox::StoreError> {
+                Ok(sqlx::query_scalar(include_str!("sql/audit_insert.sql"))
+                    .bind(now)
+                    .bind(&a.actor)
+                    .bind(&a.action)
+                    .bind(a.route.as_deref())
+                    .bind(&a.subject)
+                    .bind(&a.outcome)
+                    .bind(a.detail.as_deref())
+                    .fetch_one(&self.pool)
+                    .await?)
+            }
+
+            async fn list_audit(&self, after_id: Option<i64>, limit: u32)
+                -> Result<Vec<$crate::inbox::AuditRecord>, $crate::inbox::StoreError>
+            {
+                use sqlx::Row;
+                let rows = sqlx::query(include_str!("sql/audit_list.sql"))
+                    .bind(after_id.unwrap_or(0))
+                    .bind(i64::from(limit.clamp(1, 1000)))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter()
+                    .map(|row| {
+                        Ok($crate::inbox::AuditRecord {
+                            id: row.try_get("id")?,
+                            at: row.try_get("at")?,
+                            actor: row.try_get("actor")?,
+                            action: row.try_get("action")?,
+                            route: row.try_get("route")?,
+                            subject: row.try_get("subject")?,
+                            outcome: row.try_get("outcome")?,
+                            detail: row.try_get("detail")?,
+                        })
+                    })
+                    .collect()
+            }
         }
     };
 }

@@ -488,7 +488,7 @@ pub fn compile_cached(
         Component::new(engine, bytes)
             .map_err(|e| PluginLoadError::Compile { path: path.to_path_buf(), reason: format!("{e:#}") })
     };
-    let Some(dir) = cache else { return compile() };
+    let Some(dir) = cache.filter(|d| private_cache_dir(d)) else { return compile() };
     let mut h = std::hash::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
     env!("CARGO_PKG_VERSION").hash(&mut h);
@@ -517,6 +517,40 @@ pub fn compile_cached(
         tracing::warn!(dir = %dir.display(), %error, "could not write the compiled-component cache");
     }
     Ok(component)
+}
+
+/// Creates the compiled-component cache 0700 where missing, and says whether it is
+/// safe to use: a folder that group or others can write to is refused (logged, and
+/// plugins are compiled without it), because whoever writes a `.cwasm` there runs
+/// native code in the host.
+fn private_cache_dir(dir: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        if let Err(error) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+            tracing::warn!(dir = %dir.display(), %error, "cannot create the compiled-component cache; compiling without it");
+            return false;
+        }
+        match std::fs::metadata(dir) {
+            Ok(m) if m.permissions().mode() & 0o022 != 0 => {
+                tracing::error!(
+                    dir = %dir.display(),
+                    mode = format!("{:o}", m.permissions().mode() & 0o777),
+                    "the compiled-component cache is writable by group or others; not using it (chmod 700 it)"
+                );
+                false
+            }
+            Ok(_) => true,
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "cannot inspect the compiled-component cache; compiling without it");
+                false
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        std::fs::create_dir_all(dir).is_ok()
+    }
 }
 
 /// Refuses a component built against another contract version before linking, so

@@ -3,3 +3,4 @@
 
 pub mod pubsub;
 pub mod push;
+pub mod push_auth;

@@ -9,6 +9,10 @@
 //! `Retry-After` before its body is read), bodies up to `max_body_mib` (413), and one
 //! deadline for the whole request (408 while the body is still arriving, 503 after).
 //! None of these answers is an ack, so Pub/Sub redelivers and nothing is lost.
+//!
+//! 404 for a route that is not a push route (a pull route takes no pushes). A
+//! route with push auth checks the OIDC token first ([`super::push_auth`]): no
+//! row is written for a refused request.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,7 +21,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -28,7 +32,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::app::Shared;
-use crate::config::ServerConfig;
+use crate::config::{PushAuth, ServerConfig, SourceConfig};
 use crate::ingest::Incoming;
 use crate::telemetry::RouteReason;
 
@@ -94,10 +98,11 @@ impl PushEnvelope {
 pub async fn handle(
     State(shared): State<Arc<Shared>>,
     Path(route): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> (StatusCode, Json<serde_json::Value>) {
     let routes = shared.routes();
-    let Some(route) = routes.get(&route) else {
+    let Some(found) = routes.get(&route) else {
         // A refused route answers 503, so Pub/Sub redelivers once it is fixed.
         if let Some(p) = routes.refusal(&route) {
             let error = format!("route `{route}` is refused: {}", p.error);
@@ -105,6 +110,19 @@ pub async fn handle(
         }
         return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no route named `{route}`") })));
     };
+    // A pull route takes no pushes.
+    let Some(route) = Some(found).filter(|r| matches!(r.config.source, SourceConfig::Push)) else {
+        return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no push route named `{route}`") })));
+    };
+    if let Some(PushAuth::Oidc(rule)) = &route.config.push_auth
+        && let Err(refused) = shared.push_verifier.verify(&headers, rule).await
+    {
+        let label = RouteReason { route: route.name().to_string(), reason: refused.as_str() };
+        shared.metrics.push_auth_refused.get_or_create(&label).inc();
+        tracing::warn!(route = route.name(), reason = refused.as_str(), "push request refused by push auth");
+        let error = format!("push auth: {}", refused.as_str());
+        return (refused.status(), Json(json!({ "error": error })));
+    }
     let incoming = match serde_json::from_slice::<PushEnvelope>(&body)
         .map_err(|e| format!("body is not a push envelope: {e}"))
         .and_then(PushEnvelope::into_incoming)

@@ -158,7 +158,8 @@ fn transport_error(e: reqwest::Error) -> wit::Outcome {
         message.push_str(&s.to_string());
         source = s.source();
     }
-    transport(kind, message)
+    // reqwest names the URL, whose query or userinfo may hold a credential.
+    transport(kind, crate::redact::text(&message))
 }
 
 /// A one-line description of an outcome for `last_error`.

@@ -1,0 +1,226 @@
+//! Verified push: a push route that requires Pub/Sub's OIDC token accepts a token
+//! signed by a key of its JWKS and refuses every other one with the right status,
+//! no row and a metric by reason; a key rotation is picked up. The test makes its own
+//! RSA keys and serves their JWKS from a real local HTTP server.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::State;
+use common::{plugin_path, push_envelope, wait_for};
+use jsonwebtoken::jwk::{Jwk, JwkSet};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use rsa::pkcs1::EncodeRsaPrivateKey;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(30);
+const AUDIENCE: &str = "https://inlet.test/push/orders";
+const ACCOUNT: &str = "push-orders@acme.iam.gserviceaccount.com";
+
+/// An RSA signing key with its `kid`.
+struct Key {
+    kid: String,
+    encoding: EncodingKey,
+}
+
+impl Key {
+    fn generate(kid: &str) -> Key {
+        let private = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048).expect("generate an RSA key");
+        let der = private.to_pkcs1_der().expect("PKCS#1 DER");
+        Key { kid: kid.into(), encoding: EncodingKey::from_rsa_der(der.as_bytes()) }
+    }
+
+    /// The public half as a JWK, the way Google publishes it.
+    fn jwk(&self) -> Jwk {
+        let mut jwk = Jwk::from_encoding_key(&self.encoding, Algorithm::RS256).expect("a JWK of the key");
+        jwk.common.key_id = Some(self.kid.clone());
+        jwk
+    }
+
+    /// A token signed by this key, announcing `kid`.
+    fn sign_as(&self, kid: &str, claims: &Value) -> String {
+        let mut header = Header::new(Algorithm::RS256);
+        header.kid = Some(kid.into());
+        jsonwebtoken::encode(&header, claims, &self.encoding).expect("sign a token")
+    }
+
+    fn sign(&self, claims: &Value) -> String {
+        self.sign_as(&self.kid, claims)
+    }
+}
+
+/// A JWKS endpoint whose keys the test changes, counting fetches.
+#[derive(Clone, Default)]
+struct Jwks {
+    keys: Arc<Mutex<Vec<Jwk>>>,
+    fetches: Arc<AtomicUsize>,
+}
+
+impl Jwks {
+    async fn serve(&self) -> String {
+        async fn certs(State(j): State<Jwks>) -> Json<JwkSet> {
+            j.fetches.fetch_add(1, Ordering::SeqCst);
+            Json(JwkSet { keys: j.keys.lock().unwrap().clone() })
+        }
+        let app = axum::Router::new().route("/certs", axum::routing::get(certs)).with_state(self.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/certs", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        url
+    }
+
+    fn publish(&self, keys: &[&Key]) {
+        *self.keys.lock().unwrap() = keys.iter().map(|k| k.jwk()).collect();
+    }
+}
+
+fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+/// The claims Pub/Sub puts in a push token, valid for an hour.
+fn good_claims() -> Value {
+    json!({
+        "iss": "https://accounts.google.com",
+        "aud": AUDIENCE,
+        "email": ACCOUNT,
+        "email_verified": true,
+        "sub": "1234567890",
+        "iat": now() - 5,
+        "exp": now() + 3600,
+    })
+}
+
+fn with(mut claims: Value, field: &str, value: Value) -> Value {
+    claims[field] = value;
+    claims
+}
+
+struct Setup {
+    instance: common::Instance,
+    http: reqwest::Client,
+    sent: AtomicUsize,
+}
+
+impl Setup {
+    async fn start(jwks_url: &str) -> Setup {
+        let routes = format!(
+            "[[route]]\nname = \"orders\"\nplugin = \"{}\"\ntarget = {{ kind = \"log\" }}\n\
+             source = {{ kind = \"push\", auth = {{ audience = \"{AUDIENCE}\", service_account = \"{ACCOUNT}\", jwks_url = \"{jwks_url}\" }} }}\n",
+            plugin_path("work_order").display()
+        );
+        let instance = common::start_on_sqlite(&routes, |_| {}).await;
+        Setup { instance, http: reqwest::Client::new(), sent: AtomicUsize::new(0) }
+    }
+
+    /// Pushes a fresh message with `token` (if any); the status and the message id.
+    async fn push(&self, token: Option<&str>) -> (u16, String) {
+        let id = format!("m-{}", self.sent.fetch_add(1, Ordering::SeqCst));
+        let data = br#"{"workOrderId":"k","completedItems":1,"completionTimestamp":"t"}"#;
+        let mut req = self
+            .http
+            .post(format!("{}/push/orders", self.instance.base()))
+            .body(push_envelope(data, &[], &id).to_string());
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        (req.send().await.unwrap().status().as_u16(), id)
+    }
+
+    async fn stored_message_ids(&self) -> Vec<String> {
+        let filter = inlet::inbox::ListFilter { route: Some("orders".into()), limit: 1000, ..Default::default() };
+        self.instance.running.shared.store.list(&filter).await.unwrap().into_iter().map(|e| e.message_id).collect()
+    }
+
+    fn refused(&self, reason: &str) -> u64 {
+        let text = self.instance.running.shared.metrics.render();
+        let prefix = format!("inlet_push_auth_refused_total{{route=\"orders\",reason=\"{reason}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0, |v| v.trim().parse().unwrap())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_valid_token_from_the_subscription_stores_a_row() {
+    let (k1, stranger) = (Key::generate("k1"), Key::generate("k1-forged"));
+    let jwks = Jwks::default();
+    jwks.publish(&[&k1]);
+    let setup = Setup::start(&jwks.serve().await).await;
+
+    let (status, accepted) = setup.push(Some(&k1.sign(&good_claims()))).await;
+    assert_eq!(status, 200, "a valid token is accepted");
+
+    let cases: Vec<(&str, Option<String>, u16, &str)> = vec![
+        ("no token", None, 401, "missing"),
+        ("not a JWT", Some("abc.def".into()), 401, "malformed"),
+        ("expired", Some(k1.sign(&with(good_claims(), "exp", json!(now() - 600)))), 401, "expired"),
+        ("wrong audience", Some(k1.sign(&with(good_claims(), "aud", json!("https://other.test")))), 401, "audience"),
+        ("wrong issuer", Some(k1.sign(&with(good_claims(), "iss", json!("https://evil.example")))), 401, "issuer"),
+        ("wrong signature", Some(stranger.sign_as("k1", &good_claims())), 401, "signature"),
+        ("wrong email", Some(k1.sign(&with(good_claims(), "email", json!("someone@else.test")))), 403, "email"),
+        (
+            "email not verified",
+            Some(k1.sign(&with(good_claims(), "email_verified", json!(false)))),
+            403,
+            "email_unverified",
+        ),
+    ];
+    for (what, token, expected, reason) in cases {
+        let before = setup.refused(reason);
+        let (status, _) = setup.push(token.as_deref()).await;
+        assert_eq!(status, expected, "{what}");
+        assert_eq!(setup.refused(reason), before + 1, "{what}: inlet_push_auth_refused_total{{reason=\"{reason}\"}}");
+    }
+    assert_eq!(setup.stored_message_ids().await, vec![accepted], "only the accepted push left a row");
+    assert_eq!(jwks.fetches.load(Ordering::SeqCst), 1, "the keys were fetched once and cached");
+    setup.instance.running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_key_is_picked_up_and_unknown_keys_do_not_hammer_the_jwks() {
+    let (k1, k2) = (Key::generate("k1"), Key::generate("k2"));
+    let jwks = Jwks::default();
+    jwks.publish(&[&k1]);
+    let setup = Setup::start(&jwks.serve().await).await;
+    assert_eq!(setup.push(Some(&k1.sign(&good_claims()))).await.0, 200);
+
+    // Tokens naming a key nobody published: refused, and at most one refetch per
+    // interval, however many arrive.
+    let fetches = jwks.fetches.load(Ordering::SeqCst);
+    for _ in 0..20 {
+        assert_eq!(setup.push(Some(&k2.sign_as("k-unknown", &good_claims()))).await.0, 401);
+    }
+    assert!(setup.refused("unknown_key") >= 20);
+    let refetches = jwks.fetches.load(Ordering::SeqCst) - fetches;
+    assert!(refetches <= 2, "{refetches} refetches for 20 unknown-key tokens");
+
+    // Google rotates: k2 is published beside k1. Pub/Sub retries a refused push, so
+    // the new key is picked up within the refetch interval.
+    jwks.publish(&[&k1, &k2]);
+    let token = k2.sign(&good_claims());
+    let id = wait_for("a k2 token to be accepted", WAIT, || {
+        let token = token.clone();
+        let setup = &setup;
+        async move {
+            let (status, id) = setup.push(Some(&token)).await;
+            (status == 200).then_some(id)
+        }
+    })
+    .await;
+    assert!(setup.stored_message_ids().await.contains(&id));
+    assert_eq!(setup.push(Some(&k1.sign(&good_claims()))).await.0, 200, "k1 still works");
+
+    // k1 is withdrawn: once the keys are fetched again, its tokens are refused.
+    jwks.publish(&[&k2]);
+    let (k3, fetches) = (Key::generate("k3"), jwks.fetches.load(Ordering::SeqCst));
+    common::wait_until("a refetch after the refetch interval", WAIT, || async {
+        setup.push(Some(&k3.sign(&good_claims()))).await;
+        jwks.fetches.load(Ordering::SeqCst) > fetches
+    })
+    .await;
+    assert_eq!(setup.push(Some(&k1.sign(&good_claims()))).await.0, 401, "a withdrawn key no longer verifies");
+    setup.instance.running.stop().await;
+}
