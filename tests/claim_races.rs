@@ -87,6 +87,22 @@ macro_rules! insert_by_hand {
     }};
 }
 
+/// Binds a claim request to one of the claim statements, as the stores do: `$1`–`$5`
+/// for the candidates, then `$6` owner and `$7` lease.
+macro_rules! claim_by_hand {
+    ($query:expr, $r:expr) => {{
+        let r: &ClaimRequest<'_> = $r;
+        $query
+            .bind(r.route)
+            .bind(r.now)
+            .bind(r.ordered)
+            .bind(r.parked_blocks)
+            .bind(i64::from(r.limit))
+            .bind(r.owner)
+            .bind(r.lease_ms)
+    }};
+}
+
 // ------------------------------------------------------------------------------------
 // PostgreSQL: two claimers
 // ------------------------------------------------------------------------------------
@@ -105,18 +121,8 @@ async fn pg_claim_held_open(conn: &mut sqlx::PgConnection, owner: &str, parked_b
         .fetch_all(&mut *conn)
         .await
         .unwrap();
-    sqlx::query_scalar(&CLAIM_HELD_SQL.replace("RETURNING inbox_entry.*", "RETURNING inbox_entry.id"))
-        .bind(r.route)
-        .bind(r.now)
-        .bind(r.ordered)
-        .bind(r.parked_blocks)
-        .bind(i64::from(r.limit))
-        .bind(r.owner)
-        .bind(r.lease_ms)
-        .bind(&held)
-        .fetch_all(&mut *conn)
-        .await
-        .unwrap()
+    let claim = CLAIM_HELD_SQL.replace("RETURNING inbox_entry.*", "RETURNING inbox_entry.id");
+    claim_by_hand!(sqlx::query_scalar(&claim), &r).bind(&held).fetch_all(&mut *conn).await.unwrap()
 }
 
 async fn pg() -> (Arc<dyn Store>, common::TestPg) {
@@ -237,17 +243,8 @@ async fn sqlite_a_requeue_or_re_decode_waits_for_a_claim_in_flight() {
     // Claimer A's statement inside a transaction left open.
     sqlx::query("BEGIN IMMEDIATE").execute(&mut a).await.unwrap();
     let r = req("a", false);
-    let taken: Vec<i64> = sqlx::query_scalar(&inlet::inbox::sqlite::CLAIM_SQL.replace("RETURNING *", "RETURNING id"))
-        .bind(r.route)
-        .bind(r.now)
-        .bind(r.ordered)
-        .bind(r.parked_blocks)
-        .bind(i64::from(r.limit))
-        .bind(r.owner)
-        .bind(r.lease_ms)
-        .fetch_all(&mut a)
-        .await
-        .unwrap();
+    let claim = inlet::inbox::sqlite::CLAIM_SQL.replace("RETURNING *", "RETURNING id");
+    let taken: Vec<i64> = claim_by_hand!(sqlx::query_scalar(&claim), &r).fetch_all(&mut a).await.unwrap();
     assert_eq!(taken, vec![later]);
     let store2 = Arc::clone(&store);
     let requeue = tokio::spawn(async move { store2.requeue(parked, T0).await.unwrap() });

@@ -119,7 +119,13 @@ impl Inlet {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("inlet.toml");
         let store = store.unwrap_or("sqlite://inbox.db");
-        std::fs::write(&config, format!("[store]\nurl = \"{store}\"\n\n[server]\n{server}\n\n[admin]\nauth = \"none-loopback\"\n\n{routes}")).unwrap();
+        std::fs::write(
+            &config,
+            format!(
+                "[store]\nurl = \"{store}\"\n\n[server]\n{server}\n\n[admin]\nauth = \"none-loopback\"\n\n{routes}"
+            ),
+        )
+        .unwrap();
         let loaded = inlet::config::Config::load(&config).unwrap_or_else(|e| panic!("test routing file:\n{e}"));
         let mut options = inlet::app::Options {
             listen: Some("127.0.0.1:0".parse().unwrap()),

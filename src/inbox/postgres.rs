@@ -115,27 +115,25 @@ pub const INSERT_SQL: &str = concat!(
 
 impl PgStore {
     async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<PgRow>, StoreError> {
-        let claim = |sql| {
-            sqlx::query(sql)
-                .bind(req.route)
-                .bind(req.now)
-                .bind(req.ordered)
-                .bind(req.parked_blocks)
-                .bind(i64::from(req.limit))
-        };
+        // `$1`–`$5` of every claim statement (the `claim_where.sql` parameters).
+        macro_rules! candidates {
+            ($query:expr) => {
+                $query
+                    .bind(req.route)
+                    .bind(req.now)
+                    .bind(req.ordered)
+                    .bind(req.parked_blocks)
+                    .bind(i64::from(req.limit))
+            };
+        }
         if !req.ordered {
-            return Ok(claim(CLAIM_SQL).bind(req.owner).bind(req.lease_ms).fetch_all(&self.pool).await?);
+            let claim = candidates!(sqlx::query(CLAIM_SQL)).bind(req.owner).bind(req.lease_ms);
+            return Ok(claim.fetch_all(&self.pool).await?);
         }
         let mut tx = self.pool.begin().await?;
-        let held: Vec<String> = sqlx::query_scalar(CLAIM_KEYS_SQL)
-            .bind(req.route)
-            .bind(req.now)
-            .bind(req.ordered)
-            .bind(req.parked_blocks)
-            .bind(i64::from(req.limit))
-            .fetch_all(&mut *tx)
-            .await?;
-        let rows = claim(CLAIM_HELD_SQL).bind(req.owner).bind(req.lease_ms).bind(&held).fetch_all(&mut *tx).await?;
+        let held: Vec<String> = candidates!(sqlx::query_scalar(CLAIM_KEYS_SQL)).fetch_all(&mut *tx).await?;
+        let claim = candidates!(sqlx::query(CLAIM_HELD_SQL)).bind(req.owner).bind(req.lease_ms).bind(&held);
+        let rows = claim.fetch_all(&mut *tx).await?;
         tx.commit().await?;
         Ok(rows)
     }

@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::clock::{Clock, Millis};
 use crate::config::{Ordering, ParkedPolicy};
-use crate::inbox::{ClaimRequest, Claimed, Decoded, Settlement, Store, StoreError};
+use crate::inbox::{ClaimRequest, Claimed, Decoded, Lease, Settlement, Store, StoreError};
 use crate::ingest::{count_refused, fault_labels};
 use crate::plugin::wit;
 use crate::routing::Route;
@@ -135,8 +135,8 @@ impl Relay {
     /// retried with backoff and parked at `max_attempts` — instead of leaving the
     /// entry to its lease and a crash loop nobody sees.
     async fn attempt_contained(self: Arc<Self>, c: Claimed) {
-        let (id, lease, attempts, not_yet_since) =
-            (c.entry.id, c.lease.clone(), c.entry.attempts, c.entry.not_yet_since);
+        let (id, key, lease) = (c.entry.id, c.entry.correlation_key.clone(), c.lease.clone());
+        let (attempts, not_yet_since) = (c.entry.attempts, c.entry.not_yet_since);
         let this = Arc::clone(&self);
         let Err(panic) = CatchUnwind(Box::pin(async move { this.attempt(c).await })).await else { return };
         let route = self.route.name();
@@ -147,16 +147,10 @@ impl Relay {
             .unwrap_or_else(|| "a panic without a message".into());
         tracing::error!(route, id, panic = %message, "a delivery attempt panicked; counting it as a failed attempt");
         self.metrics.attempt_panics.get_or_create(&Metrics::route(route)).inc();
-        let decision = self.decision(attempts, not_yet_since);
         let error = format!("the delivery attempt panicked (a bug in Inlet): {message}");
-        let settlement = decision.settle(Disposition::Retry { error, hint: None }, &mut fastrand::Rng::new());
-        if let Settlement::Parked { error } = &settlement {
-            tracing::warn!(route, id, error, "entry parked");
-            self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
-        }
-        if let Err(error) = self.store.settle(id, &lease, self.clock.now(), &settlement).await {
-            tracing::error!(route, id, %error, "could not settle the panicked attempt; the entry is retried when its lease expires");
-        }
+        let disposition = Disposition::Retry { error, hint: None };
+        let settlement = self.decision(attempts, not_yet_since).settle(disposition, &mut fastrand::Rng::new());
+        self.finish(id, key.as_deref(), &lease, settlement).await;
     }
 
     /// The policy's view of an entry whose attempt just ended, as of now.
@@ -191,12 +185,19 @@ impl Relay {
                 self.decision(c.entry.attempts, c.entry.not_yet_since).settle(disposition, &mut fastrand::Rng::new())
             }
         };
+        self.finish(id, c.entry.correlation_key.as_deref(), &c.lease, settlement).await;
+    }
+
+    /// Stores how an attempt ended (its text made storable), parking instead when the
+    /// inbox refuses the outcome itself; logs and counts parks and lost leases.
+    async fn finish(&self, id: i64, key: Option<&str>, lease: &Lease, settlement: Settlement) {
+        let route = self.route.name();
         let settlement = self.storable(settlement);
         if let Settlement::Parked { error } = &settlement {
-            tracing::warn!(route, id, key = c.entry.correlation_key.as_deref().unwrap_or(""), error, "entry parked");
+            tracing::warn!(route, id, key = key.unwrap_or(""), error, "entry parked");
             self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
         }
-        let mut result = self.store.settle(id, &c.lease, self.clock.now(), &settlement).await;
+        let mut result = self.store.settle(id, lease, self.clock.now(), &settlement).await;
         if let Err(error) = &result
             && error.refuses_row()
         {
@@ -207,7 +208,7 @@ impl Relay {
             tracing::warn!(route, id, %error, "the inbox refused an outcome; parking the entry");
             self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
             let parked = self.storable(Settlement::Parked { error: reason });
-            result = self.store.settle(id, &c.lease, self.clock.now(), &parked).await;
+            result = self.store.settle(id, lease, self.clock.now(), &parked).await;
         }
         match result {
             Ok(()) => tracing::debug!(route, id, ?settlement, "entry settled"),
