@@ -34,6 +34,8 @@ pub struct Shared {
     pub ingest: Arc<Ingest>,
     /// Where Pub/Sub sources pull from.
     pub pubsub: Connection,
+    /// Where Pub/Sub sources record their acks, when asked for.
+    ack_journal: Option<Arc<crate::source::ack_journal::AckJournal>>,
     /// Signing keys for push routes that require an OIDC token.
     pub push_verifier: crate::source::push_auth::Verifier,
     /// The routing file as last applied, and where it lives.
@@ -90,6 +92,7 @@ impl Shared {
                         connection: self.pubsub.clone(),
                         ingest: Arc::clone(&self.ingest),
                         metrics: Arc::clone(&self.metrics),
+                        ack_journal: self.ack_journal.clone(),
                     }),
                     SourceConfig::Push => None,
                 };
@@ -162,6 +165,8 @@ pub struct Options {
     /// Fault injection for tests (see `RelayOptions::panic_on_key`).
     #[doc(hidden)]
     pub panic_on_key: Option<String>,
+    /// Append every Pub/Sub ack to this file (see [`crate::source::ack_journal`]).
+    pub ack_journal: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -179,6 +184,7 @@ impl Default for Options {
             pubsub: Connection::from_env(),
             grace: Duration::from_secs(30),
             panic_on_key: None,
+            ack_journal: None,
         }
     }
 }
@@ -187,6 +193,8 @@ impl Default for Options {
 pub enum StartError {
     #[error(transparent)]
     Store(#[from] inbox::StoreError),
+    #[error("cannot open the ack journal {path}: {source}")]
+    AckJournal { path: PathBuf, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
 }
@@ -264,9 +272,17 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
             .expect("loading routes does not panic")
     };
     let metrics = Arc::new(Metrics::new());
+    let ack_journal = match &options.ack_journal {
+        Some(path) => Some(Arc::new(
+            crate::source::ack_journal::AckJournal::open(path)
+                .map_err(|source| StartError::AckJournal { path: path.clone(), source })?,
+        )),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         ingest: Arc::new(Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics))),
         pubsub: options.pubsub.clone(),
+        ack_journal,
         push_verifier: crate::source::push_auth::Verifier::new(),
         routes: RwLock::new(Arc::new(Routes::empty(None, clients))),
         store,

@@ -53,6 +53,11 @@ pub enum Command {
         /// On SIGTERM or ctrl-c, how long in-flight deliveries may take to finish.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         grace: Duration,
+        /// Append every Pub/Sub message id Inlet acks to this file, after its row is
+        /// committed (`ROUTE<TAB>ID` lines): lets a test or an audit check that
+        /// nothing was acked without its row.
+        #[arg(long, env = "INLET_ACK_JOURNAL")]
+        ack_journal: Option<PathBuf>,
     },
     /// Validate a routing file (or a directory of them) and load its plugins; exit 1
     /// listing every error and every refused route.
@@ -182,9 +187,9 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run { config, listen, instance, poll, retention, plugin_cache, grace } => {
+        Command::Run { config, listen, instance, poll, retention, plugin_cache, grace, ack_journal } => {
             let config = Config::load_partial(&config).map_err(|errors| anyhow::anyhow!("{errors}"))?;
-            let mut options = app::Options { listen, poll, retention, grace, ..app::Options::default() };
+            let mut options = app::Options { listen, poll, retention, grace, ack_journal, ..app::Options::default() };
             match plugin_cache {
                 Some(p) if p.as_os_str() == "off" => options.plugin_cache = None,
                 Some(p) => options.plugin_cache = Some(p),

@@ -1,6 +1,7 @@
 //! Sources: where messages come from. Each hands messages to [`crate::ingest`] and
 //! acks only what it returned `Ok` for.
 
+pub mod ack_journal;
 pub mod pubsub;
 pub mod push;
 pub mod push_auth;

@@ -35,6 +35,7 @@ use google_cloud_pubsub::subscriber::ShutdownBehavior;
 use google_cloud_pubsub::subscriber::handler::Handler;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
+use super::ack_journal::AckJournal;
 use crate::config::PubsubSource;
 use crate::ingest::{Incoming, Ingest, IngestError};
 use crate::pubsub::{Connection, Probe, probe};
@@ -58,6 +59,8 @@ pub struct Puller {
     pub connection: Connection,
     pub ingest: Arc<Ingest>,
     pub metrics: Arc<Metrics>,
+    /// Where acks are recorded, when asked for (see [`super::ack_journal`]).
+    pub ack_journal: Option<Arc<AckJournal>>,
 }
 
 /// Why a session ended.
@@ -218,6 +221,7 @@ impl Puller {
             cfg.clone(),
             rx,
             Arc::clone(&stopping),
+            self.ack_journal.clone(),
         ));
         let route = self.name();
         let connected = self.metrics.pubsub_connected.get_or_create(&Metrics::route(route)).clone();
@@ -333,6 +337,7 @@ async fn write(
     cfg: PubsubSource,
     mut rx: mpsc::Receiver<Held>,
     stopping: Arc<AtomicBool>,
+    journal: Option<Arc<AckJournal>>,
 ) -> Result<(), IngestError> {
     let name = route.name().to_string();
     let acked = metrics.pubsub_acks.get_or_create(&Metrics::outcome(&name, "acked")).clone();
@@ -368,9 +373,25 @@ async fn write(
         // The permits stay with the handlers until the ack or nack.
         let (msgs, handlers): (Vec<Incoming>, Vec<_>) =
             batch.into_iter().map(|h| (h.incoming, (h.handler, h.permits))).unzip();
+        let ids: Vec<String> = match &journal {
+            Some(_) => msgs.iter().map(|m| m.message_id.clone()).collect(),
+            None => Vec::new(),
+        };
         match ingest.accept_batch(&route, msgs).await {
             Ok(_) => {
                 // Strictly after the commit.
+                if let Some(journal) = &journal
+                    && let Err(e) = journal.record(&name, ids.iter().map(String::as_str))
+                {
+                    // Not acked what could not be recorded: the rows are there, the
+                    // redelivery is absorbed as a duplicate.
+                    tracing::error!(route = name, journal = %journal.path().display(), error = %e, "cannot write the ack journal; nacking the batch");
+                    nacked.inc_by(handlers.len() as u64);
+                    for (h, _permits) in handlers {
+                        h.nack();
+                    }
+                    continue;
+                }
                 acked.inc_by(handlers.len() as u64);
                 for (h, _permits) in handlers {
                     h.ack();
