@@ -179,7 +179,7 @@ async fn postgres_a_key_found_by_re_decoding_during_a_claim_is_not_in_flight_twi
     assert_eq!(pg_claim_held_open(&mut a, "a", true).await, vec![later]);
     let decoded =
         Decoded { event_type: "test".into(), correlation_key: "K".into(), schema_version: None, body: vec![] };
-    store.settle(undecoded, &redecoding[0].lease, T0, &Settlement::Decoded(decoded)).await.unwrap();
+    store.settle(undecoded, &redecoding[0].lease, T0, &Settlement::Decoded { decoded, dedup_key: None }).await.unwrap();
 
     let b = store.claim(&req("b", true)).await.unwrap();
     assert_eq!(ids(&b), Vec::<i64>::new(), "B must not take {undecoded} (now of key K) while {later} is being claimed");

@@ -164,6 +164,7 @@ on_both_stores!(
     several_matches_park_at_once_and_hold_the_key_until_requeued,
     technical_failures_back_off_with_growing_jittered_capped_delays,
     garbage_and_plugin_faults_are_parked_with_the_raw_payload,
+    a_re_decoded_entry_takes_the_plugins_dedup_key_and_is_never_delivered_twice,
 );
 
 /// Must show 1.
@@ -228,6 +229,55 @@ async fn duplicate_push_is_absorbed_and_a_conflict_is_kept_visible(backend: Back
         "duplicate metric:\n{metrics}"
     );
     assert_eq!(camunda.count(), 1, "the conflict is not delivered until a person decides");
+    inlet.stop().await;
+}
+
+/// An entry parked before it could be decoded is stored under its message id. When a
+/// requeue decodes it, it takes the plugin's dedup key: if the same event was stored
+/// meanwhile under that key (republished under a new message id and decoded by a
+/// fixed plugin), the entry is ignored as a duplicate instead of delivered twice; a
+/// different payload under that key is parked as a conflict; a free key is taken.
+async fn a_re_decoded_entry_takes_the_plugins_dedup_key_and_is_never_delivered_twice(backend: Backend) {
+    let camunda = FakeCamunda::start().await;
+    let inlet = Inlet::start(backend, &route("wo", &camunda.url(), ""), None).await;
+    let parked_undecoded = |message_id: &str, data: Vec<u8>, event_id: &str| inlet::inbox::NewEntry {
+        route: "wo".into(),
+        dedup_key: message_id.into(),
+        decoded: None,
+        raw_data: data,
+        attributes: vec![("eventId".into(), event_id.into())],
+        message_id: message_id.into(),
+        publish_time: None,
+        delivery_attempt: None,
+        status: Status::Parked,
+        last_error: Some("decode failed: the plugin of the day could not read it".into()),
+    };
+    let store = &inlet.store;
+    let same = store.insert(&parked_undecoded("m-1", work_order(1, "A"), "evt-1"), 0).await.unwrap().id();
+    let other = store.insert(&parked_undecoded("m-3", work_order(2, "B"), "evt-1"), 0).await.unwrap().id();
+    let free = store.insert(&parked_undecoded("m-4", work_order(1, "C"), "evt-9"), 0).await.unwrap().id();
+    // The same event, republished under a new message id, is decoded and delivered.
+    assert_eq!(inlet.push_envelope("wo", &push_envelope(&work_order(1, "A"), &[("eventId", "evt-1")], "m-2")).await, 200);
+    let holder = inlet.entries("wo").await.into_iter().find(|e| e.dedup_key == "evt-1").expect("stored under evt-1").id;
+    inlet.wait_status(holder, Status::Done).await;
+
+    for id in [same, other, free] {
+        assert!(store.requeue(id, 0).await.unwrap(), "entry {id} requeued");
+    }
+    let ignored = inlet.wait_status(same, Status::Ignored).await;
+    let reason = ignored.last_error.unwrap_or_default();
+    assert!(reason.contains(&format!("duplicate of entry {holder}")), "{reason}");
+    assert_eq!(ignored.dedup_key, "m-1", "the key stays with the entry that holds it");
+    let conflict = inlet.wait_status(other, Status::Parked).await;
+    let reason = conflict.last_error.unwrap_or_default();
+    assert!(reason.contains(&format!("which entry {holder} holds with a different payload")), "{reason}");
+    let taken = inlet.wait_status(free, Status::Done).await;
+    assert_eq!(taken.dedup_key, "evt-9", "a free key is taken");
+
+    let keys: Vec<String> = camunda.deliveries().iter().map(|d| d.key.clone()).collect();
+    assert_eq!(keys, ["A", "C"], "each event delivered once, the conflict not at all");
+    let metrics = inlet.metrics().await;
+    assert!(metrics.contains("inlet_dedup_conflicts_total{route=\"wo\"} 1"), "conflict metric:\n{metrics}");
     inlet.stop().await;
 }
 

@@ -224,8 +224,12 @@ pub enum Settlement {
         error: String,
     },
     /// A requeued entry that had never been decoded was decoded now: store the event
-    /// and make it OPEN again, so ordering applies before it is delivered.
-    Decoded(Decoded),
+    /// and make it OPEN again, so ordering applies before it is delivered. The entry
+    /// takes the plugin's `dedup_key` when it gave one (it was stored under its message
+    /// id); if another entry of the route holds that key the settle fails with
+    /// [`StoreError::holds_dedup_key`] and nothing changes, so one event is never
+    /// stored, and delivered, twice under two keys.
+    Decoded { decoded: Decoded, dedup_key: Option<String> },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -310,6 +314,13 @@ impl StoreError {
     /// an outage.
     pub fn refuses_row(&self) -> bool {
         matches!(self, StoreError::Database(e) if refuses_row(e))
+    }
+
+    /// Whether the row was refused because another entry of the route holds its
+    /// dedup key (the unique index `inbox_entry_dedup`).
+    pub fn holds_dedup_key(&self) -> bool {
+        let StoreError::Database(sqlx::Error::Database(db)) = self else { return false };
+        db.constraint() == Some(DEDUP_CONSTRAINT) || (db.kind() == sqlx::error::ErrorKind::UniqueViolation && db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some())
     }
 
     /// The SQLSTATE (PostgreSQL) or extended result code (SQLite) of a database error.
@@ -407,6 +418,9 @@ pub trait Store: Send + Sync + 'static {
     async fn settle(&self, id: i64, lease: &Lease, now: Millis, s: &Settlement) -> Result<(), StoreError>;
 
     async fn get(&self, id: i64) -> Result<Option<Entry>, StoreError>;
+
+    /// The entry of `route` stored under `dedup_key`, if any.
+    async fn find_by_dedup_key(&self, route: &str, dedup_key: &str) -> Result<Option<Entry>, StoreError>;
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Entry>, StoreError>;
 

@@ -215,10 +215,14 @@ macro_rules! store_impl {
                     Settlement::Ignored { reason } => (Status::Ignored, None, Some(reason.as_str()), Some(now), None, false),
                     Settlement::Retry { at, error, .. } => (Status::Open, Some(*at), Some(error.as_str()), None, None, false),
                     Settlement::Parked { error } => (Status::Parked, None, Some(error.as_str()), None, None, false),
-                    Settlement::Decoded(d) => (Status::Open, Some(now), none, None, Some(d), true),
+                    Settlement::Decoded { decoded, .. } => (Status::Open, Some(now), none, None, Some(decoded), true),
                 };
                 let not_yet_since = match s {
                     Settlement::Retry { not_yet_since, .. } => *not_yet_since,
+                    _ => None,
+                };
+                let dedup_key = match s {
+                    Settlement::Decoded { dedup_key, .. } => dedup_key.as_deref(),
                     _ => None,
                 };
                 let r = sqlx::query(include_str!("sql/settle.sql"))
@@ -236,6 +240,7 @@ macro_rules! store_impl {
                     .bind(decoded.map(|d| d.body.as_slice()))
                     .bind(reset)
                     .bind(not_yet_since)
+                    .bind(dedup_key)
                     .execute(&self.pool)
                     .await?;
                 if r.rows_affected() == 0 {
@@ -246,6 +251,19 @@ macro_rules! store_impl {
 
             async fn get(&self, id: i64) -> Result<Option<$crate::inbox::Entry>, $crate::inbox::StoreError> {
                 let row = sqlx::query("SELECT * FROM inbox_entry WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+                row.as_ref().map(Self::entry_from_row).transpose()
+            }
+
+            async fn find_by_dedup_key(
+                &self,
+                route: &str,
+                dedup_key: &str,
+            ) -> Result<Option<$crate::inbox::Entry>, $crate::inbox::StoreError> {
+                let row = sqlx::query("SELECT * FROM inbox_entry WHERE route = $1 AND dedup_key = $2")
+                    .bind(route)
+                    .bind(dedup_key)
+                    .fetch_optional(&self.pool)
+                    .await?;
                 row.as_ref().map(Self::entry_from_row).transpose()
             }
 

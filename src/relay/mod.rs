@@ -210,6 +210,14 @@ impl Relay {
             let parked = self.storable(Settlement::Parked { error: reason });
             result = self.store.settle(id, lease, self.clock.now(), &parked).await;
         }
+        if let Err(error) = &result
+            && error.holds_dedup_key()
+            && let Settlement::Decoded { dedup_key: Some(dedup_key), .. } = &settlement
+        {
+            let instead = self.storable(self.dedup_key_taken(id, dedup_key).await);
+            tracing::warn!(route, id, dedup_key, settlement = ?instead, "a re-decoded entry's dedup key is held by another entry");
+            result = self.store.settle(id, lease, self.clock.now(), &instead).await;
+        }
         match result {
             Ok(()) => tracing::debug!(route, id, ?settlement, "entry settled"),
             Err(StoreError::LeaseLost { .. }) => {
@@ -226,6 +234,41 @@ impl Relay {
         }
     }
 
+    /// A re-decoded entry whose plugin dedup key another entry of the route already
+    /// holds: the same event was stored twice, once under this entry's message id
+    /// (when it could not be decoded) and once under its dedup key. The same payload
+    /// is a duplicate, ignored with a record; a different payload is parked for a
+    /// person, as a conflict at ingest would be.
+    async fn dedup_key_taken(&self, id: i64, dedup_key: &str) -> Settlement {
+        let route = self.route.name();
+        let holder = self.store.find_by_dedup_key(route, dedup_key).await;
+        let mine = self.store.get(id).await;
+        let shown = rules::storable(dedup_key, 200);
+        match (holder, mine) {
+            (Ok(Some(holder)), Ok(Some(mine))) if holder.payload_digest == mine.payload_digest => Settlement::Ignored {
+                reason: format!(
+                    "duplicate of entry {}: re-decoded, the plugin gave dedup key `{shown}`, which entry {} holds with the same payload; not delivered twice",
+                    holder.id, holder.id
+                ),
+            },
+            (Ok(Some(holder)), Ok(Some(_))) => {
+                self.metrics.dedup_conflicts.get_or_create(&Metrics::route(route)).inc();
+                Settlement::Parked {
+                    error: format!(
+                        "re-decoded, the plugin gave dedup key `{shown}`, which entry {} holds with a different payload; ignore one of them, or requeue this one after that one is purged",
+                        holder.id
+                    ),
+                }
+            }
+            // The holder went away meanwhile (purged), or a read failed: try again later.
+            _ => Settlement::Retry {
+                at: self.clock.now() + 1_000,
+                error: format!("re-decoded, the plugin gave dedup key `{shown}`, held by another entry that could not be read"),
+                not_yet_since: None,
+            },
+        }
+    }
+
     /// The settlement with its text made storable and cut at the route's
     /// `max_reason_bytes`: a reason from the plugin or a target's answer may hold
     /// anything.
@@ -238,7 +281,7 @@ impl Relay {
                 Settlement::Retry { at, error: bound(error), not_yet_since }
             }
             Settlement::Parked { error } => Settlement::Parked { error: bound(error) },
-            other @ (Settlement::Done | Settlement::Decoded(_)) => other,
+            other @ (Settlement::Done | Settlement::Decoded { .. }) => other,
         }
     }
 
@@ -353,12 +396,16 @@ impl Relay {
                 count_refused(&self.metrics, self.route.name(), "decode", &violation);
                 Settlement::Parked { error: format!("decode output refused: {violation}") }
             }
-            Ok(Ok(wit::Decoded::Event(ev))) => Settlement::Decoded(Decoded {
-                event_type: ev.event_type,
-                correlation_key: ev.correlation_key,
-                schema_version: ev.schema_version,
-                body: ev.body,
-            }),
+            Ok(Ok(wit::Decoded::Event(ev))) => Settlement::Decoded {
+                // Only a key that differs from the one the entry has is written.
+                dedup_key: ev.dedup_key.filter(|k| !k.is_empty() && *k != c.entry.dedup_key),
+                decoded: Decoded {
+                    event_type: ev.event_type,
+                    correlation_key: ev.correlation_key,
+                    schema_version: ev.schema_version,
+                    body: ev.body,
+                },
+            },
             Ok(Ok(wit::Decoded::Ignore(reason))) => {
                 Settlement::Ignored { reason: format!("ignored by the plugin: {reason}") }
             }
