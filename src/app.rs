@@ -356,6 +356,7 @@ fn admin_router(shared: &Arc<Shared>) -> Router {
     let api = Router::new()
         .route("/api/entries", get(admin::list))
         .route("/api/entries/{id}", get(admin::show))
+        .route("/api/failures", get(admin::failures))
         .route("/api/entries/{id}/requeue", post(admin::requeue))
         .route("/api/entries/{id}/park", post(admin::park))
         .route("/api/reload", post(admin::reload))

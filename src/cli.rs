@@ -136,8 +136,21 @@ pub enum InboxCommand {
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
-    /// Show one entry in full, as JSON.
+    /// Show one entry in full, with its attempt history, as JSON.
     Show { id: i64 },
+    /// Parked and retrying entries grouped by route and error (numbers, ids and
+    /// quoted values masked), largest group first: where to start on a bad night.
+    Failures {
+        /// Only this route.
+        #[arg(long)]
+        route: Option<String>,
+        /// At most this many groups.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Make PARKED entries due again (attempts start over). Entries parked before
     /// decoding are decoded again with the plugin as it is now.
     Requeue {
@@ -314,7 +327,9 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
         }
         InboxCommand::Show { id } => match store.get(id).await? {
             Some(e) => {
-                println!("{}", serde_json::to_string_pretty(&crate::admin::entry_view(&e))?);
+                let mut view = crate::admin::entry_view(&e);
+                view["attempts"] = serde_json::to_value(store.attempts(id).await?)?;
+                println!("{}", serde_json::to_string_pretty(&view)?);
                 Ok(ExitCode::SUCCESS)
             }
             None => {
@@ -322,6 +337,26 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
                 Ok(ExitCode::FAILURE)
             }
         },
+        InboxCommand::Failures { route, limit, json } => {
+            let groups = store.failure_groups(route.as_deref(), limit).await?;
+            if json {
+                for g in &groups {
+                    println!("{}", serde_json::to_string(g)?);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!("{:<24}  {:>7}  {:>8}  {:>5}  {:>8}  ERROR (fingerprint)", "ROUTE", "PARKED", "RETRYING", "KEYS", "EXAMPLE");
+            for g in &groups {
+                println!(
+                    "{:<24}  {:>7}  {:>8}  {:>5}  {:>8}  {}",
+                    g.route, g.parked, g.retrying, g.keys, g.example_id, g.fingerprint
+                );
+            }
+            if groups.is_empty() {
+                println!("(nothing parked or retrying)");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         InboxCommand::Requeue { ids, all_parked } => {
             let ids = match all_parked {
                 Some(route) => all_parked_ids(store.as_ref(), &route).await?,

@@ -27,6 +27,14 @@ pub fn url(u: &str) -> String {
     format!("{scheme}://{authority}{tail}")
 }
 
+/// A request path with its query values masked: `/hook?token=abc` → `/hook?token=***`.
+pub fn path(p: &str) -> String {
+    match p.split_once('?') {
+        Some((path, query)) => format!("{path}?{}", mask_query(query)),
+        None => p.to_string(),
+    }
+}
+
 fn mask_query(query: &str) -> String {
     query
         .split('&')

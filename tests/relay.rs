@@ -128,6 +128,12 @@ impl Inlet {
         .await
     }
 
+    /// A GET of the admin API (the routing file must allow unauthenticated loopback).
+    async fn get_json(&self, path: &str) -> serde_json::Value {
+        let text = self.http.get(format!("{}{path}", self.base)).send().await.unwrap().text().await.unwrap();
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e}): {text}"))
+    }
+
     async fn metrics(&self) -> String {
         self.http.get(format!("{}/metrics", self.base)).send().await.unwrap().text().await.unwrap()
     }
@@ -165,6 +171,8 @@ on_both_stores!(
     technical_failures_back_off_with_growing_jittered_capped_delays,
     garbage_and_plugin_faults_are_parked_with_the_raw_payload,
     a_re_decoded_entry_takes_the_plugins_dedup_key_and_is_never_delivered_twice,
+    every_attempt_is_recorded_with_its_answer_request_and_outcome,
+    failing_entries_are_grouped_by_route_and_error_fingerprint,
 );
 
 /// Must show 1.
@@ -278,6 +286,109 @@ async fn a_re_decoded_entry_takes_the_plugins_dedup_key_and_is_never_delivered_t
     assert_eq!(keys, ["A", "C"], "each event delivered once, the conflict not at all");
     let metrics = inlet.metrics().await;
     assert!(metrics.contains("inlet_dedup_conflicts_total{route=\"wo\"} 1"), "conflict metric:\n{metrics}");
+    inlet.stop().await;
+}
+
+/// Issue 11, must show 1: an entry that went not-yet → retry → done has three
+/// attempts in its history, each with the plugin's answer, the request and its
+/// status, and the entry's status and reason after it — in the store and in
+/// `GET /api/entries/{id}`.
+async fn every_attempt_is_recorded_with_its_answer_request_and_outcome(backend: Backend) {
+    let camunda = FakeCamunda::with_behaviour(|_, attempt| match attempt {
+        1 => Reply::NoMatch,
+        2 => Reply::Status(500),
+        _ => Reply::Ok,
+    })
+    .await;
+    let clock = ManualClock::new(1_800_000_000_000);
+    let routes = format!("[admin]\nauth = \"none-loopback\"\n\n{}", route("wo", &camunda.url(), ""));
+    let inlet = Inlet::start(backend, &routes, Some(Arc::clone(&clock))).await;
+    assert_eq!(inlet.push("wo", &work_order(1, "h"), "m-h").await, 200);
+    let id = inlet.entries("wo").await[0].id;
+    let mut e = inlet.next_settled(id, 0).await;
+    while e.status == Status::Open {
+        clock.set(e.next_attempt_at);
+        e = inlet.next_settled(id, e.attempts).await;
+    }
+    assert_eq!(e.status, Status::Done);
+
+    let attempts = inlet.store.attempts(id).await.unwrap();
+    let summary: Vec<(i32, &str, &str, Option<u16>)> = attempts
+        .iter()
+        .map(|a| (a.attempt, a.answer.as_str(), a.status.as_str(), a.requests.first().and_then(|r| r.status)))
+        .collect();
+    assert_eq!(
+        summary,
+        [(1, "not_yet", "OPEN", Some(400)), (2, "retry", "OPEN", Some(500)), (3, "done", "DONE", Some(204))],
+        "{attempts:#?}"
+    );
+    let reasons: Vec<&str> = attempts.iter().map(|a| a.reason.as_deref().unwrap_or("")).collect();
+    assert!(reasons[0].starts_with("not yet:"), "{reasons:?}");
+    assert!(reasons[1].contains("target answered 500"), "{reasons:?}");
+    assert_eq!(reasons[2], "");
+    for a in &attempts {
+        assert_eq!((a.requests.len(), a.requests[0].method.as_str()), (1, "POST"));
+        assert_eq!(a.requests[0].path, "/engine-rest/message");
+        assert_eq!(a.plugin.as_deref().map(str::len), Some(64), "the plugin's digest");
+        assert!(a.started_at >= 1_800_000_000_000 && a.duration_ms >= 0 && !a.owner.is_empty());
+    }
+    let shown = inlet.get_json(&format!("/api/entries/{id}")).await;
+    let answers: Vec<&str> = shown["attempts"].as_array().unwrap().iter().map(|a| a["answer"].as_str().unwrap()).collect();
+    assert_eq!(answers, ["not_yet", "retry", "done"], "{shown}");
+    inlet.stop().await;
+}
+
+/// Issue 11: parked and retrying entries grouped by route and a fingerprint of their
+/// error with the varying parts masked — six several-matches parks over six keys, four
+/// undecodable payloads whose errors differ only in a column number, two entries
+/// retrying after 503s — are three groups with the right counts, in the store and in
+/// `GET /api/failures`.
+async fn failing_entries_are_grouped_by_route_and_error_fingerprint(backend: Backend) {
+    let camunda = FakeCamunda::with_behaviour(|key, _| match key {
+        k if k.starts_with("several") => Reply::SeveralMatch,
+        _ => Reply::Status(503),
+    })
+    .await;
+    let routes = format!(
+        "[admin]\nauth = \"none-loopback\"\n\n{}",
+        route("wo", &camunda.url(), "retry = { initial = \"1h\", max = \"2h\", max_attempts = 50 }")
+    );
+    let inlet = Inlet::start(backend, &routes, None).await;
+    for k in 0..6 {
+        assert_eq!(inlet.push("wo", &work_order(1, &format!("several-{k}")), &format!("m-s{k}")).await, 200);
+    }
+    for k in 0..4 {
+        let garbage = format!("{}not json", " ".repeat(k));
+        assert_eq!(inlet.push("wo", garbage.as_bytes(), &format!("m-g{k}")).await, 200);
+    }
+    for k in 0..2 {
+        assert_eq!(inlet.push("wo", &work_order(1, &format!("down-{k}")), &format!("m-d{k}")).await, 200);
+    }
+    wait_until("every entry parked or retrying", WAIT, || async {
+        inlet.entries("wo").await.iter().all(|e| e.status == Status::Parked || (e.status == Status::Open && e.attempts > 0))
+    })
+    .await;
+
+    let mut groups = inlet.store.failure_groups(None, 100).await.unwrap();
+    groups.sort_by_key(|g| (g.parked, g.retrying));
+    let counts: Vec<(i64, i64, i64)> = groups.iter().map(|g| (g.parked, g.retrying, g.keys)).collect();
+    assert_eq!(counts, [(0, 2, 2), (4, 0, 0), (6, 0, 6)], "{groups:#?}");
+    assert!(groups[0].fingerprint.contains("target answered 503"), "{groups:#?}");
+    assert!(groups[1].fingerprint.starts_with("decode failed"), "{groups:#?}");
+    assert!(groups[1].fingerprint.contains("column #"), "the column number is masked: {groups:#?}");
+    assert!(groups[2].example_error.contains("executions match"), "{groups:#?}");
+    assert!(groups.iter().all(|g| g.route == "wo" && g.first_seen <= g.last_seen));
+
+    let api = inlet.get_json("/api/failures?route=wo").await;
+    let sizes: Vec<i64> = api["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["parked"].as_i64().unwrap() + g["retrying"].as_i64().unwrap())
+        .collect();
+    assert_eq!(sizes, [6, 4, 2], "largest first: {api}");
+    let other = inlet.get_json("/api/failures?route=nope").await;
+    assert_eq!(other["groups"], serde_json::json!([]));
     inlet.stop().await;
 }
 

@@ -1,7 +1,9 @@
 //! The admin HTTP API: inspect and repair the inbox, metrics, health.
 //!
 //! - `GET  /api/entries?route=&status=&key=&after=&limit=`
-//! - `GET  /api/entries/{id}`
+//! - `GET  /api/entries/{id}` — the entry with its attempt history (`attempts`)
+//! - `GET  /api/failures?route=&limit=` — parked and retrying entries grouped by route
+//!   and error fingerprint, largest first
 //! - `POST /api/entries/{id}/requeue` — a PARKED entry becomes due now
 //! - `POST /api/entries/{id}/park` — body `{"reason": "…"}`
 //! - `POST /api/reload` — apply a changed routing file and plugin files now
@@ -146,10 +148,54 @@ async fn list_visible(s: &Shared, caller: &Caller, filter: ListFilter) -> Result
 }
 
 pub async fn show(State(s): State<Arc<Shared>>, Extension(caller): Extension<Caller>, Path(id): Path<i64>) -> Response {
-    match visible_entry(&s, &caller, id).await {
-        Ok(e) => Json(entry_view_for(&e, &caller)).into_response(),
-        Err(r) => r,
+    let entry = match visible_entry(&s, &caller, id).await {
+        Ok(e) => e,
+        Err(r) => return r,
+    };
+    match s.store.attempts(id).await {
+        Ok(attempts) => {
+            let mut view = entry_view_for(&entry, &caller);
+            view["attempts"] = json!(attempts);
+            Json(view).into_response()
+        }
+        Err(e) => store_error(e),
     }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FailuresQuery {
+    pub route: Option<String>,
+    pub limit: Option<u32>,
+}
+
+/// Failure groups of the routes the caller may see.
+pub async fn failures(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<FailuresQuery>,
+) -> Response {
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let routes: Vec<Option<String>> = match (&caller.routes, q.route) {
+        (None, route) => vec![route],
+        (Some(allowed), Some(route)) => allowed.contains(&route).then_some(Some(route)).into_iter().collect(),
+        (Some(allowed), None) => allowed.iter().cloned().map(Some).collect(),
+    };
+    let mut groups = Vec::new();
+    for route in routes {
+        match s.store.failure_groups(route.as_deref(), limit).await {
+            Ok(g) => groups.extend(g),
+            Err(e) => return store_error(e),
+        }
+    }
+    groups.sort_by_key(|g| std::cmp::Reverse(g.parked + g.retrying));
+    groups.truncate(limit as usize);
+    if !caller.payloads {
+        // An error text may quote the payload (a decode error, a target's answer).
+        for g in &mut groups {
+            g.example_error = "withheld: this token may not read payloads".into();
+        }
+    }
+    Json(json!({ "groups": groups })).into_response()
 }
 
 pub async fn requeue(

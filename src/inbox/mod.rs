@@ -9,6 +9,7 @@
 //! Times are milliseconds since the Unix epoch (`BIGINT`), taken from the caller's
 //! [`crate::clock::Clock`], which follows the database's clock.
 
+pub mod failures;
 mod sqlstore;
 
 pub mod postgres;
@@ -415,7 +416,27 @@ pub trait Store: Send + Sync + 'static {
     async fn release_expired(&self, route: &str, now: Millis) -> Result<u64, StoreError>;
 
     /// Records the outcome of an attempt, fenced by the lease.
-    async fn settle(&self, id: i64, lease: &Lease, now: Millis, s: &Settlement) -> Result<(), StoreError>;
+    async fn settle(&self, id: i64, lease: &Lease, now: Millis, s: &Settlement) -> Result<(), StoreError> {
+        self.settle_recorded(id, lease, now, s, None).await
+    }
+
+    /// [`Store::settle`], and the attempt's record in the entry's history, in one
+    /// transaction: both or neither.
+    async fn settle_recorded(
+        &self,
+        id: i64,
+        lease: &Lease,
+        now: Millis,
+        s: &Settlement,
+        attempt: Option<&failures::Attempt>,
+    ) -> Result<(), StoreError>;
+
+    /// The recorded attempts of an entry, oldest first.
+    async fn attempts(&self, entry_id: i64) -> Result<Vec<failures::Attempt>, StoreError>;
+
+    /// Parked and retrying entries grouped by route and error fingerprint, largest
+    /// group first.
+    async fn failure_groups(&self, route: Option<&str>, limit: u32) -> Result<Vec<failures::FailureGroup>, StoreError>;
 
     async fn get(&self, id: i64) -> Result<Option<Entry>, StoreError>;
 

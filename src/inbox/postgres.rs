@@ -30,6 +30,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("sql/postgres_0001_inbox.sql")),
     (2, include_str!("sql/postgres_0002_audit.sql")),
     (3, include_str!("sql/postgres_0003_not_yet_since.sql")),
+    (5, include_str!("sql/postgres_0005_attempts.sql")),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII).
@@ -69,6 +70,19 @@ const CLAIM_SQL: &str = concat!(
     "FROM picked WHERE inbox_entry.id = picked.id\nRETURNING inbox_entry.*"
 );
 
+/// The ordered claim as one statement, without the key locks (`$3` = true): what
+/// ordered routes ran before the locks, unsafe with many instances (see the module
+/// doc). Kept only so the claim benchmark can measure what the locks cost; returns
+/// `(id, lease_token)`.
+#[doc(hidden)]
+pub const CLAIM_SQL_UNLOCKED: &str = concat!(
+    "WITH picked AS (\n",
+    include_str!("sql/claim_where.sql"),
+    "    FOR UPDATE SKIP LOCKED\n)\nUPDATE inbox_entry SET\n",
+    include_str!("sql/claim_set.sql"),
+    "FROM picked WHERE inbox_entry.id = picked.id\nRETURNING inbox_entry.id, inbox_entry.lease_token"
+);
+
 /// Step one of an ordered claim: the keys of the candidates, each try-locked (never
 /// waiting); returns the keys this transaction now holds. Same parameters as the
 /// claim's `$1`–`$5`.
@@ -102,10 +116,10 @@ pub const INSERT_SQL: &str = concat!(
     "INSERT INTO inbox_entry (\n",
     "    route, dedup_key, correlation_key, event_type, schema_version, body, raw_data, attributes,\n",
     "    message_id, publish_time, delivery_attempt, payload_digest, conflict_of, status, attempts,\n",
-    "    next_attempt_at, last_error, received_at, updated_at, finished_at)\n",
+    "    next_attempt_at, last_error, received_at, updated_at, finished_at, error_fingerprint)\n",
     "SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::bytea, $7::bytea, $8::text,\n",
     "    $9::text, $10::text, $11::integer, $12::text, $13::bigint, $14::text, 0,\n",
-    "    $15::bigint, $16::text, $15::bigint, $15::bigint, $17::bigint\n",
+    "    $15::bigint, $16::text, $15::bigint, $15::bigint, $17::bigint, $18::text\n",
     "FROM (SELECT pg_advisory_xact_lock_shared(",
     key_lock!("COALESCE($3::text, '')"),
     ")) AS key_guard\n",

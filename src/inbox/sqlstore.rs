@@ -110,6 +110,7 @@ macro_rules! store_impl {
                     .bind(now)
                     .bind(last_error)
                     .bind(finished)
+                    .bind(last_error.map($crate::inbox::failures::fingerprint))
                     .fetch_optional(&mut *conn)
                     .await?)
             }
@@ -201,12 +202,13 @@ macro_rules! store_impl {
                 Ok(r.rows_affected())
             }
 
-            async fn settle(
+            async fn settle_recorded(
                 &self,
                 id: i64,
                 lease: &$crate::inbox::Lease,
                 now: $crate::clock::Millis,
                 s: &$crate::inbox::Settlement,
+                attempt: Option<&$crate::inbox::failures::Attempt>,
             ) -> Result<(), $crate::inbox::StoreError> {
                 use $crate::inbox::{Settlement, Status};
                 let none = None::<&str>;
@@ -225,7 +227,7 @@ macro_rules! store_impl {
                     Settlement::Decoded { dedup_key, .. } => dedup_key.as_deref(),
                     _ => None,
                 };
-                let r = sqlx::query(include_str!("sql/settle.sql"))
+                let settle = sqlx::query(include_str!("sql/settle.sql"))
                     .bind(id)
                     .bind(&lease.owner)
                     .bind(lease.token)
@@ -241,12 +243,97 @@ macro_rules! store_impl {
                     .bind(reset)
                     .bind(not_yet_since)
                     .bind(dedup_key)
-                    .execute(&self.pool)
-                    .await?;
-                if r.rows_affected() == 0 {
+                    .bind(error.map($crate::inbox::failures::fingerprint));
+                let Some(a) = attempt else {
+                    if settle.execute(&self.pool).await?.rows_affected() == 0 {
+                        return Err($crate::inbox::StoreError::LeaseLost { id });
+                    }
+                    return Ok(());
+                };
+                // The attempt is recorded with the settle that ends it, or not at all.
+                let mut tx = self.pool.begin().await?;
+                if settle.execute(&mut *tx).await?.rows_affected() == 0 {
                     return Err($crate::inbox::StoreError::LeaseLost { id });
                 }
+                let requests = serde_json::to_string(&a.requests).expect("request records serialize");
+                sqlx::query(include_str!("sql/attempt_insert.sql"))
+                    .bind(id)
+                    .bind(a.attempt)
+                    .bind(&a.owner)
+                    .bind(a.started_at)
+                    .bind(a.duration_ms)
+                    .bind(&a.answer)
+                    .bind(&a.status)
+                    .bind(a.reason.as_deref())
+                    .bind(requests)
+                    .bind(a.plugin.as_deref())
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
                 Ok(())
+            }
+
+            async fn attempts(&self, entry_id: i64) -> Result<Vec<$crate::inbox::failures::Attempt>, $crate::inbox::StoreError> {
+                use sqlx::Row as _;
+                let rows = sqlx::query("SELECT * FROM inbox_attempt WHERE entry_id = $1 ORDER BY id")
+                    .bind(entry_id)
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter()
+                    .map(|r| {
+                        let requests: String = r.try_get("requests")?;
+                        let requests = serde_json::from_str(&requests).map_err(|e| $crate::inbox::StoreError::Corrupt {
+                            id: entry_id,
+                            reason: format!("attempt requests are not JSON: {e}"),
+                        })?;
+                        Ok($crate::inbox::failures::Attempt {
+                            attempt: r.try_get("attempt")?,
+                            owner: r.try_get("owner")?,
+                            started_at: r.try_get("started_at")?,
+                            duration_ms: r.try_get("duration_ms")?,
+                            answer: r.try_get("answer")?,
+                            status: r.try_get("status")?,
+                            reason: r.try_get("reason")?,
+                            requests,
+                            plugin: r.try_get("plugin")?,
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn failure_groups(
+                &self,
+                route: Option<&str>,
+                limit: u32,
+            ) -> Result<Vec<$crate::inbox::failures::FailureGroup>, $crate::inbox::StoreError> {
+                use sqlx::Row as _;
+                let rows = sqlx::query(include_str!("sql/failure_groups.sql"))
+                    .bind(route)
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.pool)
+                    .await?;
+                let mut groups = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let example_id: i64 = r.try_get("example_id")?;
+                    let example_error: Option<String> =
+                        sqlx::query_scalar("SELECT last_error FROM inbox_entry WHERE id = $1")
+                            .bind(example_id)
+                            .fetch_optional(&self.pool)
+                            .await?
+                            .flatten();
+                    groups.push($crate::inbox::failures::FailureGroup {
+                        route: r.try_get("route")?,
+                        fingerprint: r.try_get("error_fingerprint")?,
+                        parked: r.try_get("parked")?,
+                        retrying: r.try_get("retrying")?,
+                        keys: r.try_get("keys")?,
+                        first_seen: r.try_get("first_seen")?,
+                        last_seen: r.try_get("last_seen")?,
+                        example_id,
+                        example_error: example_error.unwrap_or_default(),
+                    });
+                }
+                Ok(groups)
             }
 
             async fn get(&self, id: i64) -> Result<Option<$crate::inbox::Entry>, $crate::inbox::StoreError> {
@@ -285,7 +372,13 @@ macro_rules! store_impl {
             }
 
             async fn park(&self, id: i64, reason: &str, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
-                let r = sqlx::query(include_str!("sql/park.sql")).bind(id).bind(reason).bind(now).execute(&self.pool).await?;
+                let r = sqlx::query(include_str!("sql/park.sql"))
+                    .bind(id)
+                    .bind(reason)
+                    .bind(now)
+                    .bind($crate::inbox::failures::fingerprint(reason))
+                    .execute(&self.pool)
+                    .await?;
                 Ok(r.rows_affected() == 1)
             }
 

@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::clock::{Clock, Millis};
 use crate::config::{Ordering, ParkedPolicy};
+use crate::inbox::failures::{Attempt, RequestRecord};
 use crate::inbox::{ClaimRequest, Claimed, Decoded, Lease, Settlement, Store, StoreError};
 use crate::ingest::{count_refused, fault_labels};
 use crate::plugin::wit;
@@ -137,6 +138,7 @@ impl Relay {
     async fn attempt_contained(self: Arc<Self>, c: Claimed) {
         let (id, key, lease) = (c.entry.id, c.entry.correlation_key.clone(), c.lease.clone());
         let (attempts, not_yet_since) = (c.entry.attempts, c.entry.not_yet_since);
+        let started = (self.clock.now(), Instant::now());
         let this = Arc::clone(&self);
         let Err(panic) = CatchUnwind(Box::pin(async move { this.attempt(c).await })).await else { return };
         let route = self.route.name();
@@ -150,7 +152,9 @@ impl Relay {
         let error = format!("the delivery attempt panicked (a bug in Inlet): {message}");
         let disposition = Disposition::Retry { error, hint: None };
         let settlement = self.decision(attempts, not_yet_since).settle(disposition, &mut fastrand::Rng::new());
-        self.finish(id, key.as_deref(), &lease, settlement).await;
+        // What it sent before the panic is lost with it.
+        let record = self.record(attempts, started, "panic", Vec::new());
+        self.finish(id, key.as_deref(), &lease, settlement, Some(record)).await;
     }
 
     /// The policy's view of an entry whose attempt just ended, as of now.
@@ -171,33 +175,56 @@ impl Relay {
         }
         let route = self.route.name();
         let id = c.entry.id;
-        let settlement = match c.entry.decoded() {
+        let started = (self.clock.now(), Instant::now());
+        let mut requests = Vec::new();
+        let (settlement, answer) = match c.entry.decoded() {
             None => match self.redecode(&c).await {
-                Ok(settlement) => settlement,
+                Ok(settlement) => (settlement, "decoded"),
                 // The plugin could not answer in time: an attempt like any other.
                 Err(transient) => {
-                    self.decision(c.entry.attempts, c.entry.not_yet_since).settle(transient, &mut fastrand::Rng::new())
+                    let label = transient.label();
+                    let decision = self.decision(c.entry.attempts, c.entry.not_yet_since);
+                    (decision.settle(transient, &mut fastrand::Rng::new()), label)
                 }
             },
             Some(decoded) => {
-                let disposition = self.deliver(&c, decoded).await;
-                self.metrics.attempts.get_or_create(&Metrics::outcome(route, disposition.label())).inc();
-                self.decision(c.entry.attempts, c.entry.not_yet_since).settle(disposition, &mut fastrand::Rng::new())
+                let disposition = self.deliver(&c, decoded, &mut requests).await;
+                let label = disposition.label();
+                self.metrics.attempts.get_or_create(&Metrics::outcome(route, label)).inc();
+                let decision = self.decision(c.entry.attempts, c.entry.not_yet_since);
+                (decision.settle(disposition, &mut fastrand::Rng::new()), label)
             }
         };
-        self.finish(id, c.entry.correlation_key.as_deref(), &c.lease, settlement).await;
+        let record = self.record(c.entry.attempts, started, answer, requests);
+        self.finish(id, c.entry.correlation_key.as_deref(), &c.lease, settlement, Some(record)).await;
+    }
+
+    /// The history record of an attempt that began at `started` (clock, monotonic);
+    /// its status and reason are filled in by the settle that ends it.
+    fn record(&self, attempt: i32, started: (Millis, Instant), answer: &str, requests: Vec<RequestRecord>) -> Attempt {
+        Attempt {
+            attempt,
+            owner: self.options.owner.clone(),
+            started_at: started.0,
+            duration_ms: started.1.elapsed().as_millis() as i64,
+            answer: answer.to_string(),
+            status: String::new(),
+            reason: None,
+            requests,
+            plugin: Some(self.route.plugin().digest().to_string()),
+        }
     }
 
     /// Stores how an attempt ended (its text made storable), parking instead when the
     /// inbox refuses the outcome itself; logs and counts parks and lost leases.
-    async fn finish(&self, id: i64, key: Option<&str>, lease: &Lease, settlement: Settlement) {
+    async fn finish(&self, id: i64, key: Option<&str>, lease: &Lease, settlement: Settlement, record: Option<Attempt>) {
         let route = self.route.name();
         let settlement = self.storable(settlement);
         if let Settlement::Parked { error } = &settlement {
             tracing::warn!(route, id, key = key.unwrap_or(""), error, "entry parked");
             self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
         }
-        let mut result = self.store.settle(id, lease, self.clock.now(), &settlement).await;
+        let mut result = self.settle(id, lease, &settlement, &record).await;
         if let Err(error) = &result
             && error.refuses_row()
         {
@@ -208,7 +235,7 @@ impl Relay {
             tracing::warn!(route, id, %error, "the inbox refused an outcome; parking the entry");
             self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
             let parked = self.storable(Settlement::Parked { error: reason });
-            result = self.store.settle(id, lease, self.clock.now(), &parked).await;
+            result = self.settle(id, lease, &parked, &record).await;
         }
         if let Err(error) = &result
             && error.holds_dedup_key()
@@ -216,7 +243,7 @@ impl Relay {
         {
             let instead = self.storable(self.dedup_key_taken(id, dedup_key).await);
             tracing::warn!(route, id, dedup_key, settlement = ?instead, "a re-decoded entry's dedup key is held by another entry");
-            result = self.store.settle(id, lease, self.clock.now(), &instead).await;
+            result = self.settle(id, lease, &instead, &record).await;
         }
         match result {
             Ok(()) => tracing::debug!(route, id, ?settlement, "entry settled"),
@@ -232,6 +259,12 @@ impl Relay {
                 tracing::error!(route, id, %error, "could not settle the attempt; the entry is retried when its lease expires");
             }
         }
+    }
+
+    /// One settle, with the attempt's record saying how it ended as stored.
+    async fn settle(&self, id: i64, lease: &Lease, s: &Settlement, record: &Option<Attempt>) -> Result<(), StoreError> {
+        let record = record.clone().map(|r| settled_record(r, s));
+        self.store.settle_recorded(id, lease, self.clock.now(), s, record.as_ref()).await
     }
 
     /// A re-decoded entry whose plugin dedup key another entry of the route already
@@ -295,7 +328,7 @@ impl Relay {
     }
 
     /// Render, send, classify.
-    async fn deliver(&self, c: &Claimed, decoded: Decoded) -> Disposition {
+    async fn deliver(&self, c: &Claimed, decoded: Decoded, requests: &mut Vec<RequestRecord>) -> Disposition {
         let route = self.route.name();
         let event = wit::Event {
             event_type: decoded.event_type,
@@ -337,6 +370,7 @@ impl Relay {
                 correlation_key: &event.correlation_key,
             };
             let outcome = self.route.target.deliver(&request, &delivery).await;
+            requests.push(request_record(exchange.step, &request, &outcome));
             self.metrics
                 .delivery_seconds
                 .get_or_create(&Metrics::route(route))
@@ -422,6 +456,36 @@ impl Relay {
                 Settlement::Parked { error }
             }
         })
+    }
+}
+
+/// An attempt's record as the settlement `s` ends it.
+fn settled_record(mut record: Attempt, s: &Settlement) -> Attempt {
+    let (status, reason) = match s {
+        Settlement::Done => ("DONE", None),
+        Settlement::Ignored { reason } => ("IGNORED", Some(reason)),
+        Settlement::Retry { error, .. } => ("OPEN", Some(error)),
+        Settlement::Parked { error } => ("PARKED", Some(error)),
+        Settlement::Decoded { .. } => ("OPEN", None),
+    };
+    record.status = status.to_string();
+    record.reason = reason.cloned();
+    record
+}
+
+/// One request of an exchange for the history: method and path (never headers or
+/// body, which may hold secrets), and the status or why none came.
+fn request_record(step: u32, request: &wit::Request, outcome: &wit::Outcome) -> RequestRecord {
+    let (status, error) = match outcome {
+        wit::Outcome::Response(r) => (Some(r.status), None),
+        wit::Outcome::TransportError(_) => (None, Some(crate::target::describe(outcome))),
+    };
+    RequestRecord {
+        step,
+        method: rules::storable(&request.method, 16).into_owned(),
+        path: crate::redact::path(&rules::storable(&request.path, 512)),
+        status,
+        error: error.map(|e| crate::redact::text(&rules::storable(&e, 512))),
     }
 }
 

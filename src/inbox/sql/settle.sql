@@ -12,5 +12,6 @@ UPDATE inbox_entry SET
     body = COALESCE($12, body),
     attempts = CASE WHEN $13 THEN 0 ELSE attempts END,
     not_yet_since = COALESCE(not_yet_since, $14),
-    dedup_key = COALESCE($15, dedup_key)
+    dedup_key = COALESCE($15, dedup_key),
+    error_fingerprint = COALESCE($16, error_fingerprint)
 WHERE id = $1 AND status = 'IN_PROGRESS' AND lease_owner = $2 AND lease_token = $3

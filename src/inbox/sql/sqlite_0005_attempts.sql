@@ -1,0 +1,19 @@
+-- Every delivery attempt of an entry, deleted with it (retention, purge).
+CREATE TABLE inbox_attempt (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    entry_id    INTEGER NOT NULL REFERENCES inbox_entry (id) ON DELETE CASCADE,
+    attempt     INTEGER NOT NULL,
+    owner       TEXT    NOT NULL,
+    started_at  INTEGER NOT NULL,
+    duration_ms INTEGER NOT NULL,
+    answer      TEXT    NOT NULL,
+    status      TEXT    NOT NULL,
+    reason      TEXT,
+    requests    TEXT    NOT NULL,
+    plugin      TEXT
+);
+CREATE INDEX inbox_attempt_entry ON inbox_attempt (entry_id, id);
+-- The last error with what varies between entries masked: failure groups group by it.
+ALTER TABLE inbox_entry ADD COLUMN error_fingerprint TEXT;
+CREATE INDEX inbox_entry_failing ON inbox_entry (route, error_fingerprint)
+    WHERE status IN ('PARKED', 'OPEN') AND error_fingerprint IS NOT NULL;
