@@ -343,6 +343,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         "inlet listening"
     );
     tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx.clone()));
+    tasks.spawn(crate::repair::run(Arc::clone(&shared), options.owner.clone(), shutdown_rx.clone()));
     tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
     Ok(Running { addr, admin_addr, shared, shutdown, tasks, grace: options.grace })
 }
@@ -357,6 +358,7 @@ fn admin_router(shared: &Arc<Shared>) -> Router {
         .route("/api/entries", get(admin::list))
         .route("/api/entries/{id}", get(admin::show))
         .route("/api/failures", get(admin::failures))
+        .route("/api/repairs", get(admin::repairs::list).post(admin::repairs::create))
         .route("/api/entries/{id}/requeue", post(admin::requeue))
         .route("/api/entries/{id}/park", post(admin::park))
         .route("/api/reload", post(admin::reload))

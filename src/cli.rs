@@ -170,6 +170,50 @@ pub enum InboxCommand {
         #[arg(long, value_parser = humantime::parse_duration)]
         older_than: Duration,
     },
+    /// Requeue or park every entry matching a filter, as a job a running Inlet
+    /// carries out at `--rate` entries per second (oldest first, so per-key order
+    /// holds); `--dry-run` only counts them and names their keys.
+    Repair {
+        /// requeue (PARKED entries; with --now also OPEN ones waiting for a retry) or
+        /// park (OPEN entries; needs --reason).
+        #[arg(value_enum)]
+        action: RepairActionArg,
+        /// Only this route.
+        #[arg(long)]
+        route: Option<String>,
+        /// Only this correlation key.
+        #[arg(long)]
+        key: Option<String>,
+        /// Only this failure group (a fingerprint from `inbox failures`).
+        #[arg(long)]
+        fingerprint: Option<String>,
+        /// Only entries whose last error contains this text.
+        #[arg(long)]
+        text: Option<String>,
+        /// Only entries received longer ago than this (e.g. 1h).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Option<Duration>,
+        /// Only entries received within this (e.g. 30m).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        newer_than: Option<Duration>,
+        /// Requeue OPEN entries waiting for a retry too.
+        #[arg(long)]
+        now: bool,
+        /// Why (required for park; kept with the job for requeue).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Entries per second.
+        #[arg(long, default_value_t = crate::repair::DEFAULT_RATE)]
+        rate: u32,
+        /// Count and name what would move; move nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Repair jobs, newest first, with their progress.
+    Repairs {
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
     /// Unresolved entries per route and state.
     Stats,
     /// The audit log: every repair action, who did it, and how it ended.
@@ -423,6 +467,94 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
             }
             Ok(ExitCode::SUCCESS)
         }
+        InboxCommand::Repair {
+            action,
+            route,
+            key,
+            fingerprint,
+            text,
+            older_than,
+            newer_than,
+            now,
+            reason,
+            rate,
+            dry_run,
+        } => {
+            use crate::repair::{RepairAction, RepairFilter};
+            let action = match action {
+                RepairActionArg::Requeue => RepairAction::Requeue,
+                RepairActionArg::Park => RepairAction::Park,
+            };
+            if action == RepairAction::Park && reason.is_none() {
+                anyhow::bail!("a park needs --reason");
+            }
+            if rate == 0 || rate > crate::repair::MAX_RATE {
+                anyhow::bail!("--rate must be between 1 and {}", crate::repair::MAX_RATE);
+            }
+            let at = clock.now();
+            let ago = |d: Duration| at - d.as_millis() as i64;
+            let filter = RepairFilter {
+                route,
+                key,
+                fingerprint,
+                text,
+                received_before: older_than.map(ago),
+                received_after: newer_than.map(ago),
+                now,
+            };
+            let matches = crate::repair::dry_run(store.as_ref(), action, &filter).await?;
+            let keys = if matches.distinct_keys > matches.keys.len() {
+                format!("{} … ({} keys)", matches.keys.join(", "), matches.distinct_keys)
+            } else {
+                matches.keys.join(", ")
+            };
+            if dry_run {
+                println!("{} entries would be {}d: {}", matches.count, action.as_str(), filter.describe());
+                println!("keys: {keys}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            if matches.count == 0 {
+                eprintln!("error: nothing matches {}", filter.describe());
+                return Ok(ExitCode::FAILURE);
+            }
+            let reason = match action {
+                RepairAction::Park => reason.map(|r| format!("parked by hand: {r}")),
+                RepairAction::Requeue => reason,
+            };
+            let actor = crate::admin::audit::cli_actor();
+            let job = store.create_repair_job(action, &filter, reason.as_deref(), rate, &actor, matches.count, at).await?;
+            let audit = NewAudit {
+                actor,
+                action: format!("repair-{}", action.as_str()),
+                route: filter.route.clone(),
+                subject: filter.describe(),
+                outcome: "started".into(),
+                detail: Some(format!("job {job}: {} matching, at {rate}/s", matches.count)),
+            };
+            crate::admin::audit::record(store.as_ref(), audit, clock.now()).await;
+            println!(
+                "job {job}: {} entries to {} at {rate}/s; a running Inlet carries it out (see `inlet inbox repairs`)",
+                matches.count,
+                action.as_str()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        InboxCommand::Repairs { limit } => {
+            println!("{:>5}  {:<8}  {:<8}  {:>11}  {:>6}  {:<20}  FILTER", "JOB", "ACTION", "STATE", "MOVED/TOTAL", "RATE", "BY");
+            for j in store.list_repair_jobs(limit).await? {
+                println!(
+                    "{:>5}  {:<8}  {:<8}  {:>11}  {:>6}  {:<20}  {}",
+                    j.id,
+                    j.action.as_str(),
+                    j.state,
+                    format!("{}/{}", j.moved, j.total),
+                    j.rate,
+                    j.actor,
+                    j.filter.describe()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         InboxCommand::Stats => {
             let now = clock.now();
             println!("{:<24}  {:<11}  {:>8}  OLDEST", "ROUTE", "STATUS", "COUNT");
@@ -435,6 +567,12 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum RepairActionArg {
+    Requeue,
+    Park,
 }
 
 /// Records a CLI repair of one entry as `cli:<user>`.

@@ -24,6 +24,7 @@ pub mod plugin_dev;
 pub mod pubsub;
 pub mod redact;
 pub mod relay;
+pub mod repair;
 pub mod reload;
 pub mod routing;
 pub mod rules;

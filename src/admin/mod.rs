@@ -4,6 +4,8 @@
 //! - `GET  /api/entries/{id}` — the entry with its attempt history (`attempts`)
 //! - `GET  /api/failures?route=&limit=` — parked and retrying entries grouped by route
 //!   and error fingerprint, largest first
+//! - `POST /api/repairs`, `GET /api/repairs` — repair by filter as rate-limited jobs
+//!   ([`repairs`])
 //! - `POST /api/entries/{id}/requeue` — a PARKED entry becomes due now
 //! - `POST /api/entries/{id}/park` — body `{"reason": "…"}`
 //! - `POST /api/reload` — apply a changed routing file and plugin files now
@@ -25,6 +27,7 @@
 
 pub mod access;
 pub mod audit;
+pub mod repairs;
 
 use std::sync::Arc;
 
@@ -101,7 +104,7 @@ fn audit_entry(caller: &Caller, action: Action, e: &Entry, outcome: &str, detail
     }
 }
 
-fn store_error(e: StoreError) -> Response {
+pub(crate) fn store_error(e: StoreError) -> Response {
     let code = if e.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::INTERNAL_SERVER_ERROR };
     (code, Json(json!({ "error": e.to_string() }))).into_response()
 }

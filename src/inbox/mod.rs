@@ -438,6 +438,50 @@ pub trait Store: Send + Sync + 'static {
     /// group first.
     async fn failure_groups(&self, route: Option<&str>, limit: u32) -> Result<Vec<failures::FailureGroup>, StoreError>;
 
+    /// Entries `action` would change under `filter`, with an id above `after`, oldest
+    /// first, as (id, correlation key).
+    async fn repair_candidates(
+        &self,
+        action: crate::repair::RepairAction,
+        filter: &crate::repair::RepairFilter,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<(i64, Option<String>)>, StoreError>;
+
+    /// A new running repair job; returns its id.
+    #[allow(clippy::too_many_arguments)]
+    async fn create_repair_job(
+        &self,
+        action: crate::repair::RepairAction,
+        filter: &crate::repair::RepairFilter,
+        reason: Option<&str>,
+        rate: u32,
+        actor: &str,
+        total: i64,
+        now: Millis,
+    ) -> Result<i64, StoreError>;
+
+    /// The oldest running job nobody holds (or whose holder's lease expired), now
+    /// leased to `owner`.
+    async fn take_repair_job(&self, owner: &str, now: Millis, lease_ms: i64) -> Result<Option<crate::repair::RepairJob>, StoreError>;
+
+    /// Records a tick of `owner`'s job: the cursor, `moved` more entries changed, the
+    /// lease renewed; `finished` ends it. False when the lease was lost.
+    #[allow(clippy::too_many_arguments)]
+    async fn advance_repair_job(
+        &self,
+        id: i64,
+        owner: &str,
+        cursor: i64,
+        moved: i64,
+        finished: bool,
+        now: Millis,
+        lease_ms: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// Repair jobs, newest first.
+    async fn list_repair_jobs(&self, limit: u32) -> Result<Vec<crate::repair::RepairJob>, StoreError>;
+
     async fn get(&self, id: i64) -> Result<Option<Entry>, StoreError>;
 
     /// The entry of `route` stored under `dedup_key`, if any.

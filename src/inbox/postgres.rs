@@ -31,6 +31,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("sql/postgres_0002_audit.sql")),
     (3, include_str!("sql/postgres_0003_not_yet_since.sql")),
     (5, include_str!("sql/postgres_0005_attempts.sql")),
+    (6, include_str!("sql/postgres_0006_repair_jobs.sql")),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII).

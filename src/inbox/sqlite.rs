@@ -20,6 +20,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("sql/sqlite_0002_audit.sql")),
     (3, include_str!("sql/sqlite_0003_not_yet_since.sql")),
     (5, include_str!("sql/sqlite_0005_attempts.sql")),
+    (6, include_str!("sql/sqlite_0006_repair_jobs.sql")),
 ];
 
 /// The connection settings of the inbox file (also what the benchmark's raw-insert

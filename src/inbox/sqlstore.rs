@@ -115,6 +115,38 @@ macro_rules! store_impl {
                     .await?)
             }
 
+            fn repair_job_from_row(r: &$row) -> Result<$crate::repair::RepairJob, $crate::inbox::StoreError> {
+                use sqlx::Row as _;
+                let id: i64 = r.try_get("id")?;
+                let corrupt = |reason: String| $crate::inbox::StoreError::Corrupt { id, reason };
+                let action: String = r.try_get("action")?;
+                let action = match action.as_str() {
+                    "requeue" => $crate::repair::RepairAction::Requeue,
+                    "park" => $crate::repair::RepairAction::Park,
+                    other => return Err(corrupt(format!("repair job action `{other}` is unknown"))),
+                };
+                let filter: String = r.try_get("filter")?;
+                let filter = serde_json::from_str(&filter).map_err(|e| corrupt(format!("repair job filter: {e}")))?;
+                let rate: i64 = r.try_get("rate")?;
+                Ok($crate::repair::RepairJob {
+                    id,
+                    action,
+                    filter,
+                    reason: r.try_get("reason")?,
+                    rate: rate.clamp(1, i64::from(u32::MAX)) as u32,
+                    actor: r.try_get("actor")?,
+                    state: r.try_get("state")?,
+                    total: r.try_get("total")?,
+                    moved: r.try_get("moved")?,
+                    cursor: r.try_get("last_id")?,
+                    owner: r.try_get("owner")?,
+                    created_at: r.try_get("created_at")?,
+                    updated_at: r.try_get("updated_at")?,
+                    finished_at: r.try_get("finished_at")?,
+                    error: r.try_get("error")?,
+                })
+            }
+
             fn entry_from_row(row: &$row) -> Result<$crate::inbox::Entry, $crate::inbox::StoreError> {
                 use sqlx::Row;
                 use $crate::inbox::StoreError;
@@ -299,6 +331,97 @@ macro_rules! store_impl {
                         })
                     })
                     .collect()
+            }
+
+            async fn repair_candidates(
+                &self,
+                action: $crate::repair::RepairAction,
+                f: &$crate::repair::RepairFilter,
+                after: i64,
+                limit: u32,
+            ) -> Result<Vec<(i64, Option<String>)>, $crate::inbox::StoreError> {
+                let (a, b) = f.statuses(action);
+                Ok(sqlx::query_as(include_str!("sql/repair_candidates.sql"))
+                    .bind(f.route.as_deref())
+                    .bind(a.as_str())
+                    .bind(b.as_str())
+                    .bind(f.key.as_deref())
+                    .bind(f.fingerprint.as_deref())
+                    .bind(f.text_pattern())
+                    .bind(f.received_after)
+                    .bind(f.received_before)
+                    .bind(after)
+                    .bind(i64::from(limit.max(1)))
+                    .fetch_all(&self.pool)
+                    .await?)
+            }
+
+            async fn create_repair_job(
+                &self,
+                action: $crate::repair::RepairAction,
+                filter: &$crate::repair::RepairFilter,
+                reason: Option<&str>,
+                rate: u32,
+                actor: &str,
+                total: i64,
+                now: $crate::clock::Millis,
+            ) -> Result<i64, $crate::inbox::StoreError> {
+                Ok(sqlx::query_scalar(include_str!("sql/repair_create.sql"))
+                    .bind(action.as_str())
+                    .bind(serde_json::to_string(filter).expect("filters serialize"))
+                    .bind(reason)
+                    .bind(i64::from(rate))
+                    .bind(actor)
+                    .bind(total)
+                    .bind(now)
+                    .fetch_one(&self.pool)
+                    .await?)
+            }
+
+            async fn take_repair_job(
+                &self,
+                owner: &str,
+                now: $crate::clock::Millis,
+                lease_ms: i64,
+            ) -> Result<Option<$crate::repair::RepairJob>, $crate::inbox::StoreError> {
+                let row = sqlx::query(include_str!("sql/repair_take.sql"))
+                    .bind(owner)
+                    .bind(now)
+                    .bind(lease_ms)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                row.as_ref().map(Self::repair_job_from_row).transpose()
+            }
+
+            async fn advance_repair_job(
+                &self,
+                id: i64,
+                owner: &str,
+                cursor: i64,
+                moved: i64,
+                finished: bool,
+                now: $crate::clock::Millis,
+                lease_ms: i64,
+            ) -> Result<bool, $crate::inbox::StoreError> {
+                let r = sqlx::query(include_str!("sql/repair_advance.sql"))
+                    .bind(id)
+                    .bind(owner)
+                    .bind(cursor)
+                    .bind(moved)
+                    .bind(finished)
+                    .bind(now)
+                    .bind(lease_ms)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn list_repair_jobs(&self, limit: u32) -> Result<Vec<$crate::repair::RepairJob>, $crate::inbox::StoreError> {
+                let rows = sqlx::query("SELECT * FROM repair_job ORDER BY id DESC LIMIT $1")
+                    .bind(i64::from(limit.max(1)))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(Self::repair_job_from_row).collect()
             }
 
             async fn failure_groups(

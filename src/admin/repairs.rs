@@ -1,0 +1,132 @@
+//! Repair by filter over the admin API ([`crate::repair`]):
+//!
+//! - `POST /api/repairs` — body `{"action": "requeue"|"park", "route": …, "key": …,
+//!   "fingerprint": …, "text": …, "received_after": MS, "received_before": MS,
+//!   "now": bool, "reason": …, "rate": N, "dry_run": bool}`. A dry run answers
+//!   `{"dry_run": true, "matches": {"count", "keys", "distinct_keys"}}` and moves
+//!   nothing; otherwise `{"job": ID, "matches": …}` (202): the job runs in the server
+//!   at `rate` entries per second (default 100).
+//! - `GET /api/repairs?limit=` — jobs, newest first, with their progress.
+//!
+//! The action's role applies (operator); a token limited to some routes must name
+//! one of them in `route`.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::access::{Action, Caller};
+use super::store_error;
+use crate::app::Shared;
+use crate::inbox::NewAudit;
+use crate::repair::{self, RepairAction, RepairFilter};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepairRequest {
+    pub action: RepairAction,
+    #[serde(flatten)]
+    pub filter: RepairFilter,
+    pub reason: Option<String>,
+    pub rate: Option<u32>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+fn bad_request(error: String) -> Response {
+    (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response()
+}
+
+pub async fn create(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Json(req): Json<RepairRequest>,
+) -> Response {
+    let action = match req.action {
+        RepairAction::Requeue => Action::Requeue,
+        RepairAction::Park => Action::Park,
+    };
+    if let Err(r) = caller.require(action) {
+        return r.into_response();
+    }
+    match &req.filter.route {
+        Some(route) if !caller.may_see(route) => {
+            return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no route {route}") }))).into_response();
+        }
+        None if !caller.may_see_all() => {
+            return (
+                StatusCode::FORBIDDEN,
+                Json(json!({ "error": format!("token `{}` is limited to some routes: name one in `route`", caller.name) })),
+            )
+                .into_response();
+        }
+        _ => {}
+    }
+    let rate = req.rate.unwrap_or(repair::DEFAULT_RATE);
+    if rate == 0 || rate > repair::MAX_RATE {
+        return bad_request(format!("rate must be between 1 and {} entries per second", repair::MAX_RATE));
+    }
+    if req.action == RepairAction::Park && req.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+        return bad_request("a park needs a `reason`".into());
+    }
+    let matches = match repair::dry_run(s.store.as_ref(), req.action, &req.filter).await {
+        Ok(m) => m,
+        Err(e) => return store_error(e),
+    };
+    if req.dry_run {
+        return Json(json!({ "dry_run": true, "action": req.action, "filter": req.filter, "matches": matches }))
+            .into_response();
+    }
+    let now = s.clock.now();
+    let reason = match req.action {
+        RepairAction::Park => req.reason.as_deref().map(|r| format!("parked by hand: {r}")),
+        RepairAction::Requeue => req.reason.clone(),
+    };
+    let created = s
+        .store
+        .create_repair_job(req.action, &req.filter, reason.as_deref(), rate, &caller.name, matches.count, now)
+        .await;
+    let audit = NewAudit {
+        actor: caller.name.clone(),
+        action: format!("repair-{}", req.action.as_str()),
+        route: req.filter.route.clone(),
+        subject: req.filter.describe(),
+        outcome: if created.is_ok() { "started" } else { "failed" }.into(),
+        detail: Some(format!("{} matching, at {rate}/s", matches.count)),
+    };
+    super::audit::record(s.store.as_ref(), audit, now).await;
+    match created {
+        Ok(job) => (StatusCode::ACCEPTED, Json(json!({ "job": job, "rate": rate, "matches": matches }))).into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JobsQuery {
+    pub limit: Option<u32>,
+}
+
+pub async fn list(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<JobsQuery>,
+) -> Response {
+    if let Err(r) = caller.require(Action::Read) {
+        return r.into_response();
+    }
+    match s.store.list_repair_jobs(q.limit.unwrap_or(50).clamp(1, 1000)).await {
+        Ok(jobs) => {
+            let visible: Vec<_> = jobs
+                .into_iter()
+                .filter(|j| j.filter.route.as_deref().map_or(caller.may_see_all(), |r| caller.may_see(r)))
+                .collect();
+            Json(json!({ "jobs": visible })).into_response()
+        }
+        Err(e) => store_error(e),
+    }
+}

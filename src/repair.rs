@@ -1,0 +1,283 @@
+//! Repair by filter: requeue or park every entry matching a filter — a failure group,
+//! a route's parked entries after an outage, a key — as a **job** the server carries
+//! out at a bounded rate, not as one statement that floods the target.
+//!
+//! A job is a row of the inbox (`repair_job`): its filter, action, rate and a cursor
+//! (the last entry id it handled). Every instance runs [`run`]; one takes a job by
+//! lease, handles the matching entries in id order one tick (a second) at a time —
+//! `rate` entries per tick — and moves the cursor with its progress in the same
+//! statement that renews its lease. An instance that dies leaves the lease to expire;
+//! another (or the same, restarted) takes the job from the cursor. Handling an entry
+//! twice is harmless: a requeue or park only changes an entry still in the filter's
+//! status, so nothing is requeued twice and nothing is delivered twice by the job.
+//!
+//! Per-key order is kept: entries are requeued oldest first, and the ordered claim
+//! delivers a key's entries by id whatever the order they became due in.
+//!
+//! A dry run counts the matches and names some of their keys, and moves nothing.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::app::Shared;
+use crate::clock::Millis;
+use crate::inbox::{NewAudit, Status, StoreError};
+
+/// How long a job's lease lasts without renewal; renewed every tick.
+pub const JOB_LEASE: Duration = Duration::from_secs(10);
+/// One tick of a job: `rate` entries are handled per tick.
+const TICK: Duration = Duration::from_secs(1);
+/// How often an idle instance looks for a job to take.
+const IDLE_POLL: Duration = Duration::from_secs(1);
+/// Rate when the request names none (entries per second).
+pub const DEFAULT_RATE: u32 = 100;
+pub const MAX_RATE: u32 = 10_000;
+/// Keys a dry run names at most.
+const DRY_RUN_KEYS: usize = 50;
+
+/// What a job does to each matching entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RepairAction {
+    /// Due now with a fresh attempt count (PARKED entries; OPEN ones waiting for a
+    /// retry only with `now`).
+    Requeue,
+    /// Parked by hand, with the job's reason (OPEN entries).
+    Park,
+}
+
+impl RepairAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepairAction::Requeue => "requeue",
+            RepairAction::Park => "park",
+        }
+    }
+}
+
+/// Which entries a job acts on. Every field narrows it; `route` is required for a
+/// token limited to some routes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepairFilter {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+    /// Exactly this correlation key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Exactly this error fingerprint (a failure group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    /// The last error contains this text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Received at or after / before these times (ms since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_after: Option<Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_before: Option<Millis>,
+    /// Requeue also OPEN entries waiting for a retry (they would be retried anyway).
+    #[serde(default)]
+    pub now: bool,
+}
+
+impl RepairFilter {
+    /// The states an entry must be in for `action` to change it.
+    pub fn statuses(&self, action: RepairAction) -> (Status, Status) {
+        match action {
+            RepairAction::Requeue if self.now => (Status::Parked, Status::Open),
+            RepairAction::Requeue => (Status::Parked, Status::Parked),
+            RepairAction::Park => (Status::Open, Status::Open),
+        }
+    }
+
+    /// `text` as a LIKE pattern (wildcards in it taken literally, `\` the escape).
+    pub fn text_pattern(&self) -> Option<String> {
+        self.text.as_ref().map(|t| {
+            let escaped: String = t
+                .chars()
+                .flat_map(|c| if matches!(c, '%' | '_' | '\\') { vec!['\\', c] } else { vec![c] })
+                .collect();
+            format!("%{escaped}%")
+        })
+    }
+
+    /// For people: `route=orders fingerprint="…"`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        let mut add = |name: &str, v: &Option<String>| {
+            if let Some(v) = v {
+                parts.push(format!("{name}={v:?}"));
+            }
+        };
+        add("route", &self.route);
+        add("key", &self.key);
+        add("fingerprint", &self.fingerprint);
+        add("text", &self.text);
+        add("received_after", &self.received_after.map(|t| t.to_string()));
+        add("received_before", &self.received_before.map(|t| t.to_string()));
+        if self.now {
+            parts.push("now".into());
+        }
+        if parts.is_empty() { "every entry".into() } else { parts.join(" ") }
+    }
+}
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepairJob {
+    pub id: i64,
+    pub action: RepairAction,
+    pub filter: RepairFilter,
+    pub reason: Option<String>,
+    /// Entries per second.
+    pub rate: u32,
+    pub actor: String,
+    /// `running`, `done` or `failed`.
+    pub state: String,
+    /// Entries that matched when the job was created.
+    pub total: i64,
+    /// Entries changed so far.
+    pub moved: i64,
+    /// The last entry id handled.
+    pub cursor: i64,
+    pub owner: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+    pub finished_at: Option<Millis>,
+    pub error: Option<String>,
+}
+
+/// What a dry run (or a job's start) found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Matches {
+    pub count: i64,
+    /// Up to 50 of their correlation keys, sorted.
+    pub keys: Vec<String>,
+    /// How many distinct keys there are in all.
+    pub distinct_keys: usize,
+}
+
+/// Counts what `filter` matches for `action`, moving nothing.
+pub async fn dry_run(
+    store: &dyn crate::inbox::Store,
+    action: RepairAction,
+    filter: &RepairFilter,
+) -> Result<Matches, StoreError> {
+    let mut after = 0;
+    let mut count = 0;
+    let mut keys = BTreeSet::new();
+    loop {
+        let page = store.repair_candidates(action, filter, after, 1_000).await?;
+        let Some(last) = page.last() else { break };
+        after = last.0;
+        count += page.len() as i64;
+        keys.extend(page.into_iter().filter_map(|(_, k)| k));
+    }
+    let distinct_keys = keys.len();
+    Ok(Matches { count, keys: keys.into_iter().take(DRY_RUN_KEYS).collect(), distinct_keys })
+}
+
+/// Every instance's job runner: takes a job whose lease is free, works it tick by
+/// tick until it is done, its lease is lost, or shutdown.
+pub async fn run(shared: Arc<Shared>, owner: String, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let job = match shared.store.take_repair_job(&owner, shared.clock.now(), JOB_LEASE.as_millis() as i64).await {
+            Ok(job) => job,
+            Err(error) => {
+                tracing::warn!(%error, "could not look for repair jobs; will try again");
+                None
+            }
+        };
+        if let Some(job) = job {
+            tracing::info!(job = job.id, action = job.action.as_str(), filter = %job.filter.describe(), cursor = job.cursor, "repair job taken");
+            work(&shared, &owner, job, &mut shutdown).await;
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(IDLE_POLL) => {}
+            _ = shutdown.changed() => return,
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+    }
+}
+
+async fn work(shared: &Shared, owner: &str, mut job: RepairJob, shutdown: &mut watch::Receiver<bool>) {
+    let store = shared.store.as_ref();
+    let lease_ms = JOB_LEASE.as_millis() as i64;
+    let mut ticks = tokio::time::interval(TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let batch = match store.repair_candidates(job.action, &job.filter, job.cursor, job.rate).await {
+            Ok(b) => b,
+            Err(error) => {
+                tracing::warn!(job = job.id, %error, "repair job could not read its entries; will try again");
+                continue;
+            }
+        };
+        let now = shared.clock.now();
+        let mut moved = 0;
+        let mut cursor = job.cursor;
+        for (id, _) in &batch {
+            let changed = match job.action {
+                RepairAction::Requeue => store.requeue(*id, now).await,
+                RepairAction::Park => {
+                    let reason = job.reason.clone().unwrap_or_else(|| format!("parked by repair job {}", job.id));
+                    store.park(*id, &reason, now).await
+                }
+            };
+            match changed {
+                Ok(true) => moved += 1,
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(job = job.id, id, %error, "repair job could not change an entry; will try again");
+                    break;
+                }
+            }
+            cursor = *id;
+        }
+        let finished = batch.is_empty();
+        match store.advance_repair_job(job.id, owner, cursor, moved, finished, now, lease_ms).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(job = job.id, "repair job lease lost; another instance has it");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(job = job.id, %error, "repair job could not record its progress; will try again");
+                continue;
+            }
+        }
+        if moved > 0 {
+            // Wake the relay of the route at once rather than at its next poll.
+            let routes = shared.routes();
+            if let Some(route) = job.filter.route.as_deref().and_then(|r| routes.get(r)) {
+                route.stored.notify_one();
+            }
+        }
+        job.cursor = cursor;
+        job.moved += moved;
+        if finished {
+            tracing::info!(job = job.id, moved = job.moved, "repair job done");
+            let audit = NewAudit {
+                actor: format!("job:{}", job.id),
+                action: format!("repair-{}", job.action.as_str()),
+                route: job.filter.route.clone(),
+                subject: job.filter.describe(),
+                outcome: "done".into(),
+                detail: Some(format!("{} entries changed", job.moved)),
+            };
+            crate::admin::audit::record(store, audit, now).await;
+            return;
+        }
+    }
+}
