@@ -331,6 +331,8 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     shared.replace_routes(Arc::clone(&routes), &names);
     crate::reload::report(&shared, &routes);
     for (listener, app) in servers {
+        // Paths and methods no endpoint serves are answered as JSON too.
+        let app = app.fallback(admin::answer::not_found).method_not_allowed_fallback(admin::answer::method_not_allowed);
         tasks.spawn(crate::server::serve(listener, app, config.server.header_read_timeout, shutdown_rx.clone()));
     }
     crate::reload::remember_applied(&shared);
