@@ -261,7 +261,14 @@ impl Metrics {
 /// Installs the log subscriber: `RUST_LOG` filters (default `info`), `INLET_LOG=json`
 /// is not offered yet; logs go to stderr.
 pub fn init_logging() {
+    init_logging_at("info");
+}
+
+/// [`init_logging`] with another default level when `RUST_LOG` is unset: the
+/// command-line tools other than `inlet run` log only warnings and errors, so their
+/// own output is not mixed with progress lines.
+pub fn init_logging_at(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }

@@ -90,8 +90,14 @@ pub async fn list(
     Params(q): Params<ListQuery>,
 ) -> Result<Json<EntryPage>, ApiError> {
     let status = q.status.as_deref().map(str::parse::<Status>).transpose().map_err(ApiError::bad_request)?;
-    let filter =
-        ListFilter { route: q.route, status, correlation_key: q.key, after_id: q.after, limit: page_limit(q.limit) };
+    let filter = ListFilter {
+        route: q.route,
+        status,
+        correlation_key: q.key,
+        after_id: q.after,
+        limit: page_limit(q.limit),
+        newest_first: false,
+    };
     let limit = filter.limit as usize;
     let entries = list_visible(&s, &caller, filter).await?;
     let next_after = (entries.len() == limit).then(|| entries.last().map(|e| e.id)).flatten();

@@ -42,6 +42,12 @@ pub enum Status {
 impl Status {
     pub const ALL: [Status; 5] = [Status::Open, Status::InProgress, Status::Done, Status::Parked, Status::Ignored];
 
+    /// OPEN, IN_PROGRESS or PARKED: not finished, someone (the relay or a person)
+    /// still has to act.
+    pub fn is_unresolved(self) -> bool {
+        matches!(self, Status::Open | Status::InProgress | Status::Parked)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Open => "OPEN",
@@ -236,10 +242,12 @@ pub struct ListFilter {
     /// Entries with an id greater than this (for paging).
     pub after_id: Option<i64>,
     pub limit: u32,
+    /// Newest (highest id) first instead of oldest first.
+    pub newest_first: bool,
 }
 
 /// Counts for metrics and `inbox stats`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RouteStatusCount {
     pub route: String,
     pub status: Status,
@@ -409,6 +417,9 @@ pub trait Store: Send + Sync + 'static {
     async fn get(&self, id: i64) -> Result<Option<Entry>, StoreError>;
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Entry>, StoreError>;
+
+    /// How many entries `filter` matches, whatever its limit.
+    async fn count(&self, filter: &ListFilter) -> Result<u64, StoreError>;
 
     /// Makes a PARKED (or waiting OPEN) entry due now with a fresh attempt count.
     /// Returns false when the entry is missing or in another state.

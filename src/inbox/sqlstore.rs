@@ -250,7 +250,8 @@ macro_rules! store_impl {
             }
 
             async fn list(&self, f: &$crate::inbox::ListFilter) -> Result<Vec<$crate::inbox::Entry>, $crate::inbox::StoreError> {
-                let rows = sqlx::query(include_str!("sql/list.sql"))
+                let sql = if f.newest_first { include_str!("sql/list_newest.sql") } else { include_str!("sql/list.sql") };
+                let rows = sqlx::query(sql)
                     .bind(f.route.as_deref())
                     .bind(f.status.map(|s| s.as_str()))
                     .bind(f.correlation_key.as_deref())
@@ -259,6 +260,17 @@ macro_rules! store_impl {
                     .fetch_all(&self.pool)
                     .await?;
                 rows.iter().map(Self::entry_from_row).collect()
+            }
+
+            async fn count(&self, f: &$crate::inbox::ListFilter) -> Result<u64, $crate::inbox::StoreError> {
+                let n: i64 = sqlx::query_scalar(include_str!("sql/count.sql"))
+                    .bind(f.route.as_deref())
+                    .bind(f.status.map(|s| s.as_str()))
+                    .bind(f.correlation_key.as_deref())
+                    .bind(f.after_id.unwrap_or(0))
+                    .fetch_one(&self.pool)
+                    .await?;
+                Ok(n.max(0) as u64)
             }
 
             async fn requeue(&self, id: i64, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
