@@ -360,6 +360,7 @@ fn admin_router(shared: &Arc<Shared>) -> Router {
         .route("/api/entries/{id}", get(admin::show))
         .route("/api/entries/{id}/requeue", post(admin::requeue))
         .route("/api/entries/{id}/park", post(admin::park))
+        .route("/api/entries/{id}/ignore", post(admin::ignore))
         .route("/api/reload", post(admin::reload))
         .route("/api/routes", get(admin::routes))
         .route("/api/purge", post(admin::purge))

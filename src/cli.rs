@@ -185,6 +185,17 @@ pub enum InboxCommand {
         #[arg(long)]
         reason: String,
     },
+    /// Discard PARKED entries with a reason: they become IGNORED (kept until retention
+    /// deletes them, the reason and the parking error in their last error) and no
+    /// longer hold back later entries of their key. Recorded in the audit log.
+    Ignore {
+        /// The entries' ids.
+        #[arg(required = true)]
+        ids: Vec<i64>,
+        /// Why they are discarded, for whoever asks later.
+        #[arg(long)]
+        reason: String,
+    },
     /// Delete DONE and IGNORED entries finished longer ago than this. Never PARKED ones.
     Purge {
         /// A duration: `30m`, `12h`, `7d`.
@@ -431,6 +442,22 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
             }
             out.repaired(&Repaired { entry: id, action: "park", status: Status::Parked }, &format!("parked {id}"))?;
             Ok(ExitCode::SUCCESS)
+        }
+        InboxCommand::Ignore { ids, reason } => {
+            let reason = required_reason(&reason)?;
+            let mut failed = false;
+            for id in ids {
+                let done = store.ignore(id, &format!("ignored by hand: {reason}"), clock.now()).await?;
+                cli_audit(store.as_ref(), &clock, "ignore", id, done, Some(reason.to_string())).await;
+                if done {
+                    let answer = Repaired { entry: id, action: "ignore", status: Status::Ignored };
+                    out.repaired(&answer, &format!("ignored {id}"))?;
+                } else {
+                    eprintln!("error: {}", not_applicable(store.as_ref(), id, "ignore", "PARKED").await);
+                    failed = true;
+                }
+            }
+            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
         InboxCommand::Purge { older_than } => {
             let before = clock.now() - older_than.as_millis() as i64;

@@ -44,6 +44,7 @@ pub enum Action {
     Read,
     Requeue,
     Park,
+    Ignore,
     Reload,
     Purge,
     ReadAudit,
@@ -55,6 +56,7 @@ impl Action {
             Action::Read => "read",
             Action::Requeue => "requeue",
             Action::Park => "park",
+            Action::Ignore => "ignore",
             Action::Reload => "reload",
             Action::Purge => "purge",
             Action::ReadAudit => "read-audit",
@@ -64,7 +66,7 @@ impl Action {
     fn role(self) -> Role {
         match self {
             Action::Read => Role::Viewer,
-            Action::Requeue | Action::Park => Role::Operator,
+            Action::Requeue | Action::Park | Action::Ignore => Role::Operator,
             Action::Reload | Action::Purge | Action::ReadAudit => Role::Admin,
         }
     }

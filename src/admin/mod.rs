@@ -4,6 +4,8 @@
 //! - `GET  /api/entries/{id}`
 //! - `POST /api/entries/{id}/requeue` — a PARKED entry becomes due now
 //! - `POST /api/entries/{id}/park` — body `{"reason": "…"}`
+//! - `POST /api/entries/{id}/ignore` — body `{"reason": "…"}`: a PARKED entry is
+//!   discarded (IGNORED), with a record
 //! - `POST /api/reload` — apply a changed routing file and plugin files now
 //! - `GET  /api/routes` — each route: state (`up` or `refused`), routing file, source,
 //!   plugin file and digest, error; and routing files refused whole
@@ -172,6 +174,26 @@ pub async fn park(
     let entry = entry_for(&s, &caller, Action::Park, id).await?;
     let result = s.store.park(id, &format!("parked by hand: {reason}"), s.clock.now()).await;
     let answer = Repair { action: Action::Park, becomes: Status::Parked, applies_to: "OPEN", detail: Some(reason) };
+    answer.finish(&s, &caller, &entry, result).await
+}
+
+/// Discards a PARKED entry with a reason: it becomes IGNORED (retention deletes it in
+/// time), and later entries of its key, which it held back under `block-key`, are
+/// delivered.
+pub async fn ignore(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Id(id): Id<i64>,
+    Body(b): Body<ReasonBody>,
+) -> Result<Json<Repaired>, ApiError> {
+    let reason = b.reason()?;
+    let entry = entry_for(&s, &caller, Action::Ignore, id).await?;
+    let result = s.store.ignore(id, &format!("ignored by hand: {reason}"), s.clock.now()).await;
+    if let (Ok(true), Some(route)) = (&result, s.routes().get(&entry.route)) {
+        route.stored.notify_one();
+    }
+    let answer =
+        Repair { action: Action::Ignore, becomes: Status::Ignored, applies_to: "PARKED", detail: Some(reason) };
     answer.finish(&s, &caller, &entry, result).await
 }
 

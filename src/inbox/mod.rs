@@ -428,6 +428,12 @@ pub trait Store: Send + Sync + 'static {
     /// Parks an OPEN entry by hand. Returns false when missing or in another state.
     async fn park(&self, id: i64, reason: &str, now: Millis) -> Result<bool, StoreError>;
 
+    /// Discards a PARKED entry by hand: it becomes IGNORED (finished now, so retention
+    /// deletes it in time), `reason` first in `last_error` and the error it was parked
+    /// with kept after it. It no longer holds back its key. Returns false when missing
+    /// or in another state.
+    async fn ignore(&self, id: i64, reason: &str, now: Millis) -> Result<bool, StoreError>;
+
     /// Deletes DONE and IGNORED entries finished before `before`; never PARKED ones.
     async fn purge_finished(&self, before: Millis, limit: u32) -> Result<u64, StoreError>;
 

@@ -64,7 +64,7 @@ macro_rules! store_impl {
                 }
                 let key = $crate::inbox::conflict_dedup_key(&e.dedup_key, &digest);
                 let reason = format!(
-                    "dedup key `{}` already belongs to entry {} with a different payload; kept here for a person to judge (requeue delivers it, purge drops it)",
+                    "dedup key `{}` already belongs to entry {} with a different payload; kept here for a person to judge (requeue delivers it; ignore discards it, and retention then deletes it)",
                     e.dedup_key, existing
                 );
                 let (entry, first) = match Self::insert_row(conn, e, &key, &digest, Some(existing), Status::Parked, Some(&reason), now).await? {
@@ -280,6 +280,11 @@ macro_rules! store_impl {
 
             async fn park(&self, id: i64, reason: &str, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
                 let r = sqlx::query(include_str!("sql/park.sql")).bind(id).bind(reason).bind(now).execute(&self.pool).await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn ignore(&self, id: i64, reason: &str, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
+                let r = sqlx::query(include_str!("sql/ignore.sql")).bind(id).bind(reason).bind(now).execute(&self.pool).await?;
                 Ok(r.rows_affected() == 1)
             }
 
