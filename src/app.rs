@@ -363,6 +363,8 @@ fn admin_router(shared: &Arc<Shared>) -> Router {
         .route("/api/entries/{id}/ignore", post(admin::ignore))
         .route("/api/reload", post(admin::reload))
         .route("/api/routes", get(admin::routes))
+        .route("/api/routes/{name}/pause", post(admin::pause_route))
+        .route("/api/routes/{name}/resume", post(admin::resume_route))
         .route("/api/purge", post(admin::purge))
         .route("/api/audit", get(admin::audit_log))
         .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::authenticate))

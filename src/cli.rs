@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::admin::answer::{AuditPage, Purged, Repaired};
+use crate::admin::answer::{AuditPage, PauseView, Purged, Repaired, RoutePaused};
+use crate::admin::audit::cli_actor;
 use crate::app;
 use crate::clock::{Clock, DbClock};
 use crate::config::Config;
@@ -92,6 +93,12 @@ pub enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    /// Pause and resume routes, for every instance at once (works whether or not Inlet is
+    /// running; reads the `[store]` and the route names of `--config`).
+    Route {
+        #[command(subcommand)]
+        command: RouteCommand,
+    },
     /// Inspect and repair the inbox (works whether or not Inlet is running). Only the
     /// `[store]` of `--config` is read: plugin files and target secrets need not be there.
     Inbox {
@@ -138,6 +145,27 @@ pub enum PluginCommand {
 
 fn parse_attribute(s: &str) -> Result<(String, String), String> {
     s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("`{s}` is not NAME=VALUE"))
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RouteCommand {
+    /// Each route: paused or not (since when, by whom, why) and its unresolved entries.
+    List,
+    /// Stop claiming the route's entries on every instance (within their poll
+    /// interval; attempts in flight finish). Pushes and pulls go on filling the inbox.
+    Pause {
+        /// The route's name.
+        name: String,
+        /// Why, for the colleague who finds it paused (kept with the pause and in the
+        /// audit log).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Claim the route's entries again.
+    Resume {
+        /// The route's name.
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -313,6 +341,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let store = open_store(&cli.config).await?;
             inbox_command(store, command, out).await
         }
+        Command::Route { command } => {
+            let path = routing_file(None, &cli.config)?;
+            let declared = crate::config::route_names(&path).map_err(|errors| anyhow::anyhow!("{errors}"))?;
+            let store = open_store(&cli.config).await?;
+            route_command(store, &declared, &path, command, out).await
+        }
     }
 }
 
@@ -336,6 +370,16 @@ impl Output {
             println!("{}", serde_json::to_string_pretty(value)?);
         } else {
             table();
+        }
+        Ok(())
+    }
+
+    /// Reports an action on a route: one JSON object, or a sentence.
+    fn show_line<T: serde::Serialize>(self, answer: &T, sentence: &str) -> anyhow::Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string(answer)?);
+        } else {
+            println!("{sentence}");
         }
         Ok(())
     }
@@ -499,6 +543,124 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
             })?;
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+async fn route_command(
+    store: Arc<dyn Store>,
+    declared: &[String],
+    path: &Path,
+    command: RouteCommand,
+    out: Output,
+) -> anyhow::Result<ExitCode> {
+    let clock = DbClock::new(store.as_ref()).await?;
+    let unknown = |name: &str| {
+        anyhow::anyhow!("no route named `{name}` in {} (its routes: {})", path.display(), declared.join(", "))
+    };
+    match command {
+        RouteCommand::List => {
+            let list = route_list(store.as_ref(), declared).await?;
+            out.show(&list, || print_routes(&list))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        RouteCommand::Pause { name, reason } => {
+            if !declared.contains(&name) {
+                return Err(unknown(&name));
+            }
+            let reason = required_reason(&reason)?.to_string();
+            let pause = inbox::Pause { route: name.clone(), paused_at: clock.now(), paused_by: cli_actor(), reason };
+            let done = store.pause_route(&pause).await?;
+            route_audit(store.as_ref(), &clock, "pause", &name, done, Some(pause.reason.clone())).await;
+            if !done {
+                let current = store.paused_routes(Some(&name)).await?.pop().map(PauseView::from);
+                let since = current.map(|p| format!(" ({})", crate::admin::pause_sentence(&p))).unwrap_or_default();
+                anyhow::bail!("route `{name}` is already paused{since}");
+            }
+            let answer = RoutePaused { route: name.clone(), paused: Some(pause.into()) };
+            out.show_line(
+                &answer,
+                &format!("paused {name}: no instance claims its entries until `inlet route resume {name}`"),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        RouteCommand::Resume { name } => {
+            let done = store.resume_route(&name).await?;
+            route_audit(store.as_ref(), &clock, "resume", &name, done, None).await;
+            if !done {
+                if !declared.contains(&name) {
+                    return Err(unknown(&name));
+                }
+                anyhow::bail!("route `{name}` is not paused");
+            }
+            out.show_line(&RoutePaused { route: name.clone(), paused: None }, &format!("resumed {name}"))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Records a CLI action on a route as `cli:<user>`.
+async fn route_audit(
+    store: &dyn Store,
+    clock: &DbClock,
+    action: &str,
+    route: &str,
+    done: bool,
+    detail: Option<String>,
+) {
+    let audit = NewAudit {
+        actor: cli_actor(),
+        action: action.into(),
+        route: Some(route.to_string()),
+        subject: format!("route {route}"),
+        outcome: if done { "ok" } else { "conflict" }.into(),
+        detail,
+    };
+    crate::admin::audit::record(store, audit, clock.now()).await;
+}
+
+/// `route list`: one row per route the routing files declare, the inbox holds
+/// unresolved entries of, or that is paused.
+#[derive(Debug, serde::Serialize)]
+struct RouteRows {
+    routes: Vec<RouteRow>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct RouteRow {
+    name: String,
+    /// Whether the routing files name it.
+    declared: bool,
+    paused: Option<PauseView>,
+    /// Unresolved entries by state.
+    unresolved: std::collections::BTreeMap<&'static str, i64>,
+}
+
+async fn route_list(store: &dyn Store, declared: &[String]) -> anyhow::Result<RouteRows> {
+    let counts = store.counts().await?;
+    let mut paused: std::collections::BTreeMap<String, PauseView> =
+        store.paused_routes(None).await?.into_iter().map(|p| (p.route.clone(), p.into())).collect();
+    let mut names: std::collections::BTreeSet<String> = declared.iter().cloned().collect();
+    names.extend(counts.iter().map(|c| c.route.clone()));
+    names.extend(paused.keys().cloned());
+    let routes = names
+        .into_iter()
+        .map(|name| {
+            let unresolved = [Status::Open, Status::InProgress, Status::Parked]
+                .into_iter()
+                .map(|s| (s.as_str(), counts.iter().find(|c| c.route == name && c.status == s).map_or(0, |c| c.count)))
+                .collect();
+            RouteRow { declared: declared.contains(&name), paused: paused.remove(&name), unresolved, name }
+        })
+        .collect();
+    Ok(RouteRows { routes })
+}
+
+fn print_routes(list: &RouteRows) {
+    println!("{}", view::route_header());
+    for r in &list.routes {
+        let paused = r.paused.as_ref().map(crate::admin::pause_sentence);
+        let name = if r.declared { r.name.clone() } else { format!("{} (not in the routing files)", r.name) };
+        println!("{}", view::route_line(&name, &r.unresolved, paused.as_deref()));
     }
 }
 

@@ -69,6 +69,7 @@ conformance!(
     audit_log_keeps_lines_in_order_and_pages,
     ignore_discards_a_parked_entry_with_a_record_and_frees_its_key,
     list_newest_first_and_count,
+    a_paused_route_is_not_claimed_until_resumed,
 );
 
 fn entry(route: &str, key: &str, dedup: &str, payload: &str) -> NewEntry {
@@ -469,4 +470,32 @@ async fn list_newest_first_and_count(store: Arc<dyn Store>) {
     assert_eq!(store.count(&ListFilter { limit: 1, ..of_a.clone() }).await.unwrap(), 2, "the limit does not count");
     assert_eq!(store.count(&ListFilter { after_id: Some(a1), ..of_a }).await.unwrap(), 1);
     assert_eq!(store.count(&ListFilter { status: Some(Status::Parked), ..newest }).await.unwrap(), 0);
+}
+
+async fn a_paused_route_is_not_claimed_until_resumed(store: Arc<dyn Store>) {
+    let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
+    let b1 = insert(&store, entry("r", "b", "2", "b1")).await;
+    let other = insert(&store, entry("r2", "a", "3", "x")).await;
+    let pause =
+        inbox::Pause { route: "r".into(), paused_at: T0, paused_by: "ops".into(), reason: "maintenance".into() };
+    assert!(store.pause_route(&pause).await.unwrap());
+    let again = inbox::Pause { paused_by: "someone else".into(), ..pause.clone() };
+    assert!(!store.pause_route(&again).await.unwrap(), "paused already: the first pause stands");
+    assert_eq!(store.paused_routes(None).await.unwrap(), vec![pause.clone()]);
+    assert_eq!(store.paused_routes(Some("r")).await.unwrap(), vec![pause]);
+    assert_eq!(store.paused_routes(Some("r2")).await.unwrap(), vec![]);
+
+    for ordered in [true, false] {
+        let claim = ClaimRequest { ordered, ..req("r", "w", T0, 10) };
+        assert!(store.claim(&claim).await.unwrap().is_empty(), "a paused route is not claimed (ordered: {ordered})");
+    }
+    assert_eq!(ids(&store.claim(&req("r2", "w", T0, 10)).await.unwrap()), vec![other], "other routes go on");
+    let later = insert(&store, entry("r", "c", "4", "c1")).await;
+    assert_eq!(store.get(later).await.unwrap().unwrap().status, Status::Open, "a paused route still takes entries");
+
+    assert!(!store.resume_route("r2").await.unwrap(), "r2 was not paused");
+    assert!(store.resume_route("r").await.unwrap());
+    assert!(!store.resume_route("r").await.unwrap(), "resumed already");
+    assert_eq!(store.paused_routes(None).await.unwrap(), vec![]);
+    assert_eq!(ids(&store.claim(&req("r", "w", T0, 10)).await.unwrap()), vec![a1, b1, later]);
 }

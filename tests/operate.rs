@@ -249,3 +249,231 @@ async fn ignoring_a_parked_head_releases_its_key_with_a_record(backend: Backend)
     assert_eq!(detail.as_deref(), Some("duplicate of order 4711, closed by hand"));
     ops.stop().await;
 }
+
+/// `inlet run` processes sharing one inbox: the same routing file (routes `wo` and
+/// `other`, tokens from files), each on its own port, polling every 50 ms.
+struct Fleet {
+    processes: Vec<common::InletProcess>,
+    config: PathBuf,
+    store: Arc<dyn Store>,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+    _pg: Option<TestPg>,
+}
+
+impl Fleet {
+    async fn start(backend: Backend, instances: usize, target: &str) -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, pg) = match backend {
+            Backend::Sqlite => (format!("sqlite://{}", dir.path().join("inbox.db").display()), None),
+            Backend::Postgres => {
+                let pg = TestPg::new().await;
+                (pg.url.clone(), Some(pg))
+            }
+        };
+        let config = dir.path().join("inlet.toml");
+        let text = format!(
+            "[store]\nurl = \"{url}\"\n\n{}{}{}",
+            tokens(dir.path()),
+            route("wo", target),
+            route("other", target)
+        );
+        std::fs::write(&config, text).unwrap();
+        let mut processes = Vec::new();
+        for i in 0..instances {
+            let listen = format!("127.0.0.1:{}", common::free_port());
+            let name = format!("inlet-{i}");
+            let args = ["--listen", listen.as_str(), "--poll", "50ms"];
+            processes.push(common::InletProcess::spawn_with_args(&config, &args, &[("INLET_INSTANCE", &name)]));
+        }
+        for p in &mut processes {
+            p.wait_healthy(WAIT).await;
+        }
+        let store = inlet::inbox::open(&url, 2).await.unwrap();
+        Fleet { processes, config, store, http: reqwest::Client::new(), _dir: dir, _pg: pg }
+    }
+
+    /// Pushes work order `seq` of `key` to `route` through instance `via`; the entry id.
+    async fn push(&self, via: usize, route: &str, key: &str, seq: u32) -> i64 {
+        let data = format!(r#"{{"workOrderId":"{key}","completedItems":{seq},"completionTimestamp":"t"}}"#);
+        let envelope = push_envelope(data.as_bytes(), &[], &format!("{route}-{key}-{seq}"));
+        let url = format!("{}/push/{route}", self.processes[via].base);
+        let answer: Value = serde_json::from_str(
+            &self.http.post(url).body(envelope.to_string()).send().await.unwrap().text().await.unwrap(),
+        )
+        .unwrap();
+        assert_eq!(answer["outcome"], "inserted", "ingest goes on: {answer}");
+        answer["entry"].as_i64().unwrap()
+    }
+
+    async fn call(
+        &self,
+        via: usize,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.processes[via].base)).bearer_auth(token);
+        if let Some(body) = body {
+            req = req.header("content-type", "application/json").body(body.to_string());
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, serde_json::from_str(&r.text().await.unwrap()).unwrap())
+    }
+
+    /// `inlet ARGS --config FILE` as user `carla`.
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_inlet"))
+            .args(args)
+            .arg("--config")
+            .arg(&self.config)
+            .env("USER", "carla")
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap()
+    }
+
+    async fn metrics(&self, via: usize) -> String {
+        self.http.get(format!("{}/metrics", self.processes[via].base)).send().await.unwrap().text().await.unwrap()
+    }
+}
+
+/// Lines of a process log that mention route `wo` and say `what`.
+fn wo_lines(log: &str, what: &str) -> usize {
+    log.lines().filter(|l| l.contains(what) && l.contains("wo")).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_route_is_claimed_by_no_instance_while_ingest_goes_on_on_postgres() {
+    a_paused_route_is_claimed_by_no_instance_while_ingest_goes_on(Backend::Postgres, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_route_is_claimed_by_no_instance_while_ingest_goes_on_on_sqlite() {
+    a_paused_route_is_claimed_by_no_instance_while_ingest_goes_on(Backend::Sqlite, 1).await;
+}
+
+async fn a_paused_route_is_claimed_by_no_instance_while_ingest_goes_on(backend: Backend, instances: usize) {
+    use reqwest::Method;
+    let camunda = FakeCamunda::start().await;
+    let fleet = Fleet::start(backend, instances, &camunda.url()).await;
+    let last = instances - 1;
+    fleet.push(0, "wo", "before", 1).await;
+    wait_until("route wo delivers", WAIT, || async { camunda.correlated_seqs("before") == vec![1] }).await;
+
+    // Who may pause what.
+    let reason = json!({ "reason": "engine maintenance until 11:00" });
+    let pause = |route: &str| format!("/api/routes/{route}/pause");
+    let (status, body) = fleet.call(0, Method::POST, &pause("wo"), VIEWER, Some(reason.clone())).await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = fleet.call(0, Method::POST, &pause("other"), OPS_WO, Some(reason.clone())).await;
+    assert_eq!((status, body), (404, json!({ "error": "no route named `other`", "route": "other" })), "not its route");
+    let (status, body) = fleet.call(0, Method::POST, &pause("wo"), OPS_WO, Some(json!({ "reason": "" }))).await;
+    assert_eq!(status, 400, "a reason is required: {body}");
+    let (status, body) = fleet.call(0, Method::POST, "/api/routes/wo/resume", OPS_WO, None).await;
+    assert_eq!((status, body), (409, json!({ "error": "route `wo` is not paused", "route": "wo" })));
+
+    let (status, paused) = fleet.call(0, Method::POST, &pause("wo"), OPS_WO, Some(reason.clone())).await;
+    assert_eq!(status, 200, "{paused}");
+    assert_eq!(paused["route"], "wo");
+    assert_eq!(
+        (paused["paused"]["by"].as_str(), paused["paused"]["reason"].as_str()),
+        (Some("ops-wo"), Some("engine maintenance until 11:00"))
+    );
+    let (status, body) = fleet.call(last, Method::POST, &pause("wo"), OPS_WO, Some(reason)).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body["error"].as_str().unwrap().starts_with("route `wo` is already paused (by ops-wo at "), "{body}");
+
+    // Every instance sees the pause within its poll interval and says so.
+    for p in &fleet.processes {
+        wait_until(&format!("{} reports route wo paused", p.name), WAIT, || async {
+            wo_lines(&p.log(), "route paused: not claiming") == 1
+        })
+        .await;
+    }
+
+    // Ingest goes on through every instance; the entries wait.
+    let skipped_before: Vec<usize> =
+        fleet.processes.iter().map(|p| wo_lines(&p.log(), "route paused; not claiming")).collect();
+    let mut held = Vec::new();
+    for seq in 1..=4 {
+        held.push(fleet.push(seq as usize % instances, "wo", "held", seq).await);
+    }
+    fleet.push(last, "other", "free", 1).await;
+    wait_until("the other route still delivers", WAIT, || async { camunda.correlated_seqs("free") == vec![1] }).await;
+    // Each relay has looked twice since the entries were committed, and claimed none.
+    for (p, before) in fleet.processes.iter().zip(&skipped_before) {
+        wait_until(&format!("{} skips route wo twice more", p.name), WAIT, || async {
+            wo_lines(&p.log(), "route paused; not claiming") >= before + 2
+        })
+        .await;
+    }
+    assert_eq!(camunda.deliveries_for("held").len(), 0, "nothing of a paused route is delivered");
+    for id in &held {
+        let e = fleet.store.get(*id).await.unwrap().unwrap();
+        assert_eq!((e.status, e.attempts), (Status::Open, 0), "entry {id} waits unclaimed");
+    }
+    for i in 0..instances {
+        let metrics = fleet.metrics(i).await;
+        assert!(metrics.contains("inlet_route_paused{route=\"wo\"} 1"), "{metrics}");
+        assert!(metrics.contains("inlet_route_paused{route=\"other\"} 0"), "{metrics}");
+    }
+    let (_, routes) = fleet.call(last, Method::GET, "/api/routes", VIEWER, None).await;
+    let shown =
+        |name: &str| routes["routes"].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap()["paused"].clone();
+    assert_eq!(shown("wo")["by"], "ops-wo", "{routes}");
+    assert_eq!(shown("other"), Value::Null, "{routes}");
+    let out = fleet.cli(&["route", "list"]);
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let wo = table.lines().find(|l| l.starts_with("wo ")).unwrap_or_else(|| panic!("no wo row: {table}"));
+    assert!(wo.contains("by ops-wo at ") && wo.contains(": engine maintenance until 11:00"), "{table}");
+    assert_eq!(wo.split_whitespace().nth(1), Some("4"), "four OPEN entries wait: {table}");
+    let out = fleet.cli(&["route", "list", "--json"]);
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["routes"][1]["name"], "wo", "{listed}");
+    assert_eq!(listed["routes"][1]["paused"]["by"], "ops-wo", "{listed}");
+
+    // Resumed from the command line: every instance claims again, in order.
+    let out = fleet.cli(&["route", "pause", "nope", "--reason", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: no route named `nope` in "), "{out:?}");
+    let out = fleet.cli(&["route", "resume", "wo"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "resumed wo\n");
+    wait_until("the held entries are delivered in order", WAIT, || async {
+        camunda.correlated_seqs("held") == vec![1, 2, 3, 4]
+    })
+    .await;
+    for p in &fleet.processes {
+        wait_until(&format!("{} reports route wo resumed", p.name), WAIT, || async {
+            wo_lines(&p.log(), "route resumed: claiming again") == 1
+        })
+        .await;
+    }
+    let (_, audit) = fleet.call(0, Method::GET, "/api/audit", ROOT, None).await;
+    let lines: Vec<(&str, &str, &str, &str)> = audit["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["actor"].as_str().unwrap(),
+                a["action"].as_str().unwrap(),
+                a["subject"].as_str().unwrap(),
+                a["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("ops-wo", "resume", "route wo", "conflict"),
+            ("ops-wo", "pause", "route wo", "ok"),
+            ("ops-wo", "pause", "route wo", "conflict"),
+            ("cli:carla", "resume", "route wo", "ok"),
+        ],
+        "{audit}"
+    );
+}

@@ -45,6 +45,8 @@ pub enum Action {
     Requeue,
     Park,
     Ignore,
+    Pause,
+    Resume,
     Reload,
     Purge,
     ReadAudit,
@@ -57,6 +59,8 @@ impl Action {
             Action::Requeue => "requeue",
             Action::Park => "park",
             Action::Ignore => "ignore",
+            Action::Pause => "pause",
+            Action::Resume => "resume",
             Action::Reload => "reload",
             Action::Purge => "purge",
             Action::ReadAudit => "read-audit",
@@ -66,7 +70,7 @@ impl Action {
     fn role(self) -> Role {
         match self {
             Action::Read => Role::Viewer,
-            Action::Requeue | Action::Park | Action::Ignore => Role::Operator,
+            Action::Requeue | Action::Park | Action::Ignore | Action::Pause | Action::Resume => Role::Operator,
             Action::Reload | Action::Purge | Action::ReadAudit => Role::Admin,
         }
     }

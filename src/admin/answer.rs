@@ -16,7 +16,8 @@ use base64::Engine as _;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::inbox::{AuditRecord, Entry, Status, StoreError};
+use crate::clock::Millis;
+use crate::inbox::{AuditRecord, Entry, Pause, Status, StoreError};
 
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -235,6 +236,30 @@ pub struct RouteView {
     pub plugin_sha256: Option<String>,
     /// Why it is refused, or why a newer version of it was.
     pub error: Option<String>,
+    /// Set while the route is paused: no instance claims its entries.
+    pub paused: Option<PauseView>,
+}
+
+/// A route's pause: since when, by whom, why.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PauseView {
+    pub since: Millis,
+    pub by: String,
+    pub reason: String,
+}
+
+impl From<Pause> for PauseView {
+    fn from(p: Pause) -> PauseView {
+        PauseView { since: p.paused_at, by: p.paused_by, reason: p.reason }
+    }
+}
+
+/// `POST /api/routes/{name}/pause` and `…/resume`: the route and its pause now
+/// (`null` once resumed).
+#[derive(Debug, Serialize)]
+pub struct RoutePaused {
+    pub route: String,
+    pub paused: Option<PauseView>,
 }
 
 /// A routing file refused whole (it names no route that could be read).

@@ -9,6 +9,8 @@
 //! - `POST /api/reload` — apply a changed routing file and plugin files now
 //! - `GET  /api/routes` — each route: state (`up` or `refused`), routing file, source,
 //!   plugin file and digest, error; and routing files refused whole
+//! - `POST /api/routes/{name}/pause` — body `{"reason": "…"}`: no instance claims the
+//!   route's entries until `POST /api/routes/{name}/resume`; ingest goes on
 //! - `POST /api/purge` — body `{"older_than": "7d"}`: delete finished entries
 //! - `GET  /api/audit?after=&limit=` — the audit log
 //! - `GET  /metrics`, `GET /healthz` (process up), `GET /readyz` (inbox reachable)
@@ -40,11 +42,11 @@ use serde::Deserialize;
 
 use self::access::{Action, Caller};
 use self::answer::{
-    ApiError, AuditPage, Body, EntryPage, EntryView, Health, Id, Params, Purged, RefusedFile, Repaired, RouteList,
-    RouteView,
+    ApiError, AuditPage, Body, EntryPage, EntryView, Health, Id, Params, PauseView, Purged, RefusedFile, Repaired,
+    RouteList, RoutePaused, RouteView,
 };
 use crate::app::Shared;
-use crate::inbox::{Entry, ListFilter, NewAudit, Status, StoreError};
+use crate::inbox::{Entry, ListFilter, NewAudit, Pause, Status, StoreError};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -318,7 +320,12 @@ pub async fn readyz(State(s): State<Arc<Shared>>) -> Response {
 
 /// Each route's state, as far as the caller may see routes: a team's token lists its
 /// own routes only; routing files refused whole are listed to callers of every route.
-pub async fn routes(State(s): State<Arc<Shared>>, Extension(caller): Extension<Caller>) -> Json<RouteList> {
+pub async fn routes(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<RouteList>, ApiError> {
+    let mut paused: std::collections::HashMap<String, PauseView> =
+        s.store.paused_routes(None).await?.into_iter().map(|p| (p.route.clone(), p.into())).collect();
     let routes = s.routes();
     let mut list = Vec::new();
     for r in routes.iter().filter(|r| caller.may_see(r.name())) {
@@ -332,6 +339,7 @@ pub async fn routes(State(s): State<Arc<Shared>>, Extension(caller): Extension<C
             plugin: Some(r.config.plugin.display().to_string()),
             plugin_sha256: Some(plugin.digest().to_string()),
             error: change_refused.map(|p| format!("a newer version was refused; this one keeps serving: {}", p.error)),
+            paused: paused.remove(r.name()),
         });
     }
     let mut refused_files = Vec::new();
@@ -355,9 +363,96 @@ pub async fn routes(State(s): State<Arc<Shared>>, Extension(caller): Extension<C
             plugin: declared.map(|c| c.plugin.display().to_string()),
             plugin_sha256: None,
             error: Some(p.error.clone()),
+            paused: paused.remove(name),
         });
     }
-    Json(RouteList { routes: list, refused_files })
+    Ok(Json(RouteList { routes: list, refused_files }))
+}
+
+/// Whether `name` is a route of the routing files (running or refused) that the
+/// caller may see; otherwise the 404 an unknown route gets.
+fn visible_route(s: &Shared, caller: &Caller, name: &str) -> Result<(), ApiError> {
+    let routes = s.routes();
+    let declared = routes.get(name).is_some() || routes.refusal(name).is_some();
+    if declared && caller.may_see(name) {
+        return Ok(());
+    }
+    Err(ApiError::new(StatusCode::NOT_FOUND, format!("no route named `{name}`")).route(name))
+}
+
+fn audit_route(caller: &Caller, action: Action, route: &str, outcome: &str, detail: Option<String>) -> NewAudit {
+    NewAudit {
+        actor: caller.name.clone(),
+        action: action.as_str().into(),
+        route: Some(route.to_string()),
+        subject: format!("route {route}"),
+        outcome: outcome.into(),
+        detail,
+    }
+}
+
+/// A pause as a sentence: `by ops at 2026-08-01T10:00:00Z: reason`.
+pub fn pause_sentence(p: &PauseView) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(p.since.max(0) as u64);
+    format!("by {} at {}: {}", p.by, humantime::format_rfc3339_seconds(at), p.reason)
+}
+
+/// Pauses a route for every instance: from the commit on no claim takes its entries;
+/// attempts in flight finish; pushes and pulls go on filling the inbox.
+pub async fn pause_route(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Id(name): Id<String>,
+    Body(b): Body<ReasonBody>,
+) -> Result<Json<RoutePaused>, ApiError> {
+    caller.require(Action::Pause)?;
+    visible_route(&s, &caller, &name)?;
+    let reason = b.reason()?;
+    let pause = Pause { route: name.clone(), paused_at: s.clock.now(), paused_by: caller.name.clone(), reason };
+    let result = s.store.pause_route(&pause).await;
+    let outcome = match &result {
+        Ok(true) => "ok",
+        Ok(false) => "conflict",
+        Err(_) => "failed",
+    };
+    audit::record(
+        s.store.as_ref(),
+        audit_route(&caller, Action::Pause, &name, outcome, Some(pause.reason.clone())),
+        s.clock.now(),
+    )
+    .await;
+    if !result? {
+        let current = s.store.paused_routes(Some(&name)).await?.pop().map(PauseView::from);
+        let since = current.as_ref().map(|p| format!(" ({})", pause_sentence(p))).unwrap_or_default();
+        let error = format!("route `{name}` is already paused{since}");
+        return Err(ApiError::new(StatusCode::CONFLICT, error).route(name));
+    }
+    Ok(Json(RoutePaused { route: name, paused: Some(pause.into()) }))
+}
+
+/// Resumes a paused route: its entries are claimed again (on this instance at once,
+/// on the others within their poll interval).
+pub async fn resume_route(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Id(name): Id<String>,
+) -> Result<Json<RoutePaused>, ApiError> {
+    caller.require(Action::Resume)?;
+    visible_route(&s, &caller, &name)?;
+    let result = s.store.resume_route(&name).await;
+    let outcome = match &result {
+        Ok(true) => "ok",
+        Ok(false) => "conflict",
+        Err(_) => "failed",
+    };
+    audit::record(s.store.as_ref(), audit_route(&caller, Action::Resume, &name, outcome, None), s.clock.now()).await;
+    if !result? {
+        return Err(ApiError::new(StatusCode::CONFLICT, format!("route `{name}` is not paused")).route(name));
+    }
+    if let Some(route) = s.routes().get(&name) {
+        route.stored.notify_one();
+    }
+    Ok(Json(RoutePaused { route: name, paused: None }))
 }
 
 fn source_kind(source: &crate::config::SourceConfig) -> &'static str {

@@ -142,6 +142,21 @@ pub fn audit_line(a: &AuditRecord) -> String {
     ])
 }
 
+fn route_row(cells: [&str; 5]) -> String {
+    let [route, open, in_progress, parked, paused] = cells;
+    format!("{route:<24}  {open:>8}  {in_progress:>11}  {parked:>8}  {paused}")
+}
+
+pub fn route_header() -> String {
+    route_row(["ROUTE", "OPEN", "IN_PROGRESS", "PARKED", "PAUSED"])
+}
+
+/// One line of `route list`: the unresolved entries and the pause (`-` when running).
+pub fn route_line(name: &str, unresolved: &std::collections::BTreeMap<&str, i64>, paused: Option<&str>) -> String {
+    let n = |s: &str| unresolved.get(s).copied().unwrap_or(0).to_string();
+    route_row([name, &n("OPEN"), &n("IN_PROGRESS"), &n("PARKED"), paused.unwrap_or("-")])
+}
+
 /// `1234567` as `1,234,567`.
 pub fn count(n: u64) -> String {
     let digits = n.to_string();

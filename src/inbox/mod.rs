@@ -256,6 +256,17 @@ pub struct RouteStatusCount {
     pub oldest_received_at: Option<Millis>,
 }
 
+/// A paused route: no instance claims its entries until it is resumed; ingest goes on.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Pause {
+    pub route: String,
+    /// When it was paused.
+    pub paused_at: Millis,
+    /// Who paused it: a token name, `loopback`, or `cli:<user>`.
+    pub paused_by: String,
+    pub reason: String,
+}
+
 /// A repair action as the audit log records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewAudit {
@@ -433,6 +444,16 @@ pub trait Store: Send + Sync + 'static {
     /// with kept after it. It no longer holds back its key. Returns false when missing
     /// or in another state.
     async fn ignore(&self, id: i64, reason: &str, now: Millis) -> Result<bool, StoreError>;
+
+    /// Pauses a route for every instance: from the commit on, no claim takes its
+    /// entries. Returns false when it was paused already (the first pause stands).
+    async fn pause_route(&self, pause: &Pause) -> Result<bool, StoreError>;
+
+    /// Resumes a paused route. Returns false when it was not paused.
+    async fn resume_route(&self, route: &str) -> Result<bool, StoreError>;
+
+    /// The pause of `route`, or of every paused route (`None`), by route name.
+    async fn paused_routes(&self, route: Option<&str>) -> Result<Vec<Pause>, StoreError>;
 
     /// Deletes DONE and IGNORED entries finished before `before`; never PARKED ones.
     async fn purge_finished(&self, before: Millis, limit: u32) -> Result<u64, StoreError>;

@@ -31,6 +31,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("sql/postgres_0001_inbox.sql")),
     (2, include_str!("sql/postgres_0002_audit.sql")),
     (3, include_str!("sql/postgres_0003_not_yet_since.sql")),
+    (4, include_str!("sql/postgres_0004_route_pause.sql")),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII).

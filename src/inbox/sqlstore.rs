@@ -288,6 +288,37 @@ macro_rules! store_impl {
                 Ok(r.rows_affected() == 1)
             }
 
+            async fn pause_route(&self, p: &$crate::inbox::Pause) -> Result<bool, $crate::inbox::StoreError> {
+                let r = sqlx::query(include_str!("sql/pause_insert.sql"))
+                    .bind(&p.route)
+                    .bind(p.paused_at)
+                    .bind(&p.paused_by)
+                    .bind(&p.reason)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn resume_route(&self, route: &str) -> Result<bool, $crate::inbox::StoreError> {
+                let r = sqlx::query(include_str!("sql/pause_delete.sql")).bind(route).execute(&self.pool).await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn paused_routes(&self, route: Option<&str>) -> Result<Vec<$crate::inbox::Pause>, $crate::inbox::StoreError> {
+                use sqlx::Row;
+                let rows = sqlx::query(include_str!("sql/pause_list.sql")).bind(route).fetch_all(&self.pool).await?;
+                rows.iter()
+                    .map(|row| {
+                        Ok($crate::inbox::Pause {
+                            route: row.try_get("route")?,
+                            paused_at: row.try_get("paused_at")?,
+                            paused_by: row.try_get("paused_by")?,
+                            reason: row.try_get("reason")?,
+                        })
+                    })
+                    .collect()
+            }
+
             async fn purge_finished(&self, before: $crate::clock::Millis, limit: u32) -> Result<u64, $crate::inbox::StoreError> {
                 let r = sqlx::query(include_str!("sql/purge.sql")).bind(before).bind(i64::from(limit)).execute(&self.pool).await?;
                 Ok(r.rows_affected())
