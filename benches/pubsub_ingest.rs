@@ -236,7 +236,7 @@ async fn bench_store(
     let metrics = Arc::new(Metrics::new());
     let ingest = Arc::new(Ingest::new(inbox, clock, Arc::clone(&metrics)));
     let batch_wait = source.batch_wait;
-    let puller = Puller { route, config: source, connection, ingest, metrics: Arc::clone(&metrics) };
+    let puller = Puller { route, config: source, connection, ingest, metrics: Arc::clone(&metrics), ack_journal: None };
 
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let start = Instant::now();

@@ -331,6 +331,8 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     shared.replace_routes(Arc::clone(&routes), &names);
     crate::reload::report(&shared, &routes);
     for (listener, app) in servers {
+        // Paths and methods no endpoint serves are answered as JSON too.
+        let app = app.fallback(admin::answer::not_found).method_not_allowed_fallback(admin::answer::method_not_allowed);
         tasks.spawn(crate::server::serve(listener, app, config.server.header_read_timeout, shutdown_rx.clone()));
     }
     crate::reload::remember_applied(&shared);
@@ -361,8 +363,11 @@ fn admin_router(shared: &Arc<Shared>) -> Router {
         .route("/api/repairs", get(admin::repairs::list).post(admin::repairs::create))
         .route("/api/entries/{id}/requeue", post(admin::requeue))
         .route("/api/entries/{id}/park", post(admin::park))
+        .route("/api/entries/{id}/ignore", post(admin::ignore))
         .route("/api/reload", post(admin::reload))
         .route("/api/routes", get(admin::routes))
+        .route("/api/routes/{name}/pause", post(admin::pause_route))
+        .route("/api/routes/{name}/resume", post(admin::resume_route))
         .route("/api/purge", post(admin::purge))
         .route("/api/audit", get(admin::audit_log))
         .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::authenticate))

@@ -1,4 +1,8 @@
-//! The `inlet` command line. Output for people goes to stdout; logs go to stderr.
+//! The `inlet` command line. Output for people goes to stdout (tables, or JSON with
+//! `--json`); errors go to stderr once, as `error: …`, with a non-zero exit; logs go
+//! to stderr too (only warnings and errors, except for `inlet run`).
+
+mod view;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -7,10 +11,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use crate::admin::answer::{AuditPage, PauseView, Purged, Repaired, RoutePaused};
+use crate::admin::audit::cli_actor;
 use crate::app;
 use crate::clock::{Clock, DbClock};
 use crate::config::Config;
-use crate::inbox::{self, Entry, ListFilter, NewAudit, Status, Store};
+use crate::inbox::{self, ListFilter, NewAudit, Status, Store};
 use crate::pubsub::Connection;
 use crate::routing::Routes;
 use crate::target::Clients;
@@ -22,6 +28,15 @@ use crate::target::Clients;
     about = "Pub/Sub in, transactional inbox, ordered relay out — extended by WebAssembly plugins"
 )]
 pub struct Cli {
+    /// The routing file, or a directory of them (default: `INLET_CONFIG`). Accepted
+    /// anywhere on the line; `run`, `check` and `pubsub setup` also take it as their
+    /// argument. `inbox` reads only its `[store]`.
+    #[arg(long, short, global = true, env = "INLET_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print JSON instead of tables: one document for a read command, one object per
+    /// line for a repair (the bodies of the admin API, see API.md).
+    #[arg(long, global = true)]
+    pub json: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -34,7 +49,9 @@ pub enum Command {
     Run {
         /// The routing file (TOML), or a directory of routing files (`*.toml`, one per
         /// team, read in name order; one of them holds `[store]` and `[server]`).
-        config: PathBuf,
+        /// Default: `--config`.
+        #[arg(value_name = "CONFIG")]
+        routing: Option<PathBuf>,
         /// Listen here instead of `[server] listen`.
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
@@ -61,7 +78,11 @@ pub enum Command {
     },
     /// Validate a routing file (or a directory of them) and load its plugins; exit 1
     /// listing every error and every refused route.
-    Check { config: PathBuf },
+    Check {
+        /// The routing file or directory (default: `--config`).
+        #[arg(value_name = "CONFIG")]
+        routing: Option<PathBuf>,
+    },
     /// Google Pub/Sub tools (honour PUBSUB_EMULATOR_HOST).
     Pubsub {
         #[command(subcommand)]
@@ -72,12 +93,15 @@ pub enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
-    /// Inspect and repair the inbox (works whether or not Inlet is running).
+    /// Pause and resume routes, for every instance at once (works whether or not Inlet is
+    /// running; reads the `[store]` and the route names of `--config`).
+    Route {
+        #[command(subcommand)]
+        command: RouteCommand,
+    },
+    /// Inspect and repair the inbox (works whether or not Inlet is running). Only the
+    /// `[store]` of `--config` is read: plugin files and target secrets need not be there.
     Inbox {
-        /// The routing file (or directory) whose store to open. Only its `[store]` is
-        /// read: plugin files and target secrets need not be there.
-        #[arg(long, short, env = "INLET_CONFIG")]
-        config: PathBuf,
         #[command(subcommand)]
         command: InboxCommand,
     },
@@ -88,7 +112,11 @@ pub enum PubsubCommand {
     /// Create the topics and subscriptions a routing file names, where missing:
     /// target topics, source topics, dead-letter topics and subscriptions (ordered
     /// when the route is, with a retry policy and the dead-letter policy if set).
-    Setup { config: PathBuf },
+    Setup {
+        /// The routing file or directory (default: `--config`).
+        #[arg(value_name = "CONFIG")]
+        routing: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -104,6 +132,7 @@ pub enum PluginCommand {
         /// A broker attribute, `NAME=VALUE`; repeatable.
         #[arg(long = "attribute", value_parser = parse_attribute)]
         attributes: Vec<(String, String)>,
+        /// The broker's message id (the dedup key unless the plugin names one).
         #[arg(long, default_value = "test-message-1")]
         message_id: String,
         /// The target's answer as JSON: `{"status": 400, "headers": {…}, "body": …}` or
@@ -119,25 +148,54 @@ fn parse_attribute(s: &str) -> Result<(String, String), String> {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum RouteCommand {
+    /// Each route: paused or not (since when, by whom, why) and its unresolved entries.
+    List,
+    /// Stop claiming the route's entries on every instance (within their poll
+    /// interval; attempts in flight finish). Pushes and pulls go on filling the inbox.
+    Pause {
+        /// The route's name.
+        name: String,
+        /// Why, for the colleague who finds it paused (kept with the pause and in the
+        /// audit log).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Claim the route's entries again.
+    Resume {
+        /// The route's name.
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum InboxCommand {
-    /// List entries, oldest first.
+    /// List entries. Without --status or --after: what needs attention first (PARKED,
+    /// then OPEN, then IN_PROGRESS, then finished ones), newest first within each, and
+    /// how many more there are. With --status or --after: oldest first, for paging.
     List {
+        /// Only entries of this route.
         #[arg(long)]
         route: Option<String>,
-        /// open, in-progress, done, parked or ignored.
+        /// Only entries in this state: open, in-progress, done, parked or ignored.
         #[arg(long)]
         status: Option<Status>,
         /// Only entries with this correlation key.
         #[arg(long)]
         key: Option<String>,
-        /// Only entries with an id above this.
+        /// Only entries with an id above this (oldest first; the next page after the
+        /// last id shown).
         #[arg(long)]
         after: Option<i64>,
+        /// How many entries to show at most.
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
-    /// Show one entry in full, with its attempt history, as JSON.
-    Show { id: i64 },
+    /// Show one entry in full, with its attempt history.
+    Show {
+        /// The entry's id.
+        id: i64,
+    },
     /// Parked and retrying entries grouped by route and error (numbers, ids and
     /// quoted values masked), largest group first: where to start on a bad night.
     Failures {
@@ -147,26 +205,38 @@ pub enum InboxCommand {
         /// At most this many groups.
         #[arg(long, default_value_t = 50)]
         limit: u32,
-        /// One JSON object per line instead of a table.
-        #[arg(long)]
-        json: bool,
     },
     /// Make PARKED entries due again (attempts start over). Entries parked before
     /// decoding are decoded again with the plugin as it is now.
     Requeue {
+        /// The entries' ids.
         ids: Vec<i64>,
         /// Requeue every PARKED entry of this route instead.
-        #[arg(long, conflicts_with = "ids")]
+        #[arg(long, conflicts_with = "ids", value_name = "ROUTE")]
         all_parked: Option<String>,
     },
     /// Park an OPEN entry by hand.
     Park {
+        /// The entry's id.
         id: i64,
+        /// Why, for whoever looks at it next (kept in the entry and the audit log).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Discard PARKED entries with a reason: they become IGNORED (kept until retention
+    /// deletes them, the reason and the parking error in their last error) and no
+    /// longer hold back later entries of their key. Recorded in the audit log.
+    Ignore {
+        /// The entries' ids.
+        #[arg(required = true)]
+        ids: Vec<i64>,
+        /// Why they are discarded, for whoever asks later.
         #[arg(long)]
         reason: String,
     },
     /// Delete DONE and IGNORED entries finished longer ago than this. Never PARKED ones.
     Purge {
+        /// A duration: `30m`, `12h`, `7d`.
         #[arg(long, value_parser = humantime::parse_duration)]
         older_than: Duration,
     },
@@ -174,8 +244,8 @@ pub enum InboxCommand {
     /// carries out at `--rate` entries per second (oldest first, so per-key order
     /// holds); `--dry-run` only counts them and names their keys.
     Repair {
-        /// requeue (PARKED entries; with --now also OPEN ones waiting for a retry) or
-        /// park (OPEN entries; needs --reason).
+        /// requeue (PARKED entries; with --now also OPEN ones waiting for a retry),
+        /// park (OPEN entries) or ignore (PARKED entries); park and ignore need --reason.
         #[arg(value_enum)]
         action: RepairActionArg,
         /// Only this route.
@@ -211,16 +281,18 @@ pub enum InboxCommand {
     },
     /// Repair jobs, newest first, with their progress.
     Repairs {
+        /// How many jobs to show at most.
         #[arg(long, default_value_t = 20)]
         limit: u32,
     },
-    /// Unresolved entries per route and state.
+    /// Unresolved entries per route and state, with the age of the oldest.
     Stats,
     /// The audit log: every repair action, who did it, and how it ended.
     Audit {
         /// Only lines with an id above this.
         #[arg(long)]
         after: Option<i64>,
+        /// How many lines to show at most.
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
@@ -228,7 +300,10 @@ pub enum InboxCommand {
 
 pub async fn main() -> ExitCode {
     let cli = Cli::parse();
-    crate::telemetry::init_logging();
+    // `inlet run` reports its progress; the tools print their answer, and only
+    // warnings and errors besides it.
+    let level = if matches!(cli.command, Command::Run { .. }) { "info" } else { "warn" };
+    crate::telemetry::init_logging_at(level);
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {
@@ -242,10 +317,19 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
     Config::load(path).map_err(|errors| anyhow::anyhow!("{errors}"))
 }
 
+/// The routing file a command works on: its own argument, else `--config` (or
+/// `INLET_CONFIG`).
+fn routing_file(own: Option<PathBuf>, global: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    own.or_else(|| global.clone())
+        .ok_or_else(|| anyhow::anyhow!("no routing file: pass --config FILE (or set INLET_CONFIG)"))
+}
+
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let out = Output { json: cli.json };
     match cli.command {
-        Command::Run { config, listen, instance, poll, retention, plugin_cache, grace, ack_journal } => {
-            let config = Config::load_partial(&config).map_err(|errors| anyhow::anyhow!("{errors}"))?;
+        Command::Run { routing, listen, instance, poll, retention, plugin_cache, grace, ack_journal } => {
+            let path = routing_file(routing, &cli.config)?;
+            let config = Config::load_partial(&path).map_err(|errors| anyhow::anyhow!("{errors}"))?;
             let mut options = app::Options { listen, poll, retention, grace, ack_journal, ..app::Options::default() };
             match plugin_cache {
                 Some(p) if p.as_os_str() == "off" => options.plugin_cache = None,
@@ -259,9 +343,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             running.run_until_signal().await;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { config: path } => check(&path),
-        Command::Pubsub { command: PubsubCommand::Setup { config } } => {
-            let config = load_config(&config)?;
+        Command::Check { routing } => check(&routing_file(routing, &cli.config)?),
+        Command::Pubsub { command: PubsubCommand::Setup { routing } } => {
+            let config = load_config(&routing_file(routing, &cli.config)?)?;
             let connection = Connection::from_env();
             println!("pubsub: {}", connection.describe());
             match crate::pubsub::setup(&config, &connection).await {
@@ -308,11 +392,61 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Inbox { config, command } => {
-            let store = crate::config::load_store(&config).map_err(|errors| anyhow::anyhow!("{errors}"))?;
-            let store = inbox::open(&store.url, 2).await?;
-            inbox_command(store, command).await
+        Command::Inbox { command } => {
+            let store = open_store(&cli.config).await?;
+            inbox_command(store, command, out).await
         }
+        Command::Route { command } => {
+            let path = routing_file(None, &cli.config)?;
+            let declared = crate::config::route_names(&path).map_err(|errors| anyhow::anyhow!("{errors}"))?;
+            let store = open_store(&cli.config).await?;
+            route_command(store, &declared, &path, command, out).await
+        }
+    }
+}
+
+/// The inbox of `--config`, read from its `[store]` alone.
+async fn open_store(config: &Option<PathBuf>) -> anyhow::Result<Arc<dyn Store>> {
+    let path = routing_file(None, config)?;
+    let store = crate::config::load_store(&path).map_err(|errors| anyhow::anyhow!("{errors}"))?;
+    Ok(inbox::open(&store.url, 2).await?)
+}
+
+/// Where the answer goes: tables for people, or JSON.
+#[derive(Debug, Clone, Copy)]
+struct Output {
+    json: bool,
+}
+
+impl Output {
+    /// Prints `value` as one JSON document (pretty) or hands over to `table`.
+    fn show<T: serde::Serialize>(self, value: &T, table: impl FnOnce()) -> anyhow::Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(value)?);
+        } else {
+            table();
+        }
+        Ok(())
+    }
+
+    /// Reports an action on a route: one JSON object, or a sentence.
+    fn show_line<T: serde::Serialize>(self, answer: &T, sentence: &str) -> anyhow::Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string(answer)?);
+        } else {
+            println!("{sentence}");
+        }
+        Ok(())
+    }
+
+    /// Reports a repair that was done: one JSON object per line, or a sentence.
+    fn repaired(self, answer: &Repaired, sentence: &str) -> anyhow::Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string(answer)?);
+        } else {
+            println!("{sentence}");
+        }
+        Ok(())
     }
 }
 
@@ -357,48 +491,48 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::Result<ExitCode> {
+async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output) -> anyhow::Result<ExitCode> {
     let clock = DbClock::new(store.as_ref()).await?;
     match command {
         InboxCommand::List { route, status, key, after, limit } => {
-            let entries =
-                store.list(&ListFilter { route, status, correlation_key: key, after_id: after, limit }).await?;
-            println!("{:>8}  {:<11}  {:<24}  {:<20}  {:>8}  LAST ERROR", "ID", "STATUS", "ROUTE", "KEY", "ATTEMPTS");
-            for e in &entries {
-                println!("{}", list_line(e));
-            }
+            let filter =
+                ListFilter { route, status, correlation_key: key, after_id: after, limit, newest_first: false };
+            let listing = if status.is_none() && after.is_none() {
+                attention_first(store.as_ref(), &filter).await?
+            } else {
+                oldest_first(store.as_ref(), &filter).await?
+            };
+            out.show(&listing, || print_listing(&listing))?;
             Ok(ExitCode::SUCCESS)
         }
-        InboxCommand::Show { id } => match store.get(id).await? {
-            Some(e) => {
-                let mut view = crate::admin::entry_view(&e);
-                view["attempts"] = serde_json::to_value(store.attempts(id).await?)?;
-                println!("{}", serde_json::to_string_pretty(&view)?);
-                Ok(ExitCode::SUCCESS)
-            }
-            None => {
-                eprintln!("no entry {id}");
-                Ok(ExitCode::FAILURE)
-            }
-        },
-        InboxCommand::Failures { route, limit, json } => {
+        InboxCommand::Show { id } => {
+            let entry = store.get(id).await?.ok_or_else(|| anyhow::anyhow!("no entry {id}"))?;
+            let attempts = store.attempts(id).await?;
+            let mut shown = crate::admin::entry_view(&entry);
+            shown.attempts = Some(attempts.clone());
+            out.show(&shown, || {
+                print!("{}", view::entry_detail(&entry));
+                print_attempts(&attempts);
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        InboxCommand::Failures { route, limit } => {
             let groups = store.failure_groups(route.as_deref(), limit).await?;
-            if json {
-                for g in &groups {
-                    println!("{}", serde_json::to_string(g)?);
-                }
-                return Ok(ExitCode::SUCCESS);
-            }
-            println!("{:<24}  {:>7}  {:>8}  {:>5}  {:>8}  ERROR (fingerprint)", "ROUTE", "PARKED", "RETRYING", "KEYS", "EXAMPLE");
-            for g in &groups {
+            out.show(&groups, || {
                 println!(
-                    "{:<24}  {:>7}  {:>8}  {:>5}  {:>8}  {}",
-                    g.route, g.parked, g.retrying, g.keys, g.example_id, g.fingerprint
+                    "{:<24}  {:>7}  {:>8}  {:>5}  {:>8}  ERROR (fingerprint)",
+                    "ROUTE", "PARKED", "RETRYING", "KEYS", "EXAMPLE"
                 );
-            }
-            if groups.is_empty() {
-                println!("(nothing parked or retrying)");
-            }
+                for g in &groups {
+                    println!(
+                        "{:<24}  {:>7}  {:>8}  {:>5}  {:>8}  {}",
+                        g.route, g.parked, g.retrying, g.keys, g.example_id, g.fingerprint
+                    );
+                }
+                if groups.is_empty() {
+                    println!("(nothing parked or retrying)");
+                }
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         InboxCommand::Requeue { ids, all_parked } => {
@@ -406,65 +540,76 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
                 Some(route) => all_parked_ids(store.as_ref(), &route).await?,
                 None => ids,
             };
+            if ids.is_empty() {
+                anyhow::bail!("nothing to requeue: name entry ids, or --all-parked ROUTE with parked entries");
+            }
             let mut failed = false;
             for id in ids {
                 let done = store.requeue(id, clock.now()).await?;
+                cli_audit(store.as_ref(), &clock, "requeue", id, done, None).await;
                 if done {
-                    println!("requeued {id}");
+                    let answer = Repaired { entry: id, action: "requeue", status: Status::Open };
+                    out.repaired(&answer, &format!("requeued {id}"))?;
                 } else {
-                    eprintln!("entry {id} is missing or not PARKED/OPEN; left as it is");
+                    eprintln!("error: {}", not_applicable(store.as_ref(), id, "requeue", "PARKED or OPEN").await);
                     failed = true;
                 }
-                cli_audit(store.as_ref(), &clock, "requeue", id, done, None).await;
             }
             Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
         InboxCommand::Park { id, reason } => {
+            let reason = required_reason(&reason)?;
             let done = store.park(id, &format!("parked by hand: {reason}"), clock.now()).await?;
-            cli_audit(store.as_ref(), &clock, "park", id, done, Some(reason)).await;
-            if done {
-                println!("parked {id}");
-                Ok(ExitCode::SUCCESS)
-            } else {
-                eprintln!("entry {id} is missing or not OPEN; left as it is");
-                Ok(ExitCode::FAILURE)
+            cli_audit(store.as_ref(), &clock, "park", id, done, Some(reason.to_string())).await;
+            if !done {
+                anyhow::bail!("{}", not_applicable(store.as_ref(), id, "park", "OPEN").await);
             }
+            out.repaired(&Repaired { entry: id, action: "park", status: Status::Parked }, &format!("parked {id}"))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        InboxCommand::Ignore { ids, reason } => {
+            let reason = required_reason(&reason)?;
+            let mut failed = false;
+            for id in ids {
+                let done = store.ignore(id, &format!("ignored by hand: {reason}"), clock.now()).await?;
+                cli_audit(store.as_ref(), &clock, "ignore", id, done, Some(reason.to_string())).await;
+                if done {
+                    let answer = Repaired { entry: id, action: "ignore", status: Status::Ignored };
+                    out.repaired(&answer, &format!("ignored {id}"))?;
+                } else {
+                    eprintln!("error: {}", not_applicable(store.as_ref(), id, "ignore", "PARKED").await);
+                    failed = true;
+                }
+            }
+            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
         InboxCommand::Purge { older_than } => {
             let before = clock.now() - older_than.as_millis() as i64;
             let total = crate::inbox::purge_all(store.as_ref(), before, 10_000, Duration::ZERO).await?;
+            let older_than = humantime::format_duration(older_than).to_string();
             let audit = NewAudit {
                 actor: crate::admin::audit::cli_actor(),
                 action: "purge".into(),
                 route: None,
-                subject: format!(
-                    "DONE and IGNORED entries finished more than {} ago",
-                    humantime::format_duration(older_than)
-                ),
+                subject: format!("DONE and IGNORED entries finished more than {older_than} ago"),
                 outcome: "ok".into(),
                 detail: Some(format!("{total} deleted")),
             };
             crate::admin::audit::record(store.as_ref(), audit, clock.now()).await;
-            println!("purged {total} finished entries");
+            let answer = Purged { purged: total, older_than };
+            out.show(&answer, || println!("purged {total} finished entries"))?;
             Ok(ExitCode::SUCCESS)
         }
         InboxCommand::Audit { after, limit } => {
-            println!(
-                "{:>6}  {:<24}  {:<20}  {:<10}  {:<20}  {:<9}  SUBJECT",
-                "ID", "AT", "ACTOR", "ACTION", "ROUTE", "OUTCOME"
-            );
-            for a in store.list_audit(after, limit).await? {
-                println!(
-                    "{:>6}  {:<24}  {:<20}  {:<10}  {:<20}  {:<9}  {}",
-                    a.id,
-                    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(a.at.max(0) as u64)),
-                    a.actor,
-                    a.action,
-                    a.route.as_deref().unwrap_or("-"),
-                    a.outcome,
-                    a.subject
-                );
-            }
+            let audit = store.list_audit(after, limit).await?;
+            let next_after = (audit.len() == limit as usize).then(|| audit.last().map(|a| a.id)).flatten();
+            let page = AuditPage { audit, next_after };
+            out.show(&page, || {
+                println!("{}", view::audit_header());
+                for a in &page.audit {
+                    println!("{}", view::audit_line(a));
+                }
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         InboxCommand::Repair {
@@ -484,9 +629,10 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
             let action = match action {
                 RepairActionArg::Requeue => RepairAction::Requeue,
                 RepairActionArg::Park => RepairAction::Park,
+                RepairActionArg::Ignore => RepairAction::Ignore,
             };
-            if action == RepairAction::Park && reason.is_none() {
-                anyhow::bail!("a park needs --reason");
+            if action != RepairAction::Requeue && reason.is_none() {
+                anyhow::bail!("{} needs --reason", action.as_str());
             }
             if rate == 0 || rate > crate::repair::MAX_RATE {
                 anyhow::bail!("--rate must be between 1 and {}", crate::repair::MAX_RATE);
@@ -519,6 +665,7 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
             }
             let reason = match action {
                 RepairAction::Park => reason.map(|r| format!("parked by hand: {r}")),
+                RepairAction::Ignore => reason.map(|r| format!("ignored by hand: {r}")),
                 RepairAction::Requeue => reason,
             };
             let actor = crate::admin::audit::cli_actor();
@@ -557,13 +704,13 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
         }
         InboxCommand::Stats => {
             let now = clock.now();
-            println!("{:<24}  {:<11}  {:>8}  OLDEST", "ROUTE", "STATUS", "COUNT");
-            for c in store.counts().await? {
-                let age = c.oldest_received_at.map(|t| {
-                    humantime::format_duration(Duration::from_secs(((now - t).max(0) / 1000) as u64)).to_string()
-                });
-                println!("{:<24}  {:<11}  {:>8}  {}", c.route, c.status.as_str(), c.count, age.unwrap_or_default());
-            }
+            let counts = Stats { counts: store.counts().await? };
+            out.show(&counts, || {
+                println!("{}", view::stats_header());
+                for c in &counts.counts {
+                    println!("{}", view::stats_line(c, now));
+                }
+            })?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -573,6 +720,273 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand) -> anyhow::
 pub enum RepairActionArg {
     Requeue,
     Park,
+    Ignore,
+}
+
+async fn route_command(
+    store: Arc<dyn Store>,
+    declared: &[String],
+    path: &Path,
+    command: RouteCommand,
+    out: Output,
+) -> anyhow::Result<ExitCode> {
+    let clock = DbClock::new(store.as_ref()).await?;
+    let unknown = |name: &str| {
+        anyhow::anyhow!("no route named `{name}` in {} (its routes: {})", path.display(), declared.join(", "))
+    };
+    match command {
+        RouteCommand::List => {
+            let list = route_list(store.as_ref(), declared).await?;
+            out.show(&list, || print_routes(&list))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        RouteCommand::Pause { name, reason } => {
+            if !declared.contains(&name) {
+                return Err(unknown(&name));
+            }
+            let reason = required_reason(&reason)?.to_string();
+            let pause = inbox::Pause { route: name.clone(), paused_at: clock.now(), paused_by: cli_actor(), reason };
+            let done = store.pause_route(&pause).await?;
+            route_audit(store.as_ref(), &clock, "pause", &name, done, Some(pause.reason.clone())).await;
+            if !done {
+                let current = store.paused_routes(Some(&name)).await?.pop().map(PauseView::from);
+                let since = current.map(|p| format!(" ({})", crate::admin::pause_sentence(&p))).unwrap_or_default();
+                anyhow::bail!("route `{name}` is already paused{since}");
+            }
+            let answer = RoutePaused { route: name.clone(), paused: Some(pause.into()) };
+            out.show_line(
+                &answer,
+                &format!("paused {name}: no instance claims its entries until `inlet route resume {name}`"),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        RouteCommand::Resume { name } => {
+            let done = store.resume_route(&name).await?;
+            route_audit(store.as_ref(), &clock, "resume", &name, done, None).await;
+            if !done {
+                if !declared.contains(&name) {
+                    return Err(unknown(&name));
+                }
+                anyhow::bail!("route `{name}` is not paused");
+            }
+            out.show_line(&RoutePaused { route: name.clone(), paused: None }, &format!("resumed {name}"))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Records a CLI action on a route as `cli:<user>`.
+async fn route_audit(
+    store: &dyn Store,
+    clock: &DbClock,
+    action: &str,
+    route: &str,
+    done: bool,
+    detail: Option<String>,
+) {
+    let audit = NewAudit {
+        actor: cli_actor(),
+        action: action.into(),
+        route: Some(route.to_string()),
+        subject: format!("route {route}"),
+        outcome: if done { "ok" } else { "conflict" }.into(),
+        detail,
+    };
+    crate::admin::audit::record(store, audit, clock.now()).await;
+}
+
+/// `route list`: one row per route the routing files declare, the inbox holds
+/// unresolved entries of, or that is paused.
+#[derive(Debug, serde::Serialize)]
+struct RouteRows {
+    routes: Vec<RouteRow>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct RouteRow {
+    name: String,
+    /// Whether the routing files name it.
+    declared: bool,
+    paused: Option<PauseView>,
+    /// Unresolved entries by state.
+    unresolved: std::collections::BTreeMap<&'static str, i64>,
+}
+
+async fn route_list(store: &dyn Store, declared: &[String]) -> anyhow::Result<RouteRows> {
+    let counts = store.counts().await?;
+    let mut paused: std::collections::BTreeMap<String, PauseView> =
+        store.paused_routes(None).await?.into_iter().map(|p| (p.route.clone(), p.into())).collect();
+    let mut names: std::collections::BTreeSet<String> = declared.iter().cloned().collect();
+    names.extend(counts.iter().map(|c| c.route.clone()));
+    names.extend(paused.keys().cloned());
+    let routes = names
+        .into_iter()
+        .map(|name| {
+            let unresolved = [Status::Open, Status::InProgress, Status::Parked]
+                .into_iter()
+                .map(|s| (s.as_str(), counts.iter().find(|c| c.route == name && c.status == s).map_or(0, |c| c.count)))
+                .collect();
+            RouteRow { declared: declared.contains(&name), paused: paused.remove(&name), unresolved, name }
+        })
+        .collect();
+    Ok(RouteRows { routes })
+}
+
+fn print_routes(list: &RouteRows) {
+    println!("{}", view::route_header());
+    for r in &list.routes {
+        let paused = r.paused.as_ref().map(crate::admin::pause_sentence);
+        let name = if r.declared { r.name.clone() } else { format!("{} (not in the routing files)", r.name) };
+        println!("{}", view::route_line(&name, &r.unresolved, paused.as_deref()));
+    }
+}
+
+/// `inbox stats --json`.
+#[derive(Debug, serde::Serialize)]
+struct Stats {
+    counts: Vec<inbox::RouteStatusCount>,
+}
+
+/// `inbox list`: the entries shown, how many match in all (per state, when listed
+/// by attention), and how many are not shown.
+#[derive(Debug, serde::Serialize)]
+struct Listing {
+    entries: Vec<crate::admin::answer::EntryView>,
+    /// How the entries are ordered: `attention` or `oldest_first`.
+    order: &'static str,
+    /// Entries the filter matches, shown or not.
+    matching: u64,
+    /// Matching entries not shown.
+    more: u64,
+    /// Matching entries per state (`attention` order only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    by_status: Option<std::collections::BTreeMap<&'static str, u64>>,
+}
+
+/// The states in the order `inbox list` shows them: what needs a person, what waits
+/// for the relay, what is in flight, then what is finished.
+const ATTENTION: [Status; 5] = [Status::Parked, Status::Open, Status::InProgress, Status::Done, Status::Ignored];
+
+/// Entries by [`ATTENTION`], newest first within each state, up to the filter's
+/// limit; finished entries (DONE and IGNORED) together, newest first.
+async fn attention_first(store: &dyn Store, filter: &ListFilter) -> anyhow::Result<Listing> {
+    let mut by_status = std::collections::BTreeMap::new();
+    for status in ATTENTION {
+        by_status.insert(status.as_str(), store.count(&ListFilter { status: Some(status), ..filter.clone() }).await?);
+    }
+    let mut entries = Vec::new();
+    for group in [&[Status::Parked][..], &[Status::Open], &[Status::InProgress], &[Status::Done, Status::Ignored]] {
+        let room = filter.limit as usize - entries.len();
+        if room == 0 {
+            break;
+        }
+        let mut found = Vec::new();
+        for status in group {
+            let page = ListFilter { status: Some(*status), limit: room as u32, newest_first: true, ..filter.clone() };
+            found.extend(store.list(&page).await?);
+        }
+        found.sort_by_key(|e| std::cmp::Reverse(e.id));
+        found.truncate(room);
+        entries.extend(found);
+    }
+    let matching: u64 = by_status.values().sum();
+    Ok(Listing {
+        more: matching.saturating_sub(entries.len() as u64),
+        entries: entries.iter().map(crate::admin::entry_view).collect(),
+        order: "attention",
+        matching,
+        by_status: Some(by_status),
+    })
+}
+
+/// The filter's entries, oldest first (paging with --after).
+async fn oldest_first(store: &dyn Store, filter: &ListFilter) -> anyhow::Result<Listing> {
+    let entries = store.list(filter).await?;
+    let matching = store.count(filter).await?;
+    Ok(Listing {
+        more: matching.saturating_sub(entries.len() as u64),
+        entries: entries.iter().map(crate::admin::entry_view).collect(),
+        order: "oldest_first",
+        matching,
+        by_status: None,
+    })
+}
+
+fn print_listing(listing: &Listing) {
+    if listing.matching == 0 {
+        println!("no entries");
+        return;
+    }
+    println!("{}", view::entry_header());
+    for e in &listing.entries {
+        println!("{}", view::entry_line(&e.entry));
+    }
+    let shown = listing.entries.len() as u64;
+    let mut summary = format!("{} of {} entries", view::count(shown), view::count(listing.matching));
+    if let Some(by_status) = &listing.by_status {
+        let states: Vec<String> = ATTENTION
+            .iter()
+            .filter_map(|s| by_status.get(s.as_str()).filter(|n| **n > 0).map(|n| format!("{s} {}", view::count(*n))))
+            .collect();
+        summary.push_str(&format!(", what needs attention first, newest first ({})", states.join(", ")));
+    }
+    if listing.more > 0 {
+        let hint = match (listing.order, listing.entries.last()) {
+            ("oldest_first", Some(last)) => format!("--after {} for the next page", last.entry.id),
+            _ => "narrow with --route, --status or --key, or raise --limit".into(),
+        };
+        summary.push_str(&format!("; {} more: {hint}", view::count(listing.more)));
+    }
+    println!("{summary}");
+}
+
+/// A reason given on the command line, trimmed; an empty one is refused.
+fn required_reason(reason: &str) -> anyhow::Result<&str> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        anyhow::bail!("--reason must not be empty");
+    }
+    Ok(reason)
+}
+
+/// Why a repair left an entry as it was: missing, or in a state the repair does not
+/// apply to (read again: it may have moved).
+async fn not_applicable(store: &dyn Store, id: i64, action: &str, applies_to: &str) -> String {
+    match store.get(id).await {
+        Ok(Some(e)) => format!("entry {id} is {}; {action} applies to {applies_to} entries", e.status),
+        Ok(None) => format!("no entry {id}"),
+        Err(error) => format!("entry {id} was left as it is, and cannot be read now: {error}"),
+    }
+}
+
+/// The attempt history under `inbox show`, one line per attempt.
+fn print_attempts(attempts: &[crate::inbox::failures::Attempt]) {
+    if attempts.is_empty() {
+        return;
+    }
+    println!("attempts:");
+    for a in attempts {
+        let requests: Vec<String> = a
+            .requests
+            .iter()
+            .map(|r| match (r.status, &r.error) {
+                (Some(status), _) => format!("{} {} → {status}", r.method, r.path),
+                (None, Some(error)) => format!("{} {} → {error}", r.method, r.path),
+                (None, None) => format!("{} {}", r.method, r.path),
+            })
+            .collect();
+        println!(
+            "  #{} {} {}ms by {}: {} → {}{}  [{}]",
+            a.attempt,
+            humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(a.started_at.max(0) as u64)),
+            a.duration_ms,
+            a.owner,
+            a.answer,
+            a.status,
+            a.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
+            requests.join("; ")
+        );
+    }
 }
 
 /// Records a CLI repair of one entry as `cli:<user>`.
@@ -607,17 +1021,4 @@ async fn all_parked_ids(store: &dyn Store, route: &str) -> anyhow::Result<Vec<i6
         ids.extend(page.iter().map(|e| e.id));
     }
     Ok(ids)
-}
-
-fn list_line(e: &Entry) -> String {
-    let err: String = e.last_error.as_deref().unwrap_or("").chars().take(80).collect();
-    format!(
-        "{:>8}  {:<11}  {:<24}  {:<20}  {:>8}  {}",
-        e.id,
-        e.status.as_str(),
-        e.route,
-        e.correlation_key.as_deref().unwrap_or("-"),
-        e.attempts,
-        err
-    )
 }

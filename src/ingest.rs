@@ -43,6 +43,57 @@ pub enum IngestError {
     PluginBusy(PluginFault),
 }
 
+/// What became of a message that was accepted: the `outcome` of the push answer and
+/// the label of `inlet_ingested_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stored {
+    /// A new OPEN entry, to be delivered.
+    Inserted,
+    /// A new PARKED entry: the plugin could not decode it, broke a rule or faulted,
+    /// or the database refused the row; it waits for a person.
+    Parked,
+    /// A new IGNORED entry: the plugin chose not to deliver it (the reason is kept).
+    Ignored,
+    /// Already stored (the same payload under a known dedup key): nothing new.
+    Duplicate,
+    /// A different payload under a known dedup key: stored PARKED as its own entry.
+    Conflict,
+}
+
+impl Stored {
+    /// How `outcome` is reported for a row stored with `status`; a conflicting payload
+    /// seen again is a duplicate of its conflict entry (counted once).
+    pub fn of(outcome: InsertOutcome, status: Status) -> Stored {
+        match outcome {
+            InsertOutcome::Inserted { .. } => match status {
+                Status::Parked => Stored::Parked,
+                Status::Ignored => Stored::Ignored,
+                _ => Stored::Inserted,
+            },
+            InsertOutcome::Duplicate { .. } | InsertOutcome::Conflict { first: false, .. } => Stored::Duplicate,
+            InsertOutcome::Conflict { first: true, .. } => Stored::Conflict,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stored::Inserted => "inserted",
+            Stored::Parked => "parked",
+            Stored::Ignored => "ignored",
+            Stored::Duplicate => "duplicate",
+            Stored::Conflict => "conflict",
+        }
+    }
+}
+
+/// A message [`Ingest::accept`] stored (or found stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    pub outcome: InsertOutcome,
+    pub stored: Stored,
+}
+
 pub struct Ingest {
     pub store: Arc<dyn Store>,
     pub clock: Arc<dyn Clock>,
@@ -62,14 +113,15 @@ impl Ingest {
 
     /// Decodes and stores one message. `Ok` means the row is committed (or was
     /// already there) and the broker may be acked; `Err` means nack.
-    pub async fn accept(&self, route: &Route, msg: Incoming) -> Result<InsertOutcome, IngestError> {
+    pub async fn accept(&self, route: &Route, msg: Incoming) -> Result<Accepted, IngestError> {
         let mut entry = self.decode(route, msg).await?;
         let result = self.insert_one(route, &mut entry, self.clock.now()).await;
         self.record(route, &entry, &result);
         if matches!(result, Ok(InsertOutcome::Inserted { .. })) && entry.status == Status::Open {
             route.stored.notify_one();
         }
-        Ok(result?)
+        let outcome = result?;
+        Ok(Accepted { outcome, stored: Stored::of(outcome, entry.status) })
     }
 
     /// Decodes and stores many messages in one transaction, in the order given (the
@@ -267,31 +319,25 @@ impl Ingest {
 
     fn record(&self, route: &Route, entry: &NewEntry, result: &Result<InsertOutcome, StoreError>) {
         let outcome = match result {
-            Ok(InsertOutcome::Inserted { .. }) => match entry.status {
-                Status::Parked => "parked",
-                Status::Ignored => "ignored",
-                _ => "inserted",
-            },
-            Ok(InsertOutcome::Duplicate { .. }) => "duplicate",
-            Ok(InsertOutcome::Conflict { first: false, .. }) => "duplicate",
-            Ok(InsertOutcome::Conflict { existing, entry: conflict, first: true }) => {
-                tracing::warn!(
-                    route = route.name(),
-                    dedup_key = %entry.dedup_key,
-                    existing,
-                    conflict_entry = conflict,
-                    "a different payload arrived under a known dedup key; parked it as its own entry"
-                );
-                self.metrics.dedup_conflicts.get_or_create(&Metrics::route(route.name())).inc();
-                "conflict"
-            }
+            Ok(outcome) => *outcome,
             Err(error) => {
                 tracing::error!(route = route.name(), message_id = %entry.message_id, %error, "could not store the message; it will be redelivered");
                 self.metrics.ingest_failures.get_or_create(&Metrics::route(route.name())).inc();
                 return;
             }
         };
-        self.metrics.ingested.get_or_create(&Metrics::outcome(route.name(), outcome)).inc();
+        if let InsertOutcome::Conflict { existing, entry: conflict, first: true } = outcome {
+            tracing::warn!(
+                route = route.name(),
+                dedup_key = %entry.dedup_key,
+                existing,
+                conflict_entry = conflict,
+                "a different payload arrived under a known dedup key; parked it as its own entry"
+            );
+            self.metrics.dedup_conflicts.get_or_create(&Metrics::route(route.name())).inc();
+        }
+        let label = Stored::of(outcome, entry.status).as_str();
+        self.metrics.ingested.get_or_create(&Metrics::outcome(route.name(), label)).inc();
     }
 }
 

@@ -48,6 +48,9 @@ pub enum RepairAction {
     Requeue,
     /// Parked by hand, with the job's reason (OPEN entries).
     Park,
+    /// Discarded with the job's reason (PARKED entries): IGNORED, no longer holding
+    /// back their key.
+    Ignore,
 }
 
 impl RepairAction {
@@ -55,6 +58,7 @@ impl RepairAction {
         match self {
             RepairAction::Requeue => "requeue",
             RepairAction::Park => "park",
+            RepairAction::Ignore => "ignore",
         }
     }
 }
@@ -91,6 +95,7 @@ impl RepairFilter {
             RepairAction::Requeue if self.now => (Status::Parked, Status::Open),
             RepairAction::Requeue => (Status::Parked, Status::Parked),
             RepairAction::Park => (Status::Open, Status::Open),
+            RepairAction::Ignore => (Status::Parked, Status::Parked),
         }
     }
 
@@ -233,6 +238,10 @@ async fn work(shared: &Shared, owner: &str, mut job: RepairJob, shutdown: &mut w
                 RepairAction::Park => {
                     let reason = job.reason.clone().unwrap_or_else(|| format!("parked by repair job {}", job.id));
                     store.park(*id, &reason, now).await
+                }
+                RepairAction::Ignore => {
+                    let reason = job.reason.clone().unwrap_or_else(|| format!("ignored by repair job {}", job.id));
+                    store.ignore(*id, &reason, now).await
                 }
             };
             match changed {

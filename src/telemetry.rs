@@ -76,6 +76,9 @@ pub struct Metrics {
     pub plugin_reloads: Family<RouteOutcome, Counter>,
     /// 1 while a route runs, 0 while it is refused (its plugin or settings do not load).
     pub route_up: Family<RouteLabel, Gauge>,
+    /// 1 while a route is paused (its relay on this instance claims nothing), else 0;
+    /// each instance reports what its relay last read (aggregate with `max`).
+    pub route_paused: Family<RouteLabel, Gauge>,
     /// Routes refused at start or reload, once per distinct cause.
     pub route_load_failures: Family<RouteLabel, Counter>,
     /// Routing files refused whole (they do not parse far enough to name their routes).
@@ -137,6 +140,7 @@ impl Metrics {
             plugin_reloads: Family::default(),
             config_reloads: Family::default(),
             route_up: Family::default(),
+            route_paused: Family::default(),
             route_load_failures: Family::default(),
             routing_files_refused: Gauge::default(),
             delivery_seconds: Family::new_with_constructor(|| {
@@ -195,6 +199,11 @@ impl Metrics {
         registry.register("config_reloads", "Routing files applied or refused while running", m.config_reloads.clone());
         registry.register("plugin_reloads", "Plugin versions swapped in or refused", m.plugin_reloads.clone());
         registry.register("route_up", "1 while a route runs, 0 while it is refused", m.route_up.clone());
+        registry.register(
+            "route_paused",
+            "1 while a route is paused (nothing claimed, ingest goes on), as this instance's relay last read it",
+            m.route_paused.clone(),
+        );
         registry.register(
             "route_load_failures",
             "Routes refused at start or reload, once per distinct cause",
@@ -261,7 +270,14 @@ impl Metrics {
 /// Installs the log subscriber: `RUST_LOG` filters (default `info`), `INLET_LOG=json`
 /// is not offered yet; logs go to stderr.
 pub fn init_logging() {
+    init_logging_at("info");
+}
+
+/// [`init_logging`] with another default level when `RUST_LOG` is unset: the
+/// command-line tools other than `inlet run` log only warnings and errors, so their
+/// own output is not mixed with progress lines.
+pub fn init_logging_at(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }

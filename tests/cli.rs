@@ -9,7 +9,19 @@ use inlet::clock::Millis;
 use inlet::inbox::{self, NewEntry, Status};
 
 fn inlet(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_inlet")).args(args).env("NO_COLOR", "1").output().expect("run inlet")
+    inlet_with(args, &[])
+}
+
+/// `inlet ARGS` with `envs` set, and neither `RUST_LOG` nor `INLET_CONFIG` inherited.
+fn inlet_with(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_inlet"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
+        .env_remove("INLET_CONFIG")
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run inlet")
 }
 
 fn text(b: &[u8]) -> String {
@@ -89,8 +101,8 @@ async fn inbox_commands_list_show_requeue_park_and_purge() {
     assert!(listing.contains("PARKED") && listing.contains("decode failed: garbage"), "{listing}");
     assert!(!listing.contains("IGNORED"), "{listing}");
 
-    let out = inlet(&["inbox", "-c", &cfg, "show", &id.to_string()]);
-    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("show prints JSON");
+    let out = inlet(&["inbox", "-c", &cfg, "show", &id.to_string(), "--json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("show --json prints JSON");
     assert_eq!(shown["raw_data"]["text"], "garbage");
     assert_eq!(shown["status"], "PARKED");
 
@@ -250,4 +262,244 @@ async fn inbox_commands_need_only_the_store_section() {
     let out = inlet(&["check", single.to_str().unwrap()]);
     let err = text(&out.stderr);
     assert!(err.contains("INLET_TEST_UNSET_SECRET") && err.contains("gone.wasm"), "{err}");
+}
+
+fn now_ms() -> Millis {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// A routing file naming only a store.
+fn store_only_config(dir: &Path, url: &str) -> String {
+    let path = dir.join("store.toml");
+    std::fs::write(&path, format!("[store]\nurl = \"{url}\"\n")).unwrap();
+    path.display().to_string()
+}
+
+fn decoded_entry(route: &str, key: &str, dedup: &str, status: Status) -> NewEntry {
+    NewEntry {
+        route: route.into(),
+        dedup_key: dedup.into(),
+        decoded: Some(inbox::Decoded {
+            event_type: "test".into(),
+            correlation_key: key.into(),
+            schema_version: None,
+            body: b"{}".to_vec(),
+        }),
+        raw_data: dedup.as_bytes().to_vec(),
+        attributes: vec![],
+        message_id: dedup.into(),
+        publish_time: None,
+        delivery_attempt: None,
+        status,
+        last_error: (status == Status::Parked).then(|| format!("{dedup} is stuck")),
+    }
+}
+
+/// Entries in every state, in this id order: d1 DONE, p1 PARKED, o1 OPEN, d2 DONE,
+/// p2 PARKED, o2 OPEN, i1 IN_PROGRESS, ig IGNORED. Returns the ids by name.
+async fn entries_in_every_state(store: &dyn inbox::Store) -> std::collections::HashMap<&'static str, i64> {
+    let now = now_ms();
+    let mut ids = std::collections::HashMap::new();
+    let claim = |limit| inbox::ClaimRequest {
+        route: "busy",
+        owner: "test",
+        limit,
+        now,
+        lease_ms: 600_000,
+        ordered: false,
+        parked_blocks: false,
+    };
+    for (name, route, status) in [
+        ("d1", "busy", Status::Open),
+        ("p1", "wo", Status::Parked),
+        ("o1", "wo", Status::Open),
+        ("d2", "busy", Status::Open),
+        ("p2", "wo", Status::Parked),
+        ("o2", "wo", Status::Open),
+        ("i1", "busy", Status::Open),
+        ("ig", "wo", Status::Ignored),
+    ] {
+        let id = store.insert(&decoded_entry(route, name, name, status), now).await.unwrap().id();
+        ids.insert(name, id);
+        if route == "busy" {
+            let claimed = store.claim(&claim(1)).await.unwrap();
+            assert_eq!(claimed.iter().map(|c| c.entry.id).collect::<Vec<_>>(), vec![id]);
+            if name != "i1" {
+                store.settle(id, &claimed[0].lease, now, &inbox::Settlement::Done).await.unwrap();
+            }
+        }
+    }
+    ids
+}
+
+/// The ids in the `ID` column of an `inbox list` table.
+fn listed_ids(table: &str) -> Vec<i64> {
+    let rows = table.lines().filter(|l| l.split_whitespace().nth(1).is_some_and(|s| s.parse::<Status>().is_ok()));
+    rows.map(|l| l.split_whitespace().next().unwrap().parse().unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_list_starts_from_what_needs_attention_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    inbox_list_starts_from_what_needs_attention(dir.path(), &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_list_starts_from_what_needs_attention_on_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = common::TestPg::new().await;
+    inbox_list_starts_from_what_needs_attention(dir.path(), &pg.url).await;
+}
+
+async fn inbox_list_starts_from_what_needs_attention(dir: &Path, url: &str) {
+    let store = inbox::open(url, 2).await.unwrap();
+    let ids = entries_in_every_state(store.as_ref()).await;
+    let id = |names: &[&str]| names.iter().map(|n| ids[n]).collect::<Vec<i64>>();
+    let cfg = store_only_config(dir, url);
+
+    // Parked first, then open, in flight, finished; newest first within each.
+    let out = inlet(&["inbox", "list", "-c", &cfg]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert_eq!(listed_ids(&table), id(&["p2", "p1", "o2", "o1", "i1", "ig", "d2", "d1"]), "{table}");
+    assert!(table.lines().last().unwrap().starts_with("8 of 8 entries"), "{table}");
+
+    let out = inlet(&["inbox", "list", "-c", &cfg, "--limit", "3"]);
+    let table = text(&out.stdout);
+    assert_eq!(listed_ids(&table), id(&["p2", "p1", "o2"]), "{table}");
+    let summary = table.lines().last().unwrap();
+    assert!(summary.contains("3 of 8 entries"), "{summary}");
+    assert!(summary.contains("(PARKED 2, OPEN 2, IN_PROGRESS 1, DONE 2, IGNORED 1)"), "{summary}");
+    assert!(summary.contains("5 more: narrow with --route, --status or --key, or raise --limit"), "{summary}");
+
+    let out = inlet(&["--json", "inbox", "list", "-c", &cfg, "--limit", "3", "--route", "wo"]);
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).expect("list --json prints JSON");
+    let shown: Vec<i64> = listing["entries"].as_array().unwrap().iter().map(|e| e["id"].as_i64().unwrap()).collect();
+    assert_eq!(shown, id(&["p2", "p1", "o2"]), "{listing}");
+    assert_eq!(
+        (listing["order"].as_str(), listing["matching"].as_i64(), listing["more"].as_i64()),
+        (Some("attention"), Some(5), Some(2))
+    );
+    assert_eq!(
+        listing["by_status"],
+        serde_json::json!({ "PARKED": 2, "OPEN": 2, "IN_PROGRESS": 0, "DONE": 0, "IGNORED": 1 })
+    );
+
+    // A state filter lists oldest first and pages with --after.
+    let out = inlet(&["inbox", "list", "-c", &cfg, "--status", "parked", "--limit", "1"]);
+    let table = text(&out.stdout);
+    assert_eq!(listed_ids(&table), id(&["p1"]), "{table}");
+    assert!(table.contains(&format!("1 more: --after {} for the next page", ids["p1"])), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_is_accepted_anywhere_on_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &common::plugin_path("work_order"));
+    let store = inbox::open(&format!("sqlite://{}", dir.path().join("inbox.db").display()), 2).await.unwrap();
+    let id = store.insert(&decoded_entry("wo", "k", "m-1", Status::Parked), now_ms()).await.unwrap().id();
+    let expect = "m-1 is stuck";
+    for args in [
+        vec!["inbox", "list", "-c", &cfg],
+        vec!["inbox", "list", "--config", &cfg],
+        vec!["-c", &cfg, "inbox", "list"],
+        vec!["inbox", "-c", &cfg, "list"],
+        vec!["inbox", "list", "--status", "parked", "--config", &cfg],
+    ] {
+        let out = inlet(&args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        assert!(text(&out.stdout).contains(expect), "{args:?}: {}", text(&out.stdout));
+    }
+    let out = inlet_with(&["inbox", "show", &id.to_string()], &[("INLET_CONFIG", &cfg)]);
+    assert!(out.status.success() && text(&out.stdout).contains(expect), "INLET_CONFIG: {}", text(&out.stderr));
+    for args in [vec!["check", &cfg], vec!["check", "-c", &cfg], vec!["-c", &cfg, "check"]] {
+        let out = inlet(&args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    }
+    let out = inlet(&["inbox", "list"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stderr), "error: no routing file: pass --config FILE (or set INLET_CONFIG)\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_commands_print_tables_by_default_and_json_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &common::plugin_path("work_order"));
+    let store = inbox::open(&format!("sqlite://{}", dir.path().join("inbox.db").display()), 2).await.unwrap();
+    let mut binary = decoded_entry("wo", "k", "m-1", Status::Parked);
+    binary.raw_data = vec![0xff, 0x00, 0x41];
+    let id = store.insert(&binary, 1_785_578_400_000).await.unwrap().id();
+    let out = inlet(&["inbox", "-c", &cfg, "requeue", &id.to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = inlet(&["inbox", "-c", &cfg, "show", &id.to_string()]);
+    let shown = text(&out.stdout);
+    for line in [
+        "status          OPEN",
+        "correlation key k",
+        "received        2026-08-01T10:00:00Z",
+        "raw data        (base64) /wBB",
+        "body            {}",
+    ] {
+        assert!(shown.contains(line), "`{line}` missing:\n{shown}");
+    }
+    let out = inlet(&["inbox", "-c", &cfg, "show", &id.to_string(), "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (json["raw_data"]["base64"].as_str(), json["received_at"].as_i64()),
+        (Some("/wBB"), Some(1_785_578_400_000))
+    );
+
+    let out = inlet(&["inbox", "-c", &cfg, "stats"]);
+    let table = text(&out.stdout);
+    assert!(table.starts_with("ROUTE") && table.lines().nth(1).unwrap().starts_with("wo "), "{table}");
+    let out = inlet(&["inbox", "-c", &cfg, "stats", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        json["counts"],
+        serde_json::json!([{ "route": "wo", "status": "OPEN", "count": 1, "oldest_received_at": 1_785_578_400_000i64 }])
+    );
+
+    let out = inlet(&["inbox", "-c", &cfg, "audit"]);
+    let table = text(&out.stdout);
+    assert!(table.starts_with("    ID  AT") && table.contains("requeue     wo"), "{table}");
+    let out = inlet(&["inbox", "-c", &cfg, "audit", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (json["audit"][0]["action"].as_str(), json["audit"][0]["subject"].as_str()),
+        (Some("requeue"), Some(format!("entry {id}").as_str()))
+    );
+
+    // A repair answers in JSON too, one object per line; a missing entry is one error line.
+    let out = inlet(&["inbox", "-c", &cfg, "--json", "park", &id.to_string(), "--reason", "vendor"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json, serde_json::json!({ "entry": id, "action": "park", "status": "PARKED" }));
+    let out = inlet(&["inbox", "-c", &cfg, "show", "999999"]);
+    assert_eq!((out.status.code(), text(&out.stderr)), (Some(1), "error: no entry 999999\n".to_string()));
+    let out = inlet(&["inbox", "-c", &cfg, "requeue", "--all-parked", "nothing-here"]);
+    assert_eq!(out.status.code(), Some(1), "nothing to requeue is an error");
+    assert!(text(&out.stderr).starts_with("error: nothing to requeue"), "{}", text(&out.stderr));
+}
+
+/// PostgreSQL's `relation … already exists, skipping` notices and Inlet's own progress
+/// lines (the audit log line) stay out of the tools' output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn library_notices_and_progress_lines_stay_out_of_cli_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = common::TestPg::new().await;
+    let store = inbox::open(&pg.url, 2).await.unwrap();
+    let id = store.insert(&decoded_entry("wo", "k", "m-1", Status::Parked), now_ms()).await.unwrap().id();
+    let cfg = store_only_config(dir.path(), &pg.url);
+    for args in [vec!["inbox", "-c", &cfg, "stats"], vec!["inbox", "-c", &cfg, "requeue", &id.to_string()]] {
+        // The schema exists already: every command opens the store and checks it.
+        let out = inlet(&args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stderr), "", "{args:?} printed to stderr");
+        assert!(!text(&out.stdout).contains("already exists"), "{args:?}: {}", text(&out.stdout));
+    }
+    // Not even at `RUST_LOG=info`: the server is asked not to send them.
+    let out = inlet_with(&["inbox", "-c", &cfg, "stats"], &[("RUST_LOG", "info")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("already exists"), "{}", text(&out.stderr));
 }

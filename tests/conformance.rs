@@ -67,6 +67,9 @@ conformance!(
     concurrent_claimers_never_hold_one_key_twice,
     counts_report_unresolved_entries,
     audit_log_keeps_lines_in_order_and_pages,
+    ignore_discards_a_parked_entry_with_a_record_and_frees_its_key,
+    list_newest_first_and_count,
+    a_paused_route_is_not_claimed_until_resumed,
 );
 
 fn entry(route: &str, key: &str, dedup: &str, payload: &str) -> NewEntry {
@@ -416,4 +419,83 @@ async fn audit_log_keeps_lines_in_order_and_pages(store: Arc<dyn Store>) {
     let page = store.list_audit(Some(first), 10).await.unwrap();
     assert_eq!(page.iter().map(|a| a.id).collect::<Vec<_>>(), vec![second]);
     assert_eq!(store.list_audit(None, 1).await.unwrap().len(), 1);
+}
+
+async fn ignore_discards_a_parked_entry_with_a_record_and_frees_its_key(store: Arc<dyn Store>) {
+    let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
+    let a2 = insert(&store, entry("r", "a", "2", "a2")).await;
+    let c = store.claim(&req("r", "w", T0, 10)).await.unwrap();
+    store.settle(a1, &c[0].lease, T0, &Settlement::Parked { error: "two executions match".into() }).await.unwrap();
+    assert!(store.claim(&req("r", "w", T0, 10)).await.unwrap().is_empty(), "the parked entry holds its key");
+
+    assert!(!store.ignore(a2, "ignored by hand: no", T0 + 1).await.unwrap(), "an OPEN entry is not ignored");
+    assert!(!store.ignore(999_999, "ignored by hand: no", T0 + 1).await.unwrap(), "nor a missing one");
+    assert!(store.ignore(a1, "ignored by hand: a duplicate order", T0 + 10).await.unwrap());
+    let ignored = store.get(a1).await.unwrap().unwrap();
+    assert_eq!(ignored.status, Status::Ignored);
+    assert_eq!(
+        ignored.last_error.as_deref(),
+        Some("ignored by hand: a duplicate order (it was parked: two executions match)"),
+        "the reason first, the parking error kept"
+    );
+    assert_eq!((ignored.finished_at, ignored.updated_at), (Some(T0 + 10), T0 + 10));
+    assert!(!store.ignore(a1, "ignored by hand: again", T0 + 11).await.unwrap(), "once is enough");
+    assert_eq!(ids(&store.claim(&req("r", "w", T0 + 11, 10)).await.unwrap()), vec![a2], "the key is free again");
+
+    // A conflicting payload is kept PARKED; ignored, retention deletes it like any
+    // finished entry (what its note promises).
+    let conflict = store.insert(&entry("r", "b", "1", "another payload"), T0).await.unwrap();
+    let InsertOutcome::Conflict { entry: cid, .. } = conflict else { panic!("a conflict expected: {conflict:?}") };
+    let note = store.get(cid).await.unwrap().unwrap().last_error.unwrap();
+    assert!(note.contains("ignore discards it, and retention then deletes it"), "{note}");
+    assert_eq!(store.purge_finished(T0 + 100, 100).await.unwrap(), 1, "only the ignored one: PARKED stays");
+    assert!(store.ignore(cid, "ignored by hand: the second half of a split order", T0 + 20).await.unwrap());
+    assert_eq!(store.purge_finished(T0 + 21, 100).await.unwrap(), 1);
+    assert!(store.get(cid).await.unwrap().is_none());
+}
+
+async fn list_newest_first_and_count(store: Arc<dyn Store>) {
+    let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
+    let b1 = insert(&store, entry("r", "b", "2", "b1")).await;
+    let a2 = insert(&store, entry("r", "a", "3", "a2")).await;
+    let other = insert(&store, entry("r2", "a", "4", "x")).await;
+    let listed = |f: ListFilter| {
+        let store = Arc::clone(&store);
+        async move { store.list(&f).await.unwrap().iter().map(|e| e.id).collect::<Vec<_>>() }
+    };
+    let newest = ListFilter { limit: 10, newest_first: true, ..Default::default() };
+    assert_eq!(listed(newest.clone()).await, vec![other, a2, b1, a1]);
+    let of_a = ListFilter { route: Some("r".into()), correlation_key: Some("a".into()), ..newest.clone() };
+    assert_eq!(listed(ListFilter { limit: 1, ..of_a.clone() }).await, vec![a2]);
+    assert_eq!(store.count(&ListFilter { limit: 1, ..of_a.clone() }).await.unwrap(), 2, "the limit does not count");
+    assert_eq!(store.count(&ListFilter { after_id: Some(a1), ..of_a }).await.unwrap(), 1);
+    assert_eq!(store.count(&ListFilter { status: Some(Status::Parked), ..newest }).await.unwrap(), 0);
+}
+
+async fn a_paused_route_is_not_claimed_until_resumed(store: Arc<dyn Store>) {
+    let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
+    let b1 = insert(&store, entry("r", "b", "2", "b1")).await;
+    let other = insert(&store, entry("r2", "a", "3", "x")).await;
+    let pause =
+        inbox::Pause { route: "r".into(), paused_at: T0, paused_by: "ops".into(), reason: "maintenance".into() };
+    assert!(store.pause_route(&pause).await.unwrap());
+    let again = inbox::Pause { paused_by: "someone else".into(), ..pause.clone() };
+    assert!(!store.pause_route(&again).await.unwrap(), "paused already: the first pause stands");
+    assert_eq!(store.paused_routes(None).await.unwrap(), vec![pause.clone()]);
+    assert_eq!(store.paused_routes(Some("r")).await.unwrap(), vec![pause]);
+    assert_eq!(store.paused_routes(Some("r2")).await.unwrap(), vec![]);
+
+    for ordered in [true, false] {
+        let claim = ClaimRequest { ordered, ..req("r", "w", T0, 10) };
+        assert!(store.claim(&claim).await.unwrap().is_empty(), "a paused route is not claimed (ordered: {ordered})");
+    }
+    assert_eq!(ids(&store.claim(&req("r2", "w", T0, 10)).await.unwrap()), vec![other], "other routes go on");
+    let later = insert(&store, entry("r", "c", "4", "c1")).await;
+    assert_eq!(store.get(later).await.unwrap().unwrap().status, Status::Open, "a paused route still takes entries");
+
+    assert!(!store.resume_route("r2").await.unwrap(), "r2 was not paused");
+    assert!(store.resume_route("r").await.unwrap());
+    assert!(!store.resume_route("r").await.unwrap(), "resumed already");
+    assert_eq!(store.paused_routes(None).await.unwrap(), vec![]);
+    assert_eq!(ids(&store.claim(&req("r", "w", T0, 10)).await.unwrap()), vec![a1, b1, later]);
 }

@@ -67,7 +67,7 @@ async fn a_failure_group_is_requeued_by_a_rate_limited_job_that_survives_a_kill(
         format!(
             "[store]\nurl = \"{url}\"\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\n[admin]\nauth = \"none-loopback\"\n\n\
              [[route]]\nname = \"wo\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\n\
-             target = {{ kind = \"http\", url = \"{}\", timeout = \"2s\" }}\nlease = \"5s\"\n",
+             target = {{ kind = \"http\", url = \"{}\", timeout = \"2s\" }}\nlease = \"10s\"\n",
             common::plugin_path("work_order").display(),
             camunda.url()
         ),

@@ -15,15 +15,14 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::answer::ApiError;
 use crate::app::Shared;
 use crate::config::{AdminAuth, AdminConfig, Role};
 
@@ -45,6 +44,9 @@ pub enum Action {
     Read,
     Requeue,
     Park,
+    Ignore,
+    Pause,
+    Resume,
     Reload,
     Purge,
     ReadAudit,
@@ -56,6 +58,9 @@ impl Action {
             Action::Read => "read",
             Action::Requeue => "requeue",
             Action::Park => "park",
+            Action::Ignore => "ignore",
+            Action::Pause => "pause",
+            Action::Resume => "resume",
             Action::Reload => "reload",
             Action::Purge => "purge",
             Action::ReadAudit => "read-audit",
@@ -65,7 +70,7 @@ impl Action {
     fn role(self) -> Role {
         match self {
             Action::Read => Role::Viewer,
-            Action::Requeue | Action::Park => Role::Operator,
+            Action::Requeue | Action::Park | Action::Ignore | Action::Pause | Action::Resume => Role::Operator,
             Action::Reload | Action::Purge | Action::ReadAudit => Role::Admin,
         }
     }
@@ -116,9 +121,15 @@ impl Caller {
 #[derive(Debug)]
 pub struct Forbidden(String);
 
+impl From<Forbidden> for ApiError {
+    fn from(f: Forbidden) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, f.0)
+    }
+}
+
 impl IntoResponse for Forbidden {
     fn into_response(self) -> Response {
-        (StatusCode::FORBIDDEN, Json(json!({ "error": self.0 }))).into_response()
+        ApiError::from(self).into_response()
     }
 }
 
@@ -159,7 +170,7 @@ struct Refusal {
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        let mut r = (self.status, Json(json!({ "error": self.why }))).into_response();
+        let mut r = ApiError::new(self.status, self.why).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer realm=\"inlet\""));

@@ -8,12 +8,19 @@
 //!   ([`repairs`])
 //! - `POST /api/entries/{id}/requeue` — a PARKED entry becomes due now
 //! - `POST /api/entries/{id}/park` — body `{"reason": "…"}`
+//! - `POST /api/entries/{id}/ignore` — body `{"reason": "…"}`: a PARKED entry is
+//!   discarded (IGNORED), with a record
 //! - `POST /api/reload` — apply a changed routing file and plugin files now
 //! - `GET  /api/routes` — each route: state (`up` or `refused`), routing file, source,
 //!   plugin file and digest, error; and routing files refused whole
+//! - `POST /api/routes/{name}/pause` — body `{"reason": "…"}`: no instance claims the
+//!   route's entries until `POST /api/routes/{name}/resume`; ingest goes on
 //! - `POST /api/purge` — body `{"older_than": "7d"}`: delete finished entries
 //! - `GET  /api/audit?after=&limit=` — the audit log
 //! - `GET  /metrics`, `GET /healthz` (process up), `GET /readyz` (inbox reachable)
+//!
+//! API.md documents each request and answer. Every answer is a typed body
+//! ([`answer`]); every refusal is `{"error": "…"}` with a status code.
 //!
 //! Readiness: `/readyz` answers 200 while the inbox answers, even with some routes
 //! refused — the healthy routes run, and restarting would not fix a team's broken file.
@@ -26,24 +33,28 @@
 //! team's entries. Every repair is written to the audit log ([`audit`]).
 
 pub mod access;
+pub mod answer;
 pub mod audit;
 pub mod repairs;
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use base64::Engine as _;
 use serde::Deserialize;
-use serde_json::json;
 
 use self::access::{Action, Caller};
+use self::answer::{
+    ApiError, AuditPage, Body, EntryPage, EntryView, Health, Id, Params, PauseView, Purged, RefusedFile, Repaired,
+    RouteList, RoutePaused, RouteView,
+};
 use crate::app::Shared;
-use crate::inbox::{Entry, ListFilter, NewAudit, Status, StoreError};
+use crate::inbox::{Entry, ListFilter, NewAudit, Pause, Status, StoreError};
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListQuery {
     pub route: Option<String>,
     pub status: Option<String>,
@@ -53,43 +64,16 @@ pub struct ListQuery {
 }
 
 /// An entry as people see it: payloads shown as text when they are text.
-pub fn entry_view(e: &Entry) -> serde_json::Value {
-    let mut v = serde_json::to_value(e).expect("entries serialize");
-    let text_or_b64 = |b: &[u8]| match std::str::from_utf8(b) {
-        Ok(s) => json!({ "text": s }),
-        Err(_) => json!({ "base64": base64::engine::general_purpose::STANDARD.encode(b) }),
-    };
-    v["raw_data"] = text_or_b64(&e.raw_data);
-    if let Some(body) = &e.body {
-        v["body"] = text_or_b64(body);
-    }
-    v
-}
-
-/// [`entry_view`] for a caller: without payload rights, `raw_data` and `body` are
-/// withheld.
-fn entry_view_for(e: &Entry, caller: &Caller) -> serde_json::Value {
-    let mut v = entry_view(e);
-    if !caller.payloads {
-        v["raw_data"] = json!({ "withheld": "this token may not read payloads" });
-        if e.body.is_some() {
-            v["body"] = json!({ "withheld": "this token may not read payloads" });
-        }
-    }
-    v
-}
-
-fn no_entry(id: i64) -> Response {
-    (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no entry {id}") }))).into_response()
+pub fn entry_view(e: &Entry) -> EntryView {
+    EntryView::new(e.clone(), true)
 }
 
 /// The entry if it exists and the caller may see its route; otherwise the 404 a
 /// missing entry gets.
-async fn visible_entry(s: &Shared, caller: &Caller, id: i64) -> Result<Entry, Response> {
-    match s.store.get(id).await {
-        Ok(Some(e)) if caller.may_see(&e.route) => Ok(e),
-        Ok(_) => Err(no_entry(id)),
-        Err(e) => Err(store_error(e)),
+async fn visible_entry(s: &Shared, caller: &Caller, id: i64) -> Result<Entry, ApiError> {
+    match s.store.get(id).await? {
+        Some(e) if caller.may_see(&e.route) => Ok(e),
+        _ => Err(ApiError::no_entry(id)),
     }
 }
 
@@ -104,34 +88,35 @@ fn audit_entry(caller: &Caller, action: Action, e: &Entry, outcome: &str, detail
     }
 }
 
+/// A store error as the API answers it (the handlers that return `Response`).
 pub(crate) fn store_error(e: StoreError) -> Response {
-    let code = if e.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::INTERNAL_SERVER_ERROR };
-    (code, Json(json!({ "error": e.to_string() }))).into_response()
+    ApiError::from(e).into_response()
+}
+
+/// The page size of a listing: 100 unless asked, at most 1,000.
+fn page_limit(asked: Option<u32>) -> u32 {
+    asked.unwrap_or(100).clamp(1, 1000)
 }
 
 pub async fn list(
     State(s): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
-    Query(q): Query<ListQuery>,
-) -> Response {
-    let status = match q.status.as_deref().map(str::parse::<Status>).transpose() {
-        Ok(s) => s,
-        Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({ "error": e }))).into_response(),
-    };
+    Params(q): Params<ListQuery>,
+) -> Result<Json<EntryPage>, ApiError> {
+    let status = q.status.as_deref().map(str::parse::<Status>).transpose().map_err(ApiError::bad_request)?;
     let filter = ListFilter {
         route: q.route,
         status,
         correlation_key: q.key,
         after_id: q.after,
-        limit: q.limit.unwrap_or(100).min(1000),
+        limit: page_limit(q.limit),
+        newest_first: false,
     };
-    match list_visible(&s, &caller, filter).await {
-        Ok(entries) => {
-            let entries: Vec<_> = entries.iter().map(|e| entry_view_for(e, &caller)).collect();
-            Json(json!({ "entries": entries })).into_response()
-        }
-        Err(e) => store_error(e),
-    }
+    let limit = filter.limit as usize;
+    let entries = list_visible(&s, &caller, filter).await?;
+    let next_after = (entries.len() == limit).then(|| entries.last().map(|e| e.id)).flatten();
+    let entries = entries.into_iter().map(|e| EntryView::new(e, caller.payloads)).collect();
+    Ok(Json(EntryPage { entries, next_after }))
 }
 
 /// The filter's entries among the routes the caller may see: a filter on another
@@ -150,34 +135,38 @@ async fn list_visible(s: &Shared, caller: &Caller, filter: ListFilter) -> Result
     Ok(merged)
 }
 
-pub async fn show(State(s): State<Arc<Shared>>, Extension(caller): Extension<Caller>, Path(id): Path<i64>) -> Response {
-    let entry = match visible_entry(&s, &caller, id).await {
-        Ok(e) => e,
-        Err(r) => return r,
-    };
-    match s.store.attempts(id).await {
-        Ok(attempts) => {
-            let mut view = entry_view_for(&entry, &caller);
-            view["attempts"] = json!(attempts);
-            Json(view).into_response()
-        }
-        Err(e) => store_error(e),
-    }
+pub async fn show(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Id(id): Id<i64>,
+) -> Result<Json<EntryView>, ApiError> {
+    let entry = visible_entry(&s, &caller, id).await?;
+    let attempts = s.store.attempts(id).await?;
+    let mut view = EntryView::new(entry, caller.payloads);
+    view.attempts = Some(attempts);
+    Ok(Json(view))
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FailuresQuery {
     pub route: Option<String>,
     pub limit: Option<u32>,
+}
+
+/// `GET /api/failures`: the failure groups, largest first.
+#[derive(Debug, serde::Serialize)]
+pub struct FailureGroups {
+    pub groups: Vec<crate::inbox::failures::FailureGroup>,
 }
 
 /// Failure groups of the routes the caller may see.
 pub async fn failures(
     State(s): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
-    Query(q): Query<FailuresQuery>,
-) -> Response {
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    Params(q): Params<FailuresQuery>,
+) -> Result<Json<FailureGroups>, ApiError> {
+    let limit = page_limit(q.limit);
     let routes: Vec<Option<String>> = match (&caller.routes, q.route) {
         (None, route) => vec![route],
         (Some(allowed), Some(route)) => allowed.contains(&route).then_some(Some(route)).into_iter().collect(),
@@ -185,10 +174,7 @@ pub async fn failures(
     };
     let mut groups = Vec::new();
     for route in routes {
-        match s.store.failure_groups(route.as_deref(), limit).await {
-            Ok(g) => groups.extend(g),
-            Err(e) => return store_error(e),
-        }
+        groups.extend(s.store.failure_groups(route.as_deref(), limit).await?);
     }
     groups.sort_by_key(|g| std::cmp::Reverse(g.parked + g.retrying));
     groups.truncate(limit as usize);
@@ -198,81 +184,119 @@ pub async fn failures(
             g.example_error = "withheld: this token may not read payloads".into();
         }
     }
-    Json(json!({ "groups": groups })).into_response()
+    Ok(Json(FailureGroups { groups }))
 }
 
 pub async fn requeue(
     State(s): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<i64>,
-) -> Response {
-    let entry = match entry_for(&s, &caller, Action::Requeue, id).await {
-        Ok(e) => e,
-        Err(r) => return r,
-    };
+    Id(id): Id<i64>,
+) -> Result<Json<Repaired>, ApiError> {
+    let entry = entry_for(&s, &caller, Action::Requeue, id).await?;
     let result = s.store.requeue(id, s.clock.now()).await;
     if let (Ok(true), Some(route)) = (&result, s.routes().get(&entry.route)) {
         route.stored.notify_one();
     }
-    let answer = Repair { action: Action::Requeue, done: "requeued", expected_state: "PARKED/OPEN", detail: None };
+    let answer = Repair { action: Action::Requeue, becomes: Status::Open, applies_to: "PARKED or OPEN", detail: None };
     answer.finish(&s, &caller, &entry, result).await
 }
 
+/// The body of `park` (and `ignore`): why, in words a colleague will understand.
 #[derive(Debug, Deserialize)]
-pub struct ParkBody {
+#[serde(deny_unknown_fields)]
+pub struct ReasonBody {
     pub reason: String,
+}
+
+impl ReasonBody {
+    /// The reason, trimmed; an empty one is refused.
+    fn reason(self) -> Result<String, ApiError> {
+        let reason = self.reason.trim();
+        if reason.is_empty() {
+            return Err(ApiError::bad_request("`reason` must not be empty"));
+        }
+        Ok(reason.to_string())
+    }
 }
 
 pub async fn park(
     State(s): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<i64>,
-    Json(b): Json<ParkBody>,
-) -> Response {
-    let entry = match entry_for(&s, &caller, Action::Park, id).await {
-        Ok(e) => e,
-        Err(r) => return r,
-    };
-    let result = s.store.park(id, &format!("parked by hand: {}", b.reason), s.clock.now()).await;
-    let answer = Repair { action: Action::Park, done: "parked", expected_state: "OPEN", detail: Some(b.reason) };
+    Id(id): Id<i64>,
+    Body(b): Body<ReasonBody>,
+) -> Result<Json<Repaired>, ApiError> {
+    let reason = b.reason()?;
+    let entry = entry_for(&s, &caller, Action::Park, id).await?;
+    let result = s.store.park(id, &format!("parked by hand: {reason}"), s.clock.now()).await;
+    let answer = Repair { action: Action::Park, becomes: Status::Parked, applies_to: "OPEN", detail: Some(reason) };
+    answer.finish(&s, &caller, &entry, result).await
+}
+
+/// Discards a PARKED entry with a reason: it becomes IGNORED (retention deletes it in
+/// time), and later entries of its key, which it held back under `block-key`, are
+/// delivered.
+pub async fn ignore(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Id(id): Id<i64>,
+    Body(b): Body<ReasonBody>,
+) -> Result<Json<Repaired>, ApiError> {
+    let reason = b.reason()?;
+    let entry = entry_for(&s, &caller, Action::Ignore, id).await?;
+    let result = s.store.ignore(id, &format!("ignored by hand: {reason}"), s.clock.now()).await;
+    if let (Ok(true), Some(route)) = (&result, s.routes().get(&entry.route)) {
+        route.stored.notify_one();
+    }
+    let answer =
+        Repair { action: Action::Ignore, becomes: Status::Ignored, applies_to: "PARKED", detail: Some(reason) };
     answer.finish(&s, &caller, &entry, result).await
 }
 
 /// The entry an action on `id` may touch: the role is checked first (403 whatever
 /// the entry), then the route (404, like a missing entry).
-async fn entry_for(s: &Shared, caller: &Caller, action: Action, id: i64) -> Result<Entry, Response> {
-    caller.require(action).map_err(IntoResponse::into_response)?;
+async fn entry_for(s: &Shared, caller: &Caller, action: Action, id: i64) -> Result<Entry, ApiError> {
+    caller.require(action)?;
     visible_entry(s, caller, id).await
 }
 
 /// How a repair of one entry is answered and audited.
 struct Repair {
     action: Action,
-    /// The key of the success answer, `{"requeued": id}`.
-    done: &'static str,
+    /// The state a successful repair leaves the entry in.
+    becomes: Status,
     /// The states the repair applies to, for the 409 answer.
-    expected_state: &'static str,
+    applies_to: &'static str,
     detail: Option<String>,
 }
 
 impl Repair {
-    async fn finish(self, s: &Shared, caller: &Caller, entry: &Entry, result: Result<bool, StoreError>) -> Response {
+    async fn finish(
+        self,
+        s: &Shared,
+        caller: &Caller,
+        entry: &Entry,
+        result: Result<bool, StoreError>,
+    ) -> Result<Json<Repaired>, ApiError> {
         let id = entry.id;
-        let (outcome, response) = match result {
-            Ok(true) => ("ok", Json(json!({ self.done: id })).into_response()),
+        let (outcome, answer) = match result {
+            Ok(true) => ("ok", Ok(Json(Repaired { entry: id, action: self.action.as_str(), status: self.becomes }))),
             Ok(false) => {
-                let error = format!("entry {id} is not {}", self.expected_state);
-                ("conflict", (StatusCode::CONFLICT, Json(json!({ "error": error }))).into_response())
+                // Say what the entry is now: it may have moved since it was read.
+                let now = s.store.get(id).await.ok().flatten().map_or(entry.status, |e| e.status);
+                let error =
+                    format!("entry {id} is {now}; {} applies to {} entries", self.action.as_str(), self.applies_to);
+                ("conflict", Err(ApiError::new(StatusCode::CONFLICT, error).entry(id).status(now)))
             }
-            Err(e) => ("failed", store_error(e)),
+            Err(e) => ("failed", Err(ApiError::store(e))),
         };
         audit::record(s.store.as_ref(), audit_entry(caller, self.action, entry, outcome, self.detail), s.clock.now())
             .await;
-        response
+        answer
     }
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PurgeBody {
     /// Finished longer ago than this, e.g. `"7d"`.
     pub older_than: String,
@@ -282,17 +306,11 @@ pub struct PurgeBody {
 pub async fn purge(
     State(s): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
-    Json(b): Json<PurgeBody>,
-) -> Response {
-    if let Err(r) = caller.require(Action::Purge) {
-        return r.into_response();
-    }
-    let older_than = match humantime::parse_duration(&b.older_than) {
-        Ok(d) => d,
-        Err(e) => {
-            return (StatusCode::BAD_REQUEST, Json(json!({ "error": format!("older_than: {e}") }))).into_response();
-        }
-    };
+    Body(b): Body<PurgeBody>,
+) -> Result<Json<Purged>, ApiError> {
+    caller.require(Action::Purge)?;
+    let older_than =
+        humantime::parse_duration(&b.older_than).map_err(|e| ApiError::bad_request(format!("older_than: {e}")))?;
     let before = s.clock.now() - older_than.as_millis() as i64;
     let mut total = 0;
     let result = loop {
@@ -311,13 +329,11 @@ pub async fn purge(
         detail: Some(format!("{total} deleted")),
     };
     audit::record(s.store.as_ref(), audit, s.clock.now()).await;
-    match result {
-        Ok(n) => Json(json!({ "purged": n })).into_response(),
-        Err(e) => store_error(e),
-    }
+    Ok(Json(Purged { purged: result?, older_than: b.older_than }))
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AuditQuery {
     pub after: Option<i64>,
     pub limit: Option<u32>,
@@ -326,15 +342,13 @@ pub struct AuditQuery {
 pub async fn audit_log(
     State(s): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
-    Query(q): Query<AuditQuery>,
-) -> Response {
-    if let Err(r) = caller.require(Action::ReadAudit) {
-        return r.into_response();
-    }
-    match s.store.list_audit(q.after, q.limit.unwrap_or(100).min(1000)).await {
-        Ok(lines) => Json(json!({ "audit": lines })).into_response(),
-        Err(e) => store_error(e),
-    }
+    Params(q): Params<AuditQuery>,
+) -> Result<Json<AuditPage>, ApiError> {
+    caller.require(Action::ReadAudit)?;
+    let limit = page_limit(q.limit);
+    let audit = s.store.list_audit(q.after, limit).await?;
+    let next_after = (audit.len() == limit as usize).then(|| audit.last().map(|a| a.id)).flatten();
+    Ok(Json(AuditPage { audit, next_after }))
 }
 
 pub async fn metrics(State(s): State<Arc<Shared>>) -> Response {
@@ -342,45 +356,50 @@ pub async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-pub async fn healthz() -> &'static str {
-    "ok"
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
 }
 
 pub async fn readyz(State(s): State<Arc<Shared>>) -> Response {
     if let Err(e) = s.store.db_now().await {
-        return store_error(e);
+        return ApiError::store(e).into_response();
     }
     let routes = s.routes();
     let up: Vec<&str> = routes.iter().map(|r| r.name()).collect();
     let status = if routes.problems().is_empty() { "ready" } else { "degraded" };
-    Json(json!({ "status": status, "store": "up", "routes_up": up, "refused": crate::reload::problems_view(&routes) }))
-        .into_response()
+    let refused = crate::reload::problems_view(&routes);
+    Json(serde_json::json!({ "status": status, "store": "up", "routes_up": up, "refused": refused })).into_response()
 }
 
-/// Every route with its state, and what is refused.
 /// Each route's state, as far as the caller may see routes: a team's token lists its
 /// own routes only; routing files refused whole are listed to callers of every route.
-pub async fn routes(State(s): State<Arc<Shared>>, Extension(caller): Extension<Caller>) -> Response {
+pub async fn routes(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<RouteList>, ApiError> {
+    let mut paused: std::collections::HashMap<String, PauseView> =
+        s.store.paused_routes(None).await?.into_iter().map(|p| (p.route.clone(), p.into())).collect();
     let routes = s.routes();
     let mut list = Vec::new();
     for r in routes.iter().filter(|r| caller.may_see(r.name())) {
         let plugin = r.plugin();
         let change_refused = routes.problems().iter().find(|p| p.running && p.route.as_deref() == Some(r.name()));
-        list.push(json!({
-            "name": r.name(),
-            "state": "up",
-            "file": r.config.file.display().to_string(),
-            "source": source_kind(&r.config.source),
-            "plugin": r.config.plugin.display().to_string(),
-            "plugin_sha256": plugin.digest(),
-            "error": change_refused.map(|p| format!("a newer version was refused; this one keeps serving: {}", p.error)),
-        }));
+        list.push(RouteView {
+            name: r.name().to_string(),
+            state: "up",
+            file: r.config.file.display().to_string(),
+            source: Some(source_kind(&r.config.source)),
+            plugin: Some(r.config.plugin.display().to_string()),
+            plugin_sha256: Some(plugin.digest().to_string()),
+            error: change_refused.map(|p| format!("a newer version was refused; this one keeps serving: {}", p.error)),
+            paused: paused.remove(r.name()),
+        });
     }
-    let mut files = Vec::new();
+    let mut refused_files = Vec::new();
     for p in routes.problems().iter().filter(|p| !p.running) {
         let Some(name) = &p.route else {
             if caller.may_see_all() {
-                files.push(json!({ "file": p.file.display().to_string(), "error": p.error }));
+                refused_files.push(RefusedFile { file: p.file.display().to_string(), error: p.error.clone() });
             }
             continue;
         };
@@ -389,17 +408,104 @@ pub async fn routes(State(s): State<Arc<Shared>>, Extension(caller): Extension<C
         }
         let config = s.config.lock().expect("config lock").clone();
         let declared = config.route(name);
-        list.push(json!({
-            "name": name,
-            "state": "refused",
-            "file": p.file.display().to_string(),
-            "source": declared.map(|c| source_kind(&c.source)),
-            "plugin": declared.map(|c| c.plugin.display().to_string()),
-            "plugin_sha256": null,
-            "error": p.error,
-        }));
+        list.push(RouteView {
+            name: name.clone(),
+            state: "refused",
+            file: p.file.display().to_string(),
+            source: declared.map(|c| source_kind(&c.source)),
+            plugin: declared.map(|c| c.plugin.display().to_string()),
+            plugin_sha256: None,
+            error: Some(p.error.clone()),
+            paused: paused.remove(name),
+        });
     }
-    Json(json!({ "routes": list, "refused_files": files })).into_response()
+    Ok(Json(RouteList { routes: list, refused_files }))
+}
+
+/// Whether `name` is a route of the routing files (running or refused) that the
+/// caller may see; otherwise the 404 an unknown route gets.
+fn visible_route(s: &Shared, caller: &Caller, name: &str) -> Result<(), ApiError> {
+    let routes = s.routes();
+    let declared = routes.get(name).is_some() || routes.refusal(name).is_some();
+    if declared && caller.may_see(name) {
+        return Ok(());
+    }
+    Err(ApiError::new(StatusCode::NOT_FOUND, format!("no route named `{name}`")).route(name))
+}
+
+fn audit_route(caller: &Caller, action: Action, route: &str, outcome: &str, detail: Option<String>) -> NewAudit {
+    NewAudit {
+        actor: caller.name.clone(),
+        action: action.as_str().into(),
+        route: Some(route.to_string()),
+        subject: format!("route {route}"),
+        outcome: outcome.into(),
+        detail,
+    }
+}
+
+/// A pause as a sentence: `by ops at 2026-08-01T10:00:00Z: reason`.
+pub fn pause_sentence(p: &PauseView) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(p.since.max(0) as u64);
+    format!("by {} at {}: {}", p.by, humantime::format_rfc3339_seconds(at), p.reason)
+}
+
+/// Pauses a route for every instance: from the commit on no claim takes its entries;
+/// attempts in flight finish; pushes and pulls go on filling the inbox.
+pub async fn pause_route(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Id(name): Id<String>,
+    Body(b): Body<ReasonBody>,
+) -> Result<Json<RoutePaused>, ApiError> {
+    caller.require(Action::Pause)?;
+    visible_route(&s, &caller, &name)?;
+    let reason = b.reason()?;
+    let pause = Pause { route: name.clone(), paused_at: s.clock.now(), paused_by: caller.name.clone(), reason };
+    let result = s.store.pause_route(&pause).await;
+    let outcome = match &result {
+        Ok(true) => "ok",
+        Ok(false) => "conflict",
+        Err(_) => "failed",
+    };
+    audit::record(
+        s.store.as_ref(),
+        audit_route(&caller, Action::Pause, &name, outcome, Some(pause.reason.clone())),
+        s.clock.now(),
+    )
+    .await;
+    if !result? {
+        let current = s.store.paused_routes(Some(&name)).await?.pop().map(PauseView::from);
+        let since = current.as_ref().map(|p| format!(" ({})", pause_sentence(p))).unwrap_or_default();
+        let error = format!("route `{name}` is already paused{since}");
+        return Err(ApiError::new(StatusCode::CONFLICT, error).route(name));
+    }
+    Ok(Json(RoutePaused { route: name, paused: Some(pause.into()) }))
+}
+
+/// Resumes a paused route: its entries are claimed again (on this instance at once,
+/// on the others within their poll interval).
+pub async fn resume_route(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Id(name): Id<String>,
+) -> Result<Json<RoutePaused>, ApiError> {
+    caller.require(Action::Resume)?;
+    visible_route(&s, &caller, &name)?;
+    let result = s.store.resume_route(&name).await;
+    let outcome = match &result {
+        Ok(true) => "ok",
+        Ok(false) => "conflict",
+        Err(_) => "failed",
+    };
+    audit::record(s.store.as_ref(), audit_route(&caller, Action::Resume, &name, outcome, None), s.clock.now()).await;
+    if !result? {
+        return Err(ApiError::new(StatusCode::CONFLICT, format!("route `{name}` is not paused")).route(name));
+    }
+    if let Some(route) = s.routes().get(&name) {
+        route.stored.notify_one();
+    }
+    Ok(Json(RoutePaused { route: name, paused: None }))
 }
 
 fn source_kind(source: &crate::config::SourceConfig) -> &'static str {
@@ -409,10 +515,13 @@ fn source_kind(source: &crate::config::SourceConfig) -> &'static str {
     }
 }
 
-pub async fn reload(State(s): State<Arc<Shared>>, Extension(caller): Extension<Caller>) -> Response {
-    if let Err(r) = caller.require(Action::Reload) {
-        return r.into_response();
-    }
+/// Applies changed routing and plugin files now; answers the reload report
+/// (`crate::reload::reload_now`, documented in API.md).
+pub async fn reload(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    caller.require(Action::Reload)?;
     let report = crate::reload::reload_now(&s).await;
     let refused = report["routing_file"]["result"] == "refused"
         || report["plugins"].as_object().is_some_and(|p| p.values().any(|v| v["result"] == "refused"));
@@ -425,5 +534,5 @@ pub async fn reload(State(s): State<Arc<Shared>>, Extension(caller): Extension<C
         detail: Some(report.to_string()),
     };
     audit::record(s.store.as_ref(), audit, s.clock.now()).await;
-    Json(report).into_response()
+    Ok(Json(report))
 }

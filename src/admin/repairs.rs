@@ -1,6 +1,6 @@
 //! Repair by filter over the admin API ([`crate::repair`]):
 //!
-//! - `POST /api/repairs` — body `{"action": "requeue"|"park", "route": …, "key": …,
+//! - `POST /api/repairs` — body `{"action": "requeue"|"park"|"ignore", "route": …, "key": …,
 //!   "fingerprint": …, "text": …, "received_after": MS, "received_before": MS,
 //!   "now": bool, "reason": …, "rate": N, "dry_run": bool}`. A dry run answers
 //!   `{"dry_run": true, "matches": {"count", "keys", "distinct_keys"}}` and moves
@@ -50,6 +50,7 @@ pub async fn create(
     let action = match req.action {
         RepairAction::Requeue => Action::Requeue,
         RepairAction::Park => Action::Park,
+        RepairAction::Ignore => Action::Ignore,
     };
     if let Err(r) = caller.require(action) {
         return r.into_response();
@@ -71,8 +72,8 @@ pub async fn create(
     if rate == 0 || rate > repair::MAX_RATE {
         return bad_request(format!("rate must be between 1 and {} entries per second", repair::MAX_RATE));
     }
-    if req.action == RepairAction::Park && req.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
-        return bad_request("a park needs a `reason`".into());
+    if req.action != RepairAction::Requeue && req.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+        return bad_request(format!("{} needs a `reason`", req.action.as_str()));
     }
     let matches = match repair::dry_run(s.store.as_ref(), req.action, &req.filter).await {
         Ok(m) => m,
@@ -85,6 +86,7 @@ pub async fn create(
     let now = s.clock.now();
     let reason = match req.action {
         RepairAction::Park => req.reason.as_deref().map(|r| format!("parked by hand: {r}")),
+        RepairAction::Ignore => req.reason.as_deref().map(|r| format!("ignored by hand: {r}")),
         RepairAction::Requeue => req.reason.clone(),
     };
     let created = s

@@ -69,7 +69,7 @@ pub enum AdminAuth {
 pub enum Role {
     /// Read entries and counts; payloads only with `payloads = true`.
     Viewer,
-    /// Also repair entries: requeue, park (and ignore, pause where offered).
+    /// Also repair entries (requeue, park, ignore) and pause or resume routes.
     Operator,
     /// Also reload the routing file, purge, and read the audit log.
     Admin,

@@ -51,6 +51,18 @@ pub fn load_store(path: &Path) -> Result<StoreConfig, ConfigErrors> {
     validate::store_only(&file, &text, only.store.as_ref().map(|s| s.get_ref()), &env)
 }
 
+/// The route names the routing files declare, from their outline alone (a route whose
+/// settings are wrong is still named), in file order: what `inlet route` acts on.
+pub fn route_names(path: &Path) -> Result<Vec<String>, ConfigErrors> {
+    let files = routing_files(path).map_err(|e| read_error(path, &e))?;
+    let mut names = Vec::new();
+    for file in &files {
+        let outline = raw::outline(&read(file)?);
+        names.extend(outline.into_iter().flat_map(|o| o.route).filter_map(|r| r.name));
+    }
+    Ok(names)
+}
+
 fn read_error(path: &Path, e: &std::io::Error) -> ConfigErrors {
     ConfigErrors::single(ConfigError::whole_file(path, ConfigErrorKind::Read(e.to_string())))
 }

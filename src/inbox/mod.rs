@@ -43,6 +43,12 @@ pub enum Status {
 impl Status {
     pub const ALL: [Status; 5] = [Status::Open, Status::InProgress, Status::Done, Status::Parked, Status::Ignored];
 
+    /// OPEN, IN_PROGRESS or PARKED: not finished, someone (the relay or a person)
+    /// still has to act.
+    pub fn is_unresolved(self) -> bool {
+        matches!(self, Status::Open | Status::InProgress | Status::Parked)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Open => "OPEN",
@@ -241,16 +247,29 @@ pub struct ListFilter {
     /// Entries with an id greater than this (for paging).
     pub after_id: Option<i64>,
     pub limit: u32,
+    /// Newest (highest id) first instead of oldest first.
+    pub newest_first: bool,
 }
 
 /// Counts for metrics and `inbox stats`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RouteStatusCount {
     pub route: String,
     pub status: Status,
     pub count: i64,
     /// `received_at` of the oldest entry in this state.
     pub oldest_received_at: Option<Millis>,
+}
+
+/// A paused route: no instance claims its entries until it is resumed; ingest goes on.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Pause {
+    pub route: String,
+    /// When it was paused.
+    pub paused_at: Millis,
+    /// Who paused it: a token name, `loopback`, or `cli:<user>`.
+    pub paused_by: String,
+    pub reason: String,
 }
 
 /// A repair action as the audit log records it.
@@ -489,12 +508,31 @@ pub trait Store: Send + Sync + 'static {
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Entry>, StoreError>;
 
+    /// How many entries `filter` matches, whatever its limit.
+    async fn count(&self, filter: &ListFilter) -> Result<u64, StoreError>;
+
     /// Makes a PARKED (or waiting OPEN) entry due now with a fresh attempt count.
     /// Returns false when the entry is missing or in another state.
     async fn requeue(&self, id: i64, now: Millis) -> Result<bool, StoreError>;
 
     /// Parks an OPEN entry by hand. Returns false when missing or in another state.
     async fn park(&self, id: i64, reason: &str, now: Millis) -> Result<bool, StoreError>;
+
+    /// Discards a PARKED entry by hand: it becomes IGNORED (finished now, so retention
+    /// deletes it in time), `reason` first in `last_error` and the error it was parked
+    /// with kept after it. It no longer holds back its key. Returns false when missing
+    /// or in another state.
+    async fn ignore(&self, id: i64, reason: &str, now: Millis) -> Result<bool, StoreError>;
+
+    /// Pauses a route for every instance: from the commit on, no claim takes its
+    /// entries. Returns false when it was paused already (the first pause stands).
+    async fn pause_route(&self, pause: &Pause) -> Result<bool, StoreError>;
+
+    /// Resumes a paused route. Returns false when it was not paused.
+    async fn resume_route(&self, route: &str) -> Result<bool, StoreError>;
+
+    /// The pause of `route`, or of every paused route (`None`), by route name.
+    async fn paused_routes(&self, route: Option<&str>) -> Result<Vec<Pause>, StoreError>;
 
     /// Deletes DONE and IGNORED entries finished before `before`; never PARKED ones.
     async fn purge_finished(&self, before: Millis, limit: u32) -> Result<u64, StoreError>;

@@ -19,9 +19,10 @@
 //!   Whatever changed a key before the lock was granted has committed, and whatever
 //!   would change it now waits or is skipped, so the check sees the key as it is.
 
+use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
 
 use super::StoreError;
 use super::sqlstore::store_impl;
@@ -30,6 +31,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("sql/postgres_0001_inbox.sql")),
     (2, include_str!("sql/postgres_0002_audit.sql")),
     (3, include_str!("sql/postgres_0003_not_yet_since.sql")),
+    (4, include_str!("sql/postgres_0004_route_pause.sql")),
     (5, include_str!("sql/postgres_0005_attempts.sql")),
     (6, include_str!("sql/postgres_0006_repair_jobs.sql")),
 ];
@@ -43,10 +45,13 @@ pub struct PgStore {
 
 impl PgStore {
     pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        // The server's NOTICEs (`relation "inlet_schema" already exists, skipping` at
+        // every start) say nothing an operator needs; sqlx would log each one.
+        let options = PgConnectOptions::from_str(url)?.options([("client_min_messages", "warning")]);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(3))
-            .connect(url)
+            .connect_with(options)
             .await?;
         let store = PgStore { pool };
         store.migrate(MIGRATIONS, &[MIGRATION_LOCK]).await?;

@@ -19,6 +19,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("sql/sqlite_0001_inbox.sql")),
     (2, include_str!("sql/sqlite_0002_audit.sql")),
     (3, include_str!("sql/sqlite_0003_not_yet_since.sql")),
+    (4, include_str!("sql/sqlite_0004_route_pause.sql")),
     (5, include_str!("sql/sqlite_0005_attempts.sql")),
     (6, include_str!("sql/sqlite_0006_repair_jobs.sql")),
 ];

@@ -64,7 +64,7 @@ macro_rules! store_impl {
                 }
                 let key = $crate::inbox::conflict_dedup_key(&e.dedup_key, &digest);
                 let reason = format!(
-                    "dedup key `{}` already belongs to entry {} with a different payload; kept here for a person to judge (requeue delivers it, purge drops it)",
+                    "dedup key `{}` already belongs to entry {} with a different payload; kept here for a person to judge (requeue delivers it; ignore discards it, and retention then deletes it)",
                     e.dedup_key, existing
                 );
                 let (entry, first) = match Self::insert_row(conn, e, &key, &digest, Some(existing), Status::Parked, Some(&reason), now).await? {
@@ -123,6 +123,7 @@ macro_rules! store_impl {
                 let action = match action.as_str() {
                     "requeue" => $crate::repair::RepairAction::Requeue,
                     "park" => $crate::repair::RepairAction::Park,
+                    "ignore" => $crate::repair::RepairAction::Ignore,
                     other => return Err(corrupt(format!("repair job action `{other}` is unknown"))),
                 };
                 let filter: String = r.try_get("filter")?;
@@ -478,7 +479,8 @@ macro_rules! store_impl {
             }
 
             async fn list(&self, f: &$crate::inbox::ListFilter) -> Result<Vec<$crate::inbox::Entry>, $crate::inbox::StoreError> {
-                let rows = sqlx::query(include_str!("sql/list.sql"))
+                let sql = if f.newest_first { include_str!("sql/list_newest.sql") } else { include_str!("sql/list.sql") };
+                let rows = sqlx::query(sql)
                     .bind(f.route.as_deref())
                     .bind(f.status.map(|s| s.as_str()))
                     .bind(f.correlation_key.as_deref())
@@ -487,6 +489,17 @@ macro_rules! store_impl {
                     .fetch_all(&self.pool)
                     .await?;
                 rows.iter().map(Self::entry_from_row).collect()
+            }
+
+            async fn count(&self, f: &$crate::inbox::ListFilter) -> Result<u64, $crate::inbox::StoreError> {
+                let n: i64 = sqlx::query_scalar(include_str!("sql/count.sql"))
+                    .bind(f.route.as_deref())
+                    .bind(f.status.map(|s| s.as_str()))
+                    .bind(f.correlation_key.as_deref())
+                    .bind(f.after_id.unwrap_or(0))
+                    .fetch_one(&self.pool)
+                    .await?;
+                Ok(n.max(0) as u64)
             }
 
             async fn requeue(&self, id: i64, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
@@ -503,6 +516,42 @@ macro_rules! store_impl {
                     .execute(&self.pool)
                     .await?;
                 Ok(r.rows_affected() == 1)
+            }
+
+            async fn ignore(&self, id: i64, reason: &str, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
+                let r = sqlx::query(include_str!("sql/ignore.sql")).bind(id).bind(reason).bind(now).execute(&self.pool).await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn pause_route(&self, p: &$crate::inbox::Pause) -> Result<bool, $crate::inbox::StoreError> {
+                let r = sqlx::query(include_str!("sql/pause_insert.sql"))
+                    .bind(&p.route)
+                    .bind(p.paused_at)
+                    .bind(&p.paused_by)
+                    .bind(&p.reason)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn resume_route(&self, route: &str) -> Result<bool, $crate::inbox::StoreError> {
+                let r = sqlx::query(include_str!("sql/pause_delete.sql")).bind(route).execute(&self.pool).await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn paused_routes(&self, route: Option<&str>) -> Result<Vec<$crate::inbox::Pause>, $crate::inbox::StoreError> {
+                use sqlx::Row;
+                let rows = sqlx::query(include_str!("sql/pause_list.sql")).bind(route).fetch_all(&self.pool).await?;
+                rows.iter()
+                    .map(|row| {
+                        Ok($crate::inbox::Pause {
+                            route: row.try_get("route")?,
+                            paused_at: row.try_get("paused_at")?,
+                            paused_by: row.try_get("paused_by")?,
+                            reason: row.try_get("reason")?,
+                        })
+                    })
+                    .collect()
             }
 
             async fn purge_finished(&self, before: $crate::clock::Millis, limit: u32) -> Result<u64, $crate::inbox::StoreError> {

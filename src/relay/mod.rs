@@ -37,6 +37,13 @@ pub struct RelayOptions {
     pub panic_on_key: Option<String>,
 }
 
+/// What a relay last read about its route's pause, and when.
+#[derive(Debug, Default)]
+struct PauseWatch {
+    checked: Option<Instant>,
+    paused: bool,
+}
+
 /// How often a relay looks for expired leases to take back.
 const RELEASE_EVERY: Duration = Duration::from_secs(1);
 
@@ -57,12 +64,13 @@ impl Relay {
         let concurrency = self.route.config.concurrency;
         let mut in_flight: JoinSet<()> = JoinSet::new();
         let mut store_down_since: Option<Instant> = None;
+        let mut pause = PauseWatch::default();
         tracing::info!(route, concurrency, owner = %self.options.owner, "relay started");
         while !*shutdown.borrow() {
             let free = concurrency - in_flight.len();
             let mut full_batch = false;
             if free > 0 {
-                match self.claim(free as u32).await {
+                match self.claim_unless_paused(free as u32, &mut pause).await {
                     Ok(claimed) => {
                         if let Some(since) = store_down_since.take() {
                             tracing::info!(route, down_for = ?since.elapsed(), "inbox reachable again; relay resumes");
@@ -97,6 +105,35 @@ impl Relay {
         }
         tracing::info!(route, in_flight = in_flight.len(), "relay stopping; letting in-flight attempts finish");
         while in_flight.join_next().await.is_some() {}
+    }
+
+    /// Claims up to `limit` entries, unless the route is paused. Whether it is paused
+    /// is read at most once per poll interval (the claim itself refuses a paused route
+    /// in between, so this read only tells the relay to skip, and lets it say so: a
+    /// log line when the state changes, `inlet_route_paused`).
+    async fn claim_unless_paused(&self, limit: u32, watch: &mut PauseWatch) -> Result<Vec<Claimed>, StoreError> {
+        let route = self.route.name();
+        if watch.checked.is_none_or(|t| t.elapsed() >= self.options.poll) {
+            let pause = self.store.paused_routes(Some(route)).await?.pop();
+            watch.checked = Some(Instant::now());
+            self.metrics.route_paused.get_or_create(&Metrics::route(route)).set(i64::from(pause.is_some()));
+            match (&pause, watch.paused) {
+                (Some(p), false) => tracing::info!(
+                    route,
+                    paused_by = %p.paused_by,
+                    reason = %p.reason,
+                    "route paused: not claiming until it is resumed (attempts in flight finish)"
+                ),
+                (None, true) => tracing::info!(route, "route resumed: claiming again"),
+                _ => {}
+            }
+            watch.paused = pause.is_some();
+        }
+        if watch.paused {
+            tracing::debug!(route, "route paused; not claiming");
+            return Ok(Vec::new());
+        }
+        self.claim(limit).await
     }
 
     async fn claim(&self, limit: u32) -> Result<Vec<Claimed>, StoreError> {

@@ -33,7 +33,8 @@ use tokio::time::Instant;
 
 use crate::app::Shared;
 use crate::config::{PushAuth, ServerConfig, SourceConfig};
-use crate::ingest::Incoming;
+use crate::inbox::InsertOutcome;
+use crate::ingest::{Accepted, Incoming, IngestError, Stored};
 use crate::telemetry::RouteReason;
 
 /// Seconds a shed or timed-out push is told to wait (`Retry-After`). Pub/Sub applies
@@ -95,24 +96,67 @@ impl PushEnvelope {
     }
 }
 
+/// The answer to an accepted push (200): the entry that holds the message and what
+/// became of it; `conflict_of` names the entry whose dedup key a conflicting payload
+/// reused.
+#[derive(Debug, serde::Serialize)]
+pub struct PushAnswer {
+    pub entry: i64,
+    pub outcome: Stored,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conflict_of: Option<i64>,
+}
+
+impl From<Accepted> for PushAnswer {
+    fn from(a: Accepted) -> PushAnswer {
+        let conflict_of = match a.outcome {
+            InsertOutcome::Conflict { existing, .. } => Some(existing),
+            _ => None,
+        };
+        PushAnswer { entry: a.outcome.id(), outcome: a.stored, conflict_of }
+    }
+}
+
+/// A push that was not acked: `{"error": "…", "reason": "…"}`, the reason one of a
+/// fixed set (API.md lists them; the listener's and push auth's are also the labels
+/// of their metrics). Pub/Sub redelivers every one of them.
+#[derive(Debug)]
+pub struct PushError {
+    pub status: StatusCode,
+    pub reason: &'static str,
+    pub error: String,
+}
+
+impl PushError {
+    fn new(status: StatusCode, reason: &'static str, error: impl Into<String>) -> PushError {
+        PushError { status, reason, error: error.into() }
+    }
+}
+
+impl IntoResponse for PushError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "error": self.error, "reason": self.reason }))).into_response()
+    }
+}
+
 pub async fn handle(
     State(shared): State<Arc<Shared>>,
     Path(route): Path<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> (StatusCode, Json<serde_json::Value>) {
+) -> Result<Json<PushAnswer>, PushError> {
     let routes = shared.routes();
     let Some(found) = routes.get(&route) else {
         // A refused route answers 503, so Pub/Sub redelivers once it is fixed.
         if let Some(p) = routes.refusal(&route) {
             let error = format!("route `{route}` is refused: {}", p.error);
-            return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": error })));
+            return Err(PushError::new(StatusCode::SERVICE_UNAVAILABLE, "route_refused", error));
         }
-        return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no route named `{route}`") })));
+        return Err(PushError::new(StatusCode::NOT_FOUND, "no_route", format!("no route named `{route}`")));
     };
     // A pull route takes no pushes.
     let Some(route) = Some(found).filter(|r| matches!(r.config.source, SourceConfig::Push)) else {
-        return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no push route named `{route}`") })));
+        return Err(PushError::new(StatusCode::NOT_FOUND, "no_route", format!("no push route named `{route}`")));
     };
     if let Some(PushAuth::Oidc(rule)) = &route.config.push_auth
         && let Err(refused) = shared.push_verifier.verify(&headers, rule).await
@@ -121,7 +165,7 @@ pub async fn handle(
         shared.metrics.push_auth_refused.get_or_create(&label).inc();
         tracing::warn!(route = route.name(), reason = refused.as_str(), "push request refused by push auth");
         let error = format!("push auth: {}", refused.as_str());
-        return (refused.status(), Json(json!({ "error": error })));
+        return Err(PushError::new(refused.status(), refused.as_str(), error));
     }
     let incoming = match serde_json::from_slice::<PushEnvelope>(&body)
         .map_err(|e| format!("body is not a push envelope: {e}"))
@@ -130,12 +174,18 @@ pub async fn handle(
         Ok(i) => i,
         Err(error) => {
             tracing::warn!(route = route.name(), %error, "rejected a push request");
-            return (StatusCode::BAD_REQUEST, Json(json!({ "error": error })));
+            return Err(PushError::new(StatusCode::BAD_REQUEST, "bad_envelope", error));
         }
     };
     match shared.ingest.accept(route, incoming).await {
-        Ok(outcome) => (StatusCode::OK, Json(json!({ "entry": outcome.id(), "outcome": format!("{outcome:?}") }))),
-        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": error.to_string() }))),
+        Ok(accepted) => Ok(Json(accepted.into())),
+        Err(error) => {
+            let reason = match error {
+                IngestError::Store(_) => "store_unavailable",
+                IngestError::PluginBusy(_) => "plugin_busy",
+            };
+            Err(PushError::new(StatusCode::SERVICE_UNAVAILABLE, reason, error.to_string()))
+        }
     }
 }
 
@@ -168,7 +218,7 @@ impl Limits {
         let label = RouteReason { route: if known { route } else { "-" }.to_string(), reason: reason.label() };
         self.shared.metrics.push_rejected.get_or_create(&label).inc();
         tracing::warn!(route, reason = reason.label(), "refused a push request: {}", reason.message(self));
-        let mut response = (reason.status(), Json(json!({ "error": reason.message(self) }))).into_response();
+        let mut response = PushError::new(reason.status(), reason.label(), reason.message(self)).into_response();
         if reason.status() == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
         }
@@ -260,8 +310,8 @@ pub async fn limit(State(limits): State<Limits>, Path(route): Path<String>, requ
         Ok(Err(e)) if e.is::<LengthLimitError>() => return limits.reject(&route, Rejection::TooLarge),
         Ok(Err(e)) => {
             tracing::warn!(route, error = %e, "a push request's body broke off");
-            return (StatusCode::BAD_REQUEST, Json(json!({ "error": format!("cannot read the body: {e}") })))
-                .into_response();
+            let error = format!("cannot read the body: {e}");
+            return PushError::new(StatusCode::BAD_REQUEST, "unreadable_body", error).into_response();
         }
         Ok(Ok(collected)) => collected.to_bytes(),
     };

@@ -1,0 +1,286 @@
+//! What the admin API answers: one typed body per endpoint, and one error shape for
+//! every refusal — the handlers' own, the gate's, and the request parsing's alike:
+//! `{"error": "…"}`, plus `entry`, `status` or `route` when they say more. API.md
+//! documents every body; a client never has to read a Rust `Debug` string.
+//!
+//! The extractors here ([`Body`], [`Id`], [`Params`]) wrap axum's so that a body, a
+//! path or a query string that does not parse is answered in that shape too, and
+//! [`not_found`] / [`method_not_allowed`] answer paths no endpoint serves.
+
+use axum::Json;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::clock::Millis;
+use crate::inbox::{AuditRecord, Entry, Pause, Status, StoreError};
+
+/// The body of every error answer.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    /// What went wrong, as a sentence for people.
+    pub error: String,
+    /// The entry concerned, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entry: Option<i64>,
+    /// The entry's state when that is why the request was refused (409).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    /// The route concerned, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+}
+
+/// An error answer: a status code and an [`ErrorBody`].
+#[derive(Debug)]
+pub struct ApiError {
+    pub code: StatusCode,
+    pub body: ErrorBody,
+}
+
+impl ApiError {
+    pub fn new(code: StatusCode, error: impl Into<String>) -> ApiError {
+        ApiError { code, body: ErrorBody { error: error.into(), entry: None, status: None, route: None } }
+    }
+
+    pub fn bad_request(error: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, error)
+    }
+
+    /// 404 for an entry that is missing or on a route the caller may not see: the
+    /// same answer for both.
+    pub fn no_entry(id: i64) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, format!("no entry {id}")).entry(id)
+    }
+
+    /// 503 when the inbox is unreachable (try again), 500 otherwise.
+    pub fn store(e: StoreError) -> ApiError {
+        let code = if e.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::INTERNAL_SERVER_ERROR };
+        ApiError::new(code, e.to_string())
+    }
+
+    pub fn entry(mut self, id: i64) -> ApiError {
+        self.body.entry = Some(id);
+        self
+    }
+
+    pub fn status(mut self, status: Status) -> ApiError {
+        self.body.status = Some(status);
+        self
+    }
+
+    pub fn route(mut self, route: impl Into<String>) -> ApiError {
+        self.body.route = Some(route.into());
+        self
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        ApiError::store(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.code, Json(self.body)).into_response()
+    }
+}
+
+/// A JSON request body (`Content-Type: application/json`); one that is missing,
+/// malformed, of another type or over the size limit is answered as an [`ApiError`]
+/// with axum's status (400, 413, 415, 422) and its explanation.
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(r) => Err(ApiError::new(r.status(), r.body_text())),
+        }
+    }
+}
+
+/// The one path parameter of a route (an entry id, a route name).
+pub struct Id<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Id<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(Id(v)),
+            Err(r) => Err(ApiError::new(r.status(), r.body_text())),
+        }
+    }
+}
+
+/// The query string.
+pub struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(v)) => Ok(Params(v)),
+            Err(r) => Err(ApiError::new(r.status(), r.body_text())),
+        }
+    }
+}
+
+/// The answer to a path no endpoint serves.
+pub async fn not_found(req: Request) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no endpoint {} (see API.md)", req.uri().path()))
+}
+
+/// The answer to a known path asked with another method.
+pub async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("{} does not take {}", req.uri().path(), req.method()))
+}
+
+/// A payload as people read it: text when it is UTF-8, else base64; withheld from
+/// tokens without payload rights.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Payload {
+    Text(String),
+    Base64(String),
+    Withheld(&'static str),
+}
+
+impl Payload {
+    pub fn of(bytes: &[u8]) -> Payload {
+        match std::str::from_utf8(bytes) {
+            Ok(s) => Payload::Text(s.to_string()),
+            Err(_) => Payload::Base64(base64::engine::general_purpose::STANDARD.encode(bytes)),
+        }
+    }
+
+    pub const WITHHELD: Payload = Payload::Withheld("this token may not read payloads");
+}
+
+/// An entry as the API and `inlet inbox show --json` show it: every column, the
+/// payloads as [`Payload`]s.
+#[derive(Debug, Clone, Serialize)]
+pub struct EntryView {
+    #[serde(flatten)]
+    pub entry: Entry,
+    pub raw_data: Payload,
+    /// The decoded event's body; absent until the entry is decoded.
+    pub body: Option<Payload>,
+    /// The attempt history, oldest first (`GET /api/entries/{id}` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<Vec<crate::inbox::failures::Attempt>>,
+}
+
+impl EntryView {
+    /// The entry with its payloads, or with them withheld (`payloads = false`).
+    pub fn new(entry: Entry, payloads: bool) -> EntryView {
+        let shown = |b: &[u8]| if payloads { Payload::of(b) } else { Payload::WITHHELD };
+        let raw_data = shown(&entry.raw_data);
+        let body = entry.body.as_deref().map(shown);
+        EntryView { entry, raw_data, body, attempts: None }
+    }
+}
+
+/// `GET /api/entries`: a page of entries; `next_after` is the `after` of the next
+/// page (absent on the last one).
+#[derive(Debug, Serialize)]
+pub struct EntryPage {
+    pub entries: Vec<EntryView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<i64>,
+}
+
+/// The answer to a repair of one entry: the entry, the action, and the state the
+/// entry is in now.
+#[derive(Debug, Serialize)]
+pub struct Repaired {
+    pub entry: i64,
+    pub action: &'static str,
+    pub status: Status,
+}
+
+/// `POST /api/purge`.
+#[derive(Debug, Serialize)]
+pub struct Purged {
+    /// Entries deleted.
+    pub purged: u64,
+    pub older_than: String,
+}
+
+/// `GET /api/audit`: a page of audit lines, oldest first.
+#[derive(Debug, Serialize)]
+pub struct AuditPage {
+    pub audit: Vec<AuditRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<i64>,
+}
+
+/// One route in `GET /api/routes`.
+#[derive(Debug, Serialize)]
+pub struct RouteView {
+    pub name: String,
+    /// `up` (running) or `refused` (its settings or plugin do not load).
+    pub state: &'static str,
+    /// The routing file that declares it.
+    pub file: String,
+    /// `push` or `pubsub`; absent when a refused route's settings do not say.
+    pub source: Option<&'static str>,
+    pub plugin: Option<String>,
+    /// The running plugin's SHA-256; absent for a refused route.
+    pub plugin_sha256: Option<String>,
+    /// Why it is refused, or why a newer version of it was.
+    pub error: Option<String>,
+    /// Set while the route is paused: no instance claims its entries.
+    pub paused: Option<PauseView>,
+}
+
+/// A route's pause: since when, by whom, why.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PauseView {
+    pub since: Millis,
+    pub by: String,
+    pub reason: String,
+}
+
+impl From<Pause> for PauseView {
+    fn from(p: Pause) -> PauseView {
+        PauseView { since: p.paused_at, by: p.paused_by, reason: p.reason }
+    }
+}
+
+/// `POST /api/routes/{name}/pause` and `…/resume`: the route and its pause now
+/// (`null` once resumed).
+#[derive(Debug, Serialize)]
+pub struct RoutePaused {
+    pub route: String,
+    pub paused: Option<PauseView>,
+}
+
+/// A routing file refused whole (it names no route that could be read).
+#[derive(Debug, Serialize)]
+pub struct RefusedFile {
+    pub file: String,
+    pub error: String,
+}
+
+/// `GET /api/routes`.
+#[derive(Debug, Serialize)]
+pub struct RouteList {
+    pub routes: Vec<RouteView>,
+    pub refused_files: Vec<RefusedFile>,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize)]
+pub struct Health {
+    pub status: &'static str,
+}

@@ -1,0 +1,1 @@
+DELETE FROM inbox_route_pause WHERE route = $1
