@@ -38,7 +38,7 @@ fn error_field(e: &toml::de::Error, text: &str, offset: usize, message: &str) ->
         .map(|p| p.split('.').map(str::to_string).collect())
         .unwrap_or_default();
     if let Some(unknown) = message.strip_prefix("unknown field `").and_then(|m| m.split('`').next()) {
-        keys.push(unknown.to_string());
+        keys.push(key_in_path(unknown));
     }
     if keys.first().is_some_and(|k| k == "route")
         && let Some(i) = route_index(text, offset)
@@ -46,6 +46,13 @@ fn error_field(e: &toml::de::Error, text: &str, offset: usize, message: &str) ->
         keys[0] = format!("route[{i}]");
     }
     keys.join(".")
+}
+
+/// A key as TOML would write it in a dotted path: bare when it can be, else quoted
+/// (so an empty key `[""]` still names a field).
+fn key_in_path(key: &str) -> String {
+    let bare = !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if bare { key.to_string() } else { format!("{key:?}") }
 }
 
 /// Index of the `[[route]]` entry containing byte `offset`: the last one that starts
