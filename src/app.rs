@@ -403,7 +403,7 @@ async fn housekeeping(shared: Arc<Shared>, retention: Duration, mut shutdown: wa
         since_purge += Duration::from_secs(5);
         if since_purge >= Duration::from_secs(60) {
             since_purge = Duration::ZERO;
-            let before = shared.clock.now() - retention.as_millis() as i64;
+            let before = crate::clock::ago(shared.clock.now(), retention);
             // Small batches with a pause between them: the relay's claims and settles
             // get the database in between, and any backlog is cleared in one round.
             match inbox::purge_all(shared.store.as_ref(), before, PURGE_BATCH, Duration::from_millis(20)).await {

@@ -584,7 +584,7 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
             Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
         InboxCommand::Purge { older_than } => {
-            let before = clock.now() - older_than.as_millis() as i64;
+            let before = crate::clock::ago(clock.now(), older_than);
             let total = crate::inbox::purge_all(store.as_ref(), before, 10_000, Duration::ZERO).await?;
             let older_than = humantime::format_duration(older_than).to_string();
             let audit = NewAudit {

@@ -19,6 +19,14 @@ fn system_now() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as Millis)
 }
 
+/// The moment `age` before `now` (a purge's "finished before"). An age past what
+/// milliseconds in an `i64` can hold means "before anything": a plain `as i64`
+/// would wrap it into a moment in the future, and a purge of entries older than
+/// a billion years would delete every finished entry.
+pub fn ago(now: Millis, age: Duration) -> Millis {
+    now.saturating_sub(Millis::try_from(age.as_millis()).unwrap_or(Millis::MAX))
+}
+
 /// The host's clock corrected by an offset to the database's clock, measured at
 /// start and every minute by [`DbClock::calibrate`]. A lookup per timestamp would
 /// cost a round trip on every claim and settle; the offset keeps agreement between
@@ -92,5 +100,22 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Millis {
         self.now.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ago_saturates_instead_of_wrapping_into_the_future() {
+        let now = 1_700_000_000_000;
+        assert_eq!(ago(now, Duration::from_secs(7 * 24 * 3600)), now - 604_800_000);
+        // 10^9 years: more milliseconds than an i64 holds.
+        let eons = Duration::from_secs(1_000_000_000 * 365 * 24 * 3600);
+        assert_eq!(ago(now, eons), now - Millis::MAX);
+        assert!(ago(now, eons) < 0, "before the epoch, not in the future");
+        assert_eq!(ago(now, Duration::MAX), now - Millis::MAX);
+        assert_eq!(ago(-5, Duration::MAX), Millis::MIN, "saturates at the bottom too");
     }
 }

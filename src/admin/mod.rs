@@ -311,7 +311,7 @@ pub async fn purge(
     caller.require(Action::Purge)?;
     let older_than =
         humantime::parse_duration(&b.older_than).map_err(|e| ApiError::bad_request(format!("older_than: {e}")))?;
-    let before = s.clock.now() - older_than.as_millis() as i64;
+    let before = crate::clock::ago(s.clock.now(), older_than);
     let mut total = 0;
     let result = loop {
         match s.store.purge_finished(before, 10_000).await {
