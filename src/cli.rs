@@ -638,7 +638,7 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
                 anyhow::bail!("--rate must be between 1 and {}", crate::repair::MAX_RATE);
             }
             let at = clock.now();
-            let ago = |d: Duration| at - d.as_millis() as i64;
+            let ago = |d: Duration| crate::clock::ago(at, d);
             let filter = RepairFilter {
                 route,
                 key,
