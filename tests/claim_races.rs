@@ -80,6 +80,7 @@ macro_rules! insert_by_hand {
             .bind(T0)
             .bind(e.last_error.as_deref())
             .bind(None::<i64>)
+            .bind(e.last_error.as_deref().map(inlet::inbox::failures::fingerprint))
             .fetch_one($conn)
             .await
             .expect("insert by hand");
