@@ -280,7 +280,9 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         None => None,
     };
     let shared = Arc::new(Shared {
-        ingest: Arc::new(Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics))),
+        ingest: Arc::new(
+            Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics)).with_group_commit(GROUP_COMMIT_WRITERS),
+        ),
         pubsub: options.pubsub.clone(),
         ack_journal,
         push_verifier: crate::source::push_auth::Verifier::new(),
@@ -386,6 +388,9 @@ fn probes(shared: &Arc<Shared>) -> Router {
         .route("/readyz", get(admin::readyz))
         .with_state(Arc::clone(shared))
 }
+
+/// Tasks committing push inserts in groups: one gathers a batch while another commits.
+const GROUP_COMMIT_WRITERS: usize = 2;
 
 /// Rows one retention statement deletes at most.
 const PURGE_BATCH: u32 = 1_000;

@@ -10,6 +10,7 @@
 //! [`crate::clock::Clock`], which follows the database's clock.
 
 pub mod failures;
+pub mod group;
 mod sqlstore;
 
 pub mod postgres;
