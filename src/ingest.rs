@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use crate::clock::{Clock, Millis};
-use crate::inbox::group::{Committed, GroupCommit, Grouped};
+use crate::inbox::group::{Committed, GroupCommit, Grouped, Inserts};
 use crate::inbox::{Decoded, InsertOutcome, NewEntry, Status, Store, StoreError};
 use crate::plugin::{PluginFault, wit};
 use crate::routing::Route;
@@ -116,7 +116,8 @@ impl Ingest {
     /// Single messages ([`Ingest::accept`], the push path) that arrive while others
     /// are committing are committed with them ([`GroupCommit`]), by `writers` tasks.
     pub fn with_group_commit(mut self, writers: usize) -> Ingest {
-        self.group = Some(GroupCommit::start(Arc::clone(&self.store), writers));
+        let inserts = Inserts { store: Arc::clone(&self.store), clock: Arc::clone(&self.clock) };
+        self.group = Some(GroupCommit::start(inserts, writers));
         self
     }
 
@@ -129,13 +130,12 @@ impl Ingest {
     /// already there) and the broker may be acked; `Err` means nack.
     pub async fn accept(&self, route: &Route, msg: Incoming) -> Result<Accepted, IngestError> {
         let entry = self.decode(route, msg).await?;
-        let now = self.clock.now();
         let (entry, result) = match &self.group {
-            None => self.insert_alone(route, entry, now).await,
-            Some(group) => match group.insert(entry, now).await {
-                Ok(Committed { entry, outcome: Grouped::Stored(outcome) }) => (entry, Ok(outcome)),
-                Ok(Committed { entry, outcome: Grouped::Alone }) => self.insert_alone(route, entry, now).await,
-                Ok(Committed { entry, outcome: Grouped::Failed(error) }) => (entry, Err(error)),
+            None => self.insert_alone(route, entry, self.clock.now()).await,
+            Some(group) => match group.submit(entry).await {
+                Ok(Committed { item, outcome: Grouped::Stored(outcome) }) => (item, Ok(outcome)),
+                Ok(Committed { item, outcome: Grouped::Alone }) => self.insert_alone(route, item, self.clock.now()).await,
+                Ok(Committed { item, outcome: Grouped::Failed(error) }) => (item, Err(error)),
                 Err(error) => {
                     tracing::error!(route = route.name(), %error, "could not store the message; it will be redelivered");
                     self.metrics.ingest_failures.get_or_create(&Metrics::route(route.name())).inc();

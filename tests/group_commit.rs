@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inlet::clock::Millis;
-use inlet::inbox::group::{GroupCommit, Grouped};
+use inlet::inbox::group::{GroupCommit, Grouped, Inserts};
 use inlet::inbox::{self, Decoded, InsertOutcome, NewEntry, Status, Store};
 use sqlx::Connection;
 
@@ -41,13 +41,17 @@ fn entry(n: usize, key: &str) -> NewEntry {
     }
 }
 
+fn inserts(store: &Arc<dyn Store>) -> Inserts {
+    Inserts { store: Arc::clone(store), clock: inlet::clock::ManualClock::new(T0) }
+}
+
 /// Spawns an insert through the group committer.
 fn spawn_insert(
     group: &Arc<GroupCommit>,
     e: NewEntry,
-) -> tokio::task::JoinHandle<Result<inbox::group::Committed, inbox::StoreError>> {
+) -> tokio::task::JoinHandle<Result<inbox::group::Committed<NewEntry, InsertOutcome>, inbox::StoreError>> {
     let group = Arc::clone(group);
-    tokio::spawn(async move { group.insert(e, T0).await })
+    tokio::spawn(async move { group.submit(e).await })
 }
 
 async fn until_queued(group: &GroupCommit, n: usize) {
@@ -58,7 +62,7 @@ async fn until_queued(group: &GroupCommit, n: usize) {
 /// behind them; `release` lets the database go. Every insert must be stored, in
 /// exactly three commits, and each answered row readable by another connection.
 async fn batches_what_queued_up(store: Arc<dyn Store>, release: impl AsyncFnOnce()) {
-    let group = Arc::new(GroupCommit::start(Arc::clone(&store), 2));
+    let group = Arc::new(GroupCommit::start(inserts(&store), 2));
     let mut inserts = Vec::new();
     for n in 0..2 {
         inserts.push(spawn_insert(&group, entry(n, "K")));
@@ -75,11 +79,11 @@ async fn batches_what_queued_up(store: Arc<dyn Store>, release: impl AsyncFnOnce
     for insert in inserts {
         let committed = insert.await.unwrap().expect("the group committer answers");
         let Grouped::Stored(InsertOutcome::Inserted { id }) = committed.outcome else {
-            panic!("entry {} was not stored with its batch", committed.entry.dedup_key)
+            panic!("entry {} was not stored with its batch", committed.item.dedup_key)
         };
         // Answered after the commit: the row is there for everyone.
         let row = store.get(id).await.unwrap().expect("an answered insert's row is committed");
-        assert_eq!(row.dedup_key, committed.entry.dedup_key);
+        assert_eq!(row.dedup_key, committed.item.dedup_key);
         ids.push(id);
     }
     ids.sort_unstable();
@@ -89,7 +93,7 @@ async fn batches_what_queued_up(store: Arc<dyn Store>, release: impl AsyncFnOnce
     assert_eq!(group.failed(), 0);
 
     // A redelivery through the committer is absorbed like any duplicate insert.
-    let again = group.insert(entry(7, "K2"), T0).await.unwrap();
+    let again = group.submit(entry(7, "K2")).await.unwrap();
     assert!(matches!(again.outcome, Grouped::Stored(InsertOutcome::Duplicate { .. })), "a redelivered message is a duplicate");
 }
 
@@ -132,7 +136,7 @@ async fn a_refused_row_hands_its_whole_batch_back_to_be_inserted_alone() {
     sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
     sqlx::query("LOCK TABLE inbox_entry IN EXCLUSIVE MODE").execute(&mut locker).await.unwrap();
 
-    let group = Arc::new(GroupCommit::start(Arc::clone(&store), 1));
+    let group = Arc::new(GroupCommit::start(inserts(&store), 1));
     let first = spawn_insert(&group, entry(0, "K"));
     until_queued(&group, 0).await;
     let mut poison = entry(1, "K");
@@ -145,12 +149,12 @@ async fn a_refused_row_hands_its_whole_batch_back_to_be_inserted_alone() {
     assert!(matches!(first.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
     for insert in batch {
         let back = insert.await.unwrap().unwrap();
-        assert!(matches!(back.outcome, Grouped::Alone), "{}: handed back to be inserted alone", back.entry.dedup_key);
-        if back.entry.dedup_key != "d-1" {
-            let outcome = store.insert(&back.entry, T0).await.expect("a good row inserts alone");
+        assert!(matches!(back.outcome, Grouped::Alone), "{}: handed back to be inserted alone", back.item.dedup_key);
+        if back.item.dedup_key != "d-1" {
+            let outcome = store.insert(&back.item, T0).await.expect("a good row inserts alone");
             assert!(matches!(outcome, InsertOutcome::Inserted { .. }));
         } else {
-            let error = store.insert(&back.entry, T0).await.expect_err("the NUL row is refused alone too");
+            let error = store.insert(&back.item, T0).await.expect_err("the NUL row is refused alone too");
             assert!(error.refuses_row(), "told from an outage: {error}");
         }
     }
@@ -166,11 +170,11 @@ async fn an_outage_fails_a_lone_insert_with_the_stores_error() {
     let url = pg.url.replace("127.0.0.1:5432", &proxy.addr);
     assert_ne!(url, pg.url, "the store must go through the proxy");
     let store = inbox::open(&url, 2).await.expect("open postgres through the proxy");
-    let group = GroupCommit::start(Arc::clone(&store), 1);
-    let ok = group.insert(entry(0, "K"), T0).await.unwrap();
+    let group = GroupCommit::start(inserts(&store), 1);
+    let ok = group.submit(entry(0, "K")).await.unwrap();
     assert!(matches!(ok.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
     proxy.set_up(false);
-    let failed = group.insert(entry(1, "K"), T0).await.unwrap();
+    let failed = group.submit(entry(1, "K")).await.unwrap();
     let Grouped::Failed(error) = failed.outcome else { panic!("a lone insert in an outage fails with the store's error") };
     assert!(error.is_transient(), "an outage is transient: {error}");
 }
