@@ -268,9 +268,9 @@ async fn work(shared: &Shared, owner: &str, mut job: RepairJob, shutdown: &mut w
         }
         if moved > 0 {
             // Wake the relay of the route at once rather than at its next poll.
-            let routes = shared.routes();
-            if let Some(route) = job.filter.route.as_deref().and_then(|r| routes.get(r)) {
-                route.stored.notify_one();
+            match job.filter.route.as_deref() {
+                Some(route) => shared.wake(route),
+                None => shared.routes().iter().for_each(|r| shared.wake(r.name())),
             }
         }
         job.cursor = cursor;

@@ -194,8 +194,8 @@ pub async fn requeue(
 ) -> Result<Json<Repaired>, ApiError> {
     let entry = entry_for(&s, &caller, Action::Requeue, id).await?;
     let result = s.store.requeue(id, s.clock.now()).await;
-    if let (Ok(true), Some(route)) = (&result, s.routes().get(&entry.route)) {
-        route.stored.notify_one();
+    if let Ok(true) = &result {
+        s.wake(&entry.route);
     }
     let answer = Repair { action: Action::Requeue, becomes: Status::Open, applies_to: "PARKED or OPEN", detail: None };
     answer.finish(&s, &caller, &entry, result).await
@@ -244,8 +244,8 @@ pub async fn ignore(
     let reason = b.reason()?;
     let entry = entry_for(&s, &caller, Action::Ignore, id).await?;
     let result = s.store.ignore(id, &format!("ignored by hand: {reason}"), s.clock.now()).await;
-    if let (Ok(true), Some(route)) = (&result, s.routes().get(&entry.route)) {
-        route.stored.notify_one();
+    if let Ok(true) = &result {
+        s.wake(&entry.route);
     }
     let answer =
         Repair { action: Action::Ignore, becomes: Status::Ignored, applies_to: "PARKED", detail: Some(reason) };
@@ -502,9 +502,7 @@ pub async fn resume_route(
     if !result? {
         return Err(ApiError::new(StatusCode::CONFLICT, format!("route `{name}` is not paused")).route(name));
     }
-    if let Some(route) = s.routes().get(&name) {
-        route.stored.notify_one();
-    }
+    s.wake(&name);
     Ok(Json(RoutePaused { route: name, paused: None }))
 }
 

@@ -433,6 +433,17 @@ pub trait Store: Send + Sync + 'static {
     /// `sqlite` or `postgres`.
     fn backend(&self) -> &'static str;
 
+    /// Tells every instance on this inbox that these routes have entries to claim
+    /// now (PostgreSQL: `NOTIFY`), so they need not wait for their poll interval.
+    /// Where only one instance can run (SQLite) there is nobody to tell.
+    async fn announce(&self, routes: &[String]) -> Result<(), StoreError>;
+
+    /// The routes any instance announced, as they come (PostgreSQL: `LISTEN`, on a
+    /// connection of its own, reconnected after a loss; announcements made while it
+    /// was away are missed, the poll interval covers them). `None` where there are
+    /// none (SQLite).
+    fn announcements(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>>;
+
     /// Stores a message exactly once per `(route, dedup_key)`; see [`InsertOutcome`].
     async fn insert(&self, entry: &NewEntry, now: Millis) -> Result<InsertOutcome, StoreError>;
 

@@ -256,6 +256,14 @@ macro_rules! store_impl {
                 $backend
             }
 
+            async fn announce(&self, routes: &[String]) -> Result<(), $crate::inbox::StoreError> {
+                self.announce_to_others(routes).await
+            }
+
+            fn announcements(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+                self.listen_to_others()
+            }
+
             async fn insert(&self, e: &$crate::inbox::NewEntry, now: $crate::clock::Millis)
                 -> Result<$crate::inbox::InsertOutcome, $crate::inbox::StoreError>
             {
