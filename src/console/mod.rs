@@ -89,7 +89,7 @@ async fn secure_headers(mut r: Response) -> Response {
     );
     set(h, "x-frame-options", "DENY");
     set(h, "x-content-type-options", "nosniff");
-    set(h, "referrer-policy", "no-referrer");
+    set(h, "referrer-policy", "same-origin");
     if !h.contains_key(header::CACHE_CONTROL) {
         set(h, "cache-control", "no-store");
     }
