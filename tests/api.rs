@@ -277,7 +277,7 @@ fn routed() -> Vec<(String, Vec<String>)> {
         let handler = after.lines().next().unwrap().trim_start_matches(',').trim();
         let mut methods = methods_in(handler);
         if methods.is_empty() {
-            let name = handler.trim_end_matches(')').trim();
+            let name = handler.split(')').next().unwrap().trim();
             let binding = app.split(&format!("let {name} = ")).nth(1).unwrap_or_else(|| panic!("no `let {name}` in src/app.rs"));
             methods = methods_in(binding.lines().next().unwrap());
         }
