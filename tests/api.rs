@@ -267,7 +267,10 @@ fn routed() -> Vec<(String, Vec<String>)> {
     let methods_in = |text: &str| -> Vec<String> {
         ["get", "post", "put", "delete", "patch"]
             .iter()
-            .filter(|m| text.match_indices(&format!("{m}(")).any(|(i, _)| i == 0 || !text.as_bytes()[i - 1].is_ascii_alphanumeric()))
+            .filter(|m| {
+                let after_word = |i: usize| i == 0 || !text.as_bytes()[i - 1].is_ascii_alphanumeric();
+                text.match_indices(&format!("{m}(")).any(|(i, _)| after_word(i))
+            })
             .map(|m| m.to_string())
             .collect()
     };
@@ -278,7 +281,8 @@ fn routed() -> Vec<(String, Vec<String>)> {
         let mut methods = methods_in(handler);
         if methods.is_empty() {
             let name = handler.split(')').next().unwrap().trim();
-            let binding = app.split(&format!("let {name} = ")).nth(1).unwrap_or_else(|| panic!("no `let {name}` in src/app.rs"));
+            let binding =
+                app.split(&format!("let {name} = ")).nth(1).unwrap_or_else(|| panic!("no `let {name}` in src/app.rs"));
             methods = methods_in(binding.lines().next().unwrap());
         }
         assert!(!methods.is_empty(), "no method found for {path}: {handler}");
@@ -316,7 +320,10 @@ fn openapi_describes_exactly_the_routed_endpoints() {
     routed.sort();
     let undescribed: Vec<_> = routed.iter().filter(|r| !described.contains(r)).collect();
     let unrouted: Vec<_> = described.iter().filter(|d| !routed.contains(d)).collect();
-    assert!(undescribed.is_empty() && unrouted.is_empty(), "routed but not in openapi.json: {undescribed:?}; in openapi.json but not routed: {unrouted:?}");
+    assert!(
+        undescribed.is_empty() && unrouted.is_empty(),
+        "routed but not in openapi.json: {undescribed:?}; in openapi.json but not routed: {unrouted:?}"
+    );
     // Every operation says what it answers, and every `$ref` resolves.
     let text = inlet::admin::openapi::OPENAPI;
     for piece in text.split("\"$ref\": \"#/components/").skip(1) {

@@ -529,10 +529,18 @@ async fn list_filters_by_error_and_throughput_counts_deliveries_per_minute(store
 
     // Entries finished DONE per route and minute since T0; IGNORED and older ones do not count.
     let done = |route: &str, dedup: &str| NewEntry { status: Status::Done, ..entry(route, "k", dedup, "d") };
-    for (route, dedup, at) in [("r", "d1", T0), ("r", "d2", T0 + 30_000), ("r", "d3", T0 + 90_000), ("r2", "d4", T0 + 59_999), ("r", "old", T0 - 1)] {
+    let finished = [
+        ("r", "d1", T0),
+        ("r", "d2", T0 + 30_000),
+        ("r", "d3", T0 + 90_000),
+        ("r2", "d4", T0 + 59_999),
+        ("r", "old", T0 - 1),
+    ];
+    for (route, dedup, at) in finished {
         store.insert(&done(route, dedup), at).await.unwrap();
     }
-    store.insert(&NewEntry { status: Status::Ignored, last_error: Some("no".into()), ..entry("r", "k", "i1", "i") }, T0).await.unwrap();
+    let ignored = NewEntry { status: Status::Ignored, last_error: Some("no".into()), ..entry("r", "k", "i1", "i") };
+    store.insert(&ignored, T0).await.unwrap();
     let buckets: Vec<(String, i64, i64)> =
         store.throughput(T0, 60_000).await.unwrap().into_iter().map(|t| (t.route, t.bucket, t.done)).collect();
     assert_eq!(buckets, vec![("r".into(), 0, 2), ("r".into(), 1, 1), ("r2".into(), 0, 1)]);

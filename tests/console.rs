@@ -21,6 +21,7 @@ const WAIT: Duration = Duration::from_secs(60);
 const OPS: &str = "console-ops-token-0123456789";
 const VIEWER: &str = "console-viewer-token-0123456789";
 const ROOT: &str = "console-root-token-0123456789";
+const TEAM: &str = "console-team-token-0123456789";
 /// Keys the target refuses with "2 executions match" (parked at once): the group the
 /// browser requeues.
 const MULTI: [&str; 6] = ["multi-1", "multi-2", "multi-3", "multi-4", "multi-5", "multi-6"];
@@ -40,9 +41,16 @@ fn browser_tools() -> (PathBuf, PathBuf) {
         modules.display()
     );
     let chromium = PathBuf::from("/usr/bin/chromium");
-    assert!(chromium.is_file(), "{} is missing: run scripts/ensure-browser (apt-get install chromium)", chromium.display());
+    assert!(
+        chromium.is_file(),
+        "{} is missing: run scripts/ensure-browser (apt-get install chromium)",
+        chromium.display()
+    );
     let node = std::process::Command::new("node").arg("--version").output();
-    assert!(node.is_ok_and(|o| o.status.success()), "node is not installed: the console test runs tests/console/drive.mjs with it");
+    assert!(
+        node.is_ok_and(|o| o.status.success()),
+        "node is not installed: the console test runs tests/console/drive.mjs with it"
+    );
     (modules, chromium)
 }
 
@@ -58,6 +66,39 @@ async fn api(http: &reqwest::Client, base: &str, path: &str, token: &str) -> Val
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e}): {text}"))
 }
 
+/// A real `inlet` on SQLite with two push routes (`orders` to `target`, `audit-trail` to
+/// the log) and four tokens: `ops` (operator), `watcher` (viewer, payloads), `team`
+/// (operator of `audit-trail` only) and `root` (admin, from a file).
+async fn start(target: &str) -> (InletProcess, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("root.token"), format!("{ROOT}\n")).unwrap();
+    let config = dir.path().join("inlet.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"sqlite://inbox.db\"\n\n\
+             [admin]\n\
+             [[admin.token]]\nname = \"ops\"\nrole = \"operator\"\nsecret = \"${{T_OPS}}\"\n\
+             [[admin.token]]\nname = \"watcher\"\nrole = \"viewer\"\nsecret = \"${{T_VIEWER}}\"\npayloads = true\n\
+             [[admin.token]]\nname = \"team\"\nrole = \"operator\"\nsecret = \"${{T_TEAM}}\"\nroutes = [\"audit-trail\"]\n\
+             [[admin.token]]\nname = \"root\"\nrole = \"admin\"\nsecret_file = \"root.token\"\n\n\
+             [[route]]\nname = \"orders\"\nplugin = \"{plugin}\"\nsource = {{ kind = \"push\" }}\n\
+             target = {{ kind = \"http\", url = \"{target}\", timeout = \"5s\" }}\nparked = \"pass\"\n\n\
+             [[route]]\nname = \"audit-trail\"\nplugin = \"{plugin}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
+            plugin = plugin_path("work_order").display(),
+        ),
+    )
+    .unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut inlet = InletProcess::spawn_with_args(
+        &config,
+        &["--listen", &listen, "--poll", "20ms"],
+        &[("T_OPS", OPS), ("T_VIEWER", VIEWER), ("T_TEAM", TEAM)],
+    );
+    inlet.wait_healthy(WAIT).await;
+    (inlet, dir)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_repairs_a_failure_group_in_the_browser_and_a_viewer_cannot() {
     let (modules, chromium) = browser_tools();
@@ -71,32 +112,7 @@ async fn an_operator_repairs_a_failure_group_in_the_browser_and_a_viewer_cannot(
         }
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("root.token"), format!("{ROOT}\n")).unwrap();
-    let config = dir.path().join("inlet.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[store]\nurl = \"sqlite://inbox.db\"\n\n\
-             [admin]\n\
-             [[admin.token]]\nname = \"ops\"\nrole = \"operator\"\nsecret = \"${{T_OPS}}\"\n\
-             [[admin.token]]\nname = \"watcher\"\nrole = \"viewer\"\nsecret = \"${{T_VIEWER}}\"\npayloads = true\n\
-             [[admin.token]]\nname = \"root\"\nrole = \"admin\"\nsecret_file = \"root.token\"\n\n\
-             [[route]]\nname = \"orders\"\nplugin = \"{plugin}\"\nsource = {{ kind = \"push\" }}\n\
-             target = {{ kind = \"http\", url = \"{target}\", timeout = \"5s\" }}\nparked = \"pass\"\n\n\
-             [[route]]\nname = \"audit-trail\"\nplugin = \"{plugin}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
-            plugin = plugin_path("work_order").display(),
-            target = camunda.url(),
-        ),
-    )
-    .unwrap();
-    let listen = format!("127.0.0.1:{}", free_port());
-    let mut inlet = InletProcess::spawn_with_args(
-        &config,
-        &["--listen", &listen, "--poll", "20ms"],
-        &[("T_OPS", OPS), ("T_VIEWER", VIEWER)],
-    );
-    inlet.wait_healthy(WAIT).await;
+    let (mut inlet, _dir) = start(&camunda.url()).await;
     let base = inlet.base.clone();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
 
@@ -161,14 +177,21 @@ async fn an_operator_repairs_a_failure_group_in_the_browser_and_a_viewer_cannot(
     // not sent again.
     for (key, before) in MULTI.iter().zip(refused_before) {
         let delivered = camunda.deliveries_for(key);
-        assert!(delivered[..before].iter().all(|d| d.status == 400), "{key} was refused before the requeue: {delivered:?}");
-        assert!(delivered[before..].iter().any(|d| d.status == 204), "{key} was delivered after the requeue: {delivered:?}");
+        assert!(
+            delivered[..before].iter().all(|d| d.status == 400),
+            "{key} was refused before the requeue: {delivered:?}"
+        );
+        assert!(
+            delivered[before..].iter().any(|d| d.status == 204),
+            "{key} was delivered after the requeue: {delivered:?}"
+        );
     }
     for key in GONE {
         assert!(camunda.deliveries_for(key).iter().all(|d| d.status == 403), "{key} was not requeued");
     }
     let groups = api(&http, &base, "/api/failures?route=orders", OPS).await;
-    let left: Vec<&str> = groups["groups"].as_array().unwrap().iter().map(|g| g["fingerprint"].as_str().unwrap()).collect();
+    let left: Vec<&str> =
+        groups["groups"].as_array().unwrap().iter().map(|g| g["fingerprint"].as_str().unwrap()).collect();
     assert_eq!(left.len(), 1, "{groups:#}");
     assert!(left[0].contains("answered 403"), "{groups:#}");
 
@@ -180,7 +203,13 @@ async fn an_operator_repairs_a_failure_group_in_the_browser_and_a_viewer_cannot(
         .as_array()
         .unwrap()
         .iter()
-        .map(|a| (a["actor"].as_str().unwrap().into(), a["action"].as_str().unwrap().into(), a["outcome"].as_str().unwrap().into()))
+        .map(|a| {
+            (
+                a["actor"].as_str().unwrap().into(),
+                a["action"].as_str().unwrap().into(),
+                a["outcome"].as_str().unwrap().into(),
+            )
+        })
         .collect();
     assert!(lines.contains(&("ops".into(), "repair-requeue".into(), "started".into())), "{lines:?}");
     assert!(lines.iter().all(|(actor, _, _)| actor != "watcher"), "a viewer changed nothing: {lines:?}");
@@ -199,5 +228,123 @@ async fn an_operator_repairs_a_failure_group_in_the_browser_and_a_viewer_cannot(
         assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000), "screenshot {} was saved", shot.display());
         println!("screenshot: {}", shot.display());
     }
+    inlet.assert_running();
+}
+
+/// The console's gate over plain HTTP: sign-in, the cookie's flags, the CSRF and
+/// same-site checks on every POST, route scopes, escaping, and the page headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_signs_in_by_token_checks_every_post_and_escapes_what_it_shows() {
+    let camunda = FakeCamunda::with_behaviour(|_, _| Reply::Status(403)).await;
+    let (mut inlet, _dir) = start(&camunda.url()).await;
+    let base = inlet.base.clone();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let markup = "<script>alert(1)</script>";
+    let envelope = push_envelope(&work_order("k-1"), &[("note", markup)], "m-1");
+    let r = http.post(format!("{base}/push/orders")).body(envelope.to_string()).send().await.unwrap();
+    let pushed: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    let entry = pushed["entry"].as_i64().expect("the push names its entry");
+
+    let r = http.get(format!("{base}/console")).send().await.unwrap();
+    assert_eq!(r.status(), 303, "no session: to the sign-in page");
+    assert_eq!(r.headers()["location"], "/console/login");
+    let login = |token: &str, origin: Option<&str>| {
+        let mut req = http.post(format!("{base}/console/login")).form(&[("token", token)]);
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        req.send()
+    };
+    let r = login("not-a-token-at-all-0123456789", None).await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.text().await.unwrap().contains("unknown token"));
+    let r = login(OPS, Some("http://evil.example")).await.unwrap();
+    assert_eq!(r.status(), 403, "a sign-in posted from another site is refused");
+    assert!(r.headers().get("set-cookie").is_none());
+    let session = |r: &reqwest::Response| {
+        let cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
+        for flag in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
+            assert!(cookie.contains(flag), "{cookie} has {flag}");
+        }
+        cookie.split(';').next().unwrap().to_string()
+    };
+    let r = login(OPS, Some(&base)).await.unwrap();
+    assert_eq!(r.status(), 303);
+    let ops = session(&r);
+
+    let page = |cookie: String, path: String| {
+        let req = http.get(format!("{base}{path}")).header("cookie", cookie);
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            let headers = r.headers().clone();
+            (status, headers, r.text().await.unwrap())
+        }
+    };
+    let (status, headers, overview) = page(ops.clone(), "/console".into()).await;
+    assert_eq!(status, 200);
+    assert!(headers["content-security-policy"].to_str().unwrap().contains("default-src 'none'"));
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert_eq!(headers["cache-control"], "no-store");
+    let csrf = overview
+        .split(r#"name="csrf" value=""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the page carries the CSRF token")
+        .to_string();
+
+    // The entry's attribute is shown as text, never as markup.
+    let (status, _, shown) = page(ops.clone(), format!("/console/entries/{entry}")).await;
+    assert_eq!(status, 200, "{shown}");
+    assert!(shown.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "the attribute is escaped");
+    assert!(!shown.contains(markup), "no raw markup from the message reaches the page");
+
+    let pause = |cookie: Option<&str>, csrf: &str, origin: Option<&str>| {
+        let mut req =
+            http.post(format!("{base}/console/routes/orders/pause")).form(&[("csrf", csrf), ("reason", "maintenance")]);
+        if let Some(c) = cookie {
+            req = req.header("cookie", c);
+        }
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        req.send()
+    };
+    assert_eq!(pause(None, &csrf, None).await.unwrap().status(), 401, "no session");
+    assert_eq!(pause(Some(&ops), "0".repeat(64).as_str(), None).await.unwrap().status(), 403, "a wrong CSRF token");
+    assert_eq!(pause(Some(&ops), "", None).await.unwrap().status(), 403, "no CSRF token");
+    assert_eq!(pause(Some(&ops), &csrf, Some("http://evil.example")).await.unwrap().status(), 403, "another site");
+    let http_api = reqwest::Client::new();
+    let routes = api(&http_api, &base, "/api/routes", ROOT).await;
+    assert!(routes["routes"].as_array().unwrap().iter().all(|r| r["paused"].is_null()), "nothing was paused yet");
+    let r = pause(Some(&ops), &csrf, Some(&base)).await.unwrap();
+    assert_eq!(r.status(), 303, "{}", r.text().await.unwrap());
+    let routes = api(&http_api, &base, "/api/routes", ROOT).await;
+    let orders = routes["routes"].as_array().unwrap().iter().find(|r| r["name"] == "orders").unwrap().clone();
+    assert_eq!(orders["paused"]["by"], "ops", "{routes:#}");
+    let audit = api(&http_api, &base, "/api/audit", ROOT).await;
+    let pauses: Vec<&Value> = audit["audit"].as_array().unwrap().iter().filter(|a| a["action"] == "pause").collect();
+    assert_eq!(pauses.len(), 1, "the one pause that passed is audited, as the API audits it: {audit:#}");
+    assert_eq!((pauses[0]["actor"].as_str(), pauses[0]["outcome"].as_str()), (Some("ops"), Some("ok")));
+
+    // A token limited to another route: the entry is a 404, like a missing one, and
+    // the overview does not list the route.
+    let r = login(TEAM, None).await.unwrap();
+    let team = session(&r);
+    let (status, _, body) = page(team.clone(), format!("/console/entries/{entry}")).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains(&format!("no entry {entry}")));
+    let (_, _, overview) = page(team.clone(), "/console".into()).await;
+    assert!(overview.contains(r#"data-route="audit-trail""#) && !overview.contains(r#"data-route="orders""#));
+
+    // Signing out ends the session on the server, whatever the browser keeps.
+    let r = http.post(format!("{base}/console/logout")).header("cookie", &ops).form(&[("csrf", &csrf)]).send().await;
+    assert_eq!(r.unwrap().status(), 303);
+    let (status, _, _) = page(ops.clone(), "/console".into()).await;
+    assert_eq!(status, 303, "the old cookie no longer signs in");
     inlet.assert_running();
 }

@@ -175,7 +175,10 @@ mod tests {
 
     #[test]
     fn markup_in_values_is_inert() {
-        assert_eq!(esc(r#"<script>alert("x")</script>&'"#), "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#39;");
+        assert_eq!(
+            esc(r#"<script>alert("x")</script>&'"#),
+            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#39;"
+        );
         assert_eq!(url_param("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
         assert_eq!(query(&[("route", Some("a&b")), ("key", None), ("text", Some(""))]), "?route=a%26b");
     }

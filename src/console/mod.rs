@@ -117,8 +117,19 @@ impl Signed {
 
     /// The API's refusal as a page, with its status code.
     fn refused(&self, e: ApiError) -> Response {
-        let body = format!(r#"<p class="error" id="error">{}</p><p><a href="/console">Back to the routes</a></p>"#, esc(&e.body.error));
-        html(e.code, html::page(&format!("{} {}", e.code.as_u16(), e.code.canonical_reason().unwrap_or("")), Some(&self.viewer()), None, &body))
+        let body = format!(
+            r#"<p class="error" id="error">{}</p><p><a href="/console">Back to the routes</a></p>"#,
+            esc(&e.body.error)
+        );
+        html(
+            e.code,
+            html::page(
+                &format!("{} {}", e.code.as_u16(), e.code.canonical_reason().unwrap_or("")),
+                Some(&self.viewer()),
+                None,
+                &body,
+            ),
+        )
     }
 
     /// The form field every POST carries.
@@ -169,7 +180,10 @@ struct LoginForm {
 async fn login(State(c): State<Arc<Console>>, headers: axum::http::HeaderMap, form: axum::Form<LoginForm>) -> Response {
     if session::cross_site(&headers) {
         tracing::warn!("console sign-in refused: the request comes from another site");
-        return html(StatusCode::FORBIDDEN, login_form(Some("refused: the request comes from another site"), &c.shared));
+        return html(
+            StatusCode::FORBIDDEN,
+            login_form(Some("refused: the request comes from another site"), &c.shared),
+        );
     }
     let token = form.token.trim();
     let admin = c.shared.config.lock().expect("config lock").admin.clone();
@@ -207,7 +221,10 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
         Err(e) => return signed.refused(e),
     };
     let now = s.clock.now();
-    let (counts, throughput) = match (s.store.counts().await, s.store.throughput(now - SPARK_BUCKETS * SPARK_BUCKET_MS, SPARK_BUCKET_MS).await) {
+    let (counts, throughput) = match (
+        s.store.counts().await,
+        s.store.throughput(now - SPARK_BUCKETS * SPARK_BUCKET_MS, SPARK_BUCKET_MS).await,
+    ) {
         (Ok(c), Ok(t)) => (c, t),
         (Err(e), _) | (_, Err(e)) => return signed.refused(ApiError::store(e)),
     };
@@ -247,7 +264,8 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
             (None, "up") => r#"<span class="badge done">running</span>"#.to_string(),
             (None, other) => format!(r#"<span class="badge parked">{}</span>"#, esc(other)),
         };
-        let error = r.error.as_deref().map(|e| format!(r#"<div class="error small">{}</div>"#, esc(e))).unwrap_or_default();
+        let error =
+            r.error.as_deref().map(|e| format!(r#"<div class="error small">{}</div>"#, esc(e))).unwrap_or_default();
         let action = if !may_pause {
             String::new()
         } else if r.paused.is_some() {
@@ -279,15 +297,22 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
         .iter()
         .map(|f| format!(r#"<li><code>{}</code>: {}</li>"#, esc(&f.file), esc(&f.error)))
         .collect();
-    let refused =
-        if refused.is_empty() { String::new() } else { format!(r#"<h2>Routing files refused</h2><ul class="error">{refused}</ul>"#) };
+    let refused = if refused.is_empty() {
+        String::new()
+    } else {
+        format!(r#"<h2>Routing files refused</h2><ul class="error">{refused}</ul>"#)
+    };
     let body = format!(
         r#"<table class="routes"><thead><tr><th>Route</th><th>State</th><th class="num">Open</th><th class="num">In progress</th><th class="num">Parked</th><th>Oldest unresolved</th><th>Delivered per minute</th><th></th></tr></thead><tbody>{rows}</tbody></table>{refused}"#
     );
     signed.page("Routes", &body)
 }
 
-async fn route_action(State(c): State<Arc<Console>>, Path((name, action)): Path<(String, String)>, posted: Posted) -> Response {
+async fn route_action(
+    State(c): State<Arc<Console>>,
+    Path((name, action)): Path<(String, String)>,
+    posted: Posted,
+) -> Response {
     let s = Arc::clone(&c.shared);
     let signed = &posted.signed;
     let caller = Extension(signed.caller.clone());
@@ -330,10 +355,11 @@ fn cut(s: &str, n: usize) -> String {
 async fn failures(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<RouteQuery>) -> Response {
     let route = given(&q.route);
     let asked = admin::FailuresQuery { route: route.clone(), limit: Some(200) };
-    let groups = match admin::failures(State(Arc::clone(&c.shared)), Extension(signed.caller.clone()), Params(asked)).await {
-        Ok(Json(g)) => g.groups,
-        Err(e) => return signed.refused(e),
-    };
+    let groups =
+        match admin::failures(State(Arc::clone(&c.shared)), Extension(signed.caller.clone()), Params(asked)).await {
+            Ok(Json(g)) => g.groups,
+            Err(e) => return signed.refused(e),
+        };
     let mut rows = String::new();
     for g in &groups {
         let link = query(&[("route", Some(&g.route)), ("fingerprint", Some(&g.fingerprint))]);
@@ -397,7 +423,8 @@ async fn count_visible(s: &Shared, caller: &crate::admin::access::Caller, filter
 async fn entries(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<EntriesQuery>) -> Response {
     let s = &c.shared;
     let caller = &signed.caller;
-    let (route, status, key, fingerprint, text) = (given(&q.route), given(&q.status), given(&q.key), given(&q.fingerprint), given(&q.text));
+    let (route, status, key, fingerprint, text) =
+        (given(&q.route), given(&q.status), given(&q.key), given(&q.fingerprint), given(&q.text));
     let after = match given(&q.after).map(|a| a.parse::<i64>()).transpose() {
         Ok(a) => a,
         Err(_) => return signed.refused(ApiError::bad_request("`after` must be an entry id")),
@@ -463,7 +490,9 @@ async fn entries(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<
     };
     let next = page
         .next_after
-        .map(|n| format!(r#"<p><a href="/console/entries{}" id="next-page">Next page</a></p>"#, here(Some(n.to_string()))))
+        .map(|n| {
+            format!(r#"<p><a href="/console/entries{}" id="next-page">Next page</a></p>"#, here(Some(n.to_string())))
+        })
         .unwrap_or_default();
     let status_options: String = std::iter::once(("", "any"))
         .chain(Status::ALL.iter().map(|s| (s.as_str(), s.as_str())))
@@ -527,10 +556,21 @@ async fn entry(State(c): State<Arc<Console>>, signed: Signed, Path(id): Path<Str
         ("Publish time", opt(&e.publish_time)),
         ("Delivery attempt (broker)", e.delivery_attempt.map(|d| d.to_string()).unwrap_or_else(|| "—".into())),
         ("Payload SHA-256", format!("<code>{}</code>", esc(&e.payload_digest))),
-        ("Conflict of", e.conflict_of.map(|c| format!(r#"<a href="/console/entries/{c}">entry {c}</a>"#)).unwrap_or_else(|| "—".into())),
+        (
+            "Conflict of",
+            e.conflict_of
+                .map(|c| format!(r#"<a href="/console/entries/{c}">entry {c}</a>"#))
+                .unwrap_or_else(|| "—".into()),
+        ),
         ("Attempts (this run)", e.attempts.to_string()),
         ("Next attempt at", when(Some(e.next_attempt_at))),
-        ("Lease", e.lease_owner.as_deref().map(|o| format!("{} until {}", esc(o), when(e.lease_expires_at))).unwrap_or_else(|| "—".into())),
+        (
+            "Lease",
+            e.lease_owner
+                .as_deref()
+                .map(|o| format!("{} until {}", esc(o), when(e.lease_expires_at)))
+                .unwrap_or_else(|| "—".into()),
+        ),
         ("Received", when(Some(e.received_at))),
         ("Not yet since", when(e.not_yet_since)),
         ("Updated", when(Some(e.updated_at))),
@@ -545,8 +585,11 @@ async fn entry(State(c): State<Arc<Console>>, signed: Signed, Path(id): Path<Str
     let attributes = if e.attributes.is_empty() {
         r#"<p class="muted">none</p>"#.to_string()
     } else {
-        let rows: String =
-            e.attributes.iter().map(|(k, v)| format!("<tr><th><code>{}</code></th><td><code>{}</code></td></tr>", esc(k), esc(v))).collect();
+        let rows: String = e
+            .attributes
+            .iter()
+            .map(|(k, v)| format!("<tr><th><code>{}</code></th><td><code>{}</code></td></tr>", esc(k), esc(v)))
+            .collect();
         format!(r#"<table class="facts">{rows}</table>"#)
     };
     let payloads = match &view.raw_data {
@@ -618,7 +661,11 @@ async fn entry(State(c): State<Arc<Console>>, signed: Signed, Path(id): Path<Str
     signed.page(&format!("Entry {}", e.id), &body)
 }
 
-async fn entry_action(State(c): State<Arc<Console>>, Path((id, action)): Path<(String, String)>, posted: Posted) -> Response {
+async fn entry_action(
+    State(c): State<Arc<Console>>,
+    Path((id, action)): Path<(String, String)>,
+    posted: Posted,
+) -> Response {
     let signed = &posted.signed;
     let Ok(id) = id.parse::<i64>() else {
         return signed.refused(ApiError::new(StatusCode::NOT_FOUND, format!("no entry {id}")));
@@ -675,7 +722,8 @@ async fn repair(State(c): State<Arc<Console>>, posted: Posted) -> Response {
         rate,
         dry_run: !start,
     };
-    let answer = admin::repairs::create(State(Arc::clone(&c.shared)), Extension(signed.caller.clone()), Json(request)).await;
+    let answer =
+        admin::repairs::create(State(Arc::clone(&c.shared)), Extension(signed.caller.clone()), Json(request)).await;
     let (code, body) = json_of(answer).await;
     if !code.is_success() {
         return signed.refused(api_error(code, &body));
@@ -684,7 +732,10 @@ async fn repair(State(c): State<Arc<Console>>, posted: Posted) -> Response {
         let job = body["job"].as_i64().unwrap_or_default();
         let count = body["matches"]["count"].as_i64().unwrap_or_default();
         let rate = body["rate"].as_u64().unwrap_or_default();
-        c.sessions.flash(&signed.session, format!("Repair job {job} started: {} of {count} entries at {rate}/s.", action.as_str()));
+        c.sessions.flash(
+            &signed.session,
+            format!("Repair job {job} started: {} of {count} entries at {rate}/s.", action.as_str()),
+        );
         return Redirect::to("/console/repairs").into_response();
     }
     let count = body["matches"]["count"].as_i64().unwrap_or_default();
@@ -700,7 +751,9 @@ async fn repair(State(c): State<Arc<Console>>, posted: Posted) -> Response {
     confirm.push_str(&signed.csrf_field());
     confirm.push_str(&hidden("step", "start"));
     confirm.push_str(&hidden("action", action.as_str()));
-    for (name, value) in [("route", &filter.route), ("key", &filter.key), ("fingerprint", &filter.fingerprint), ("text", &filter.text)] {
+    for (name, value) in
+        [("route", &filter.route), ("key", &filter.key), ("fingerprint", &filter.fingerprint), ("text", &filter.text)]
+    {
         if let Some(v) = value {
             confirm.push_str(&hidden(name, v));
         }
@@ -777,6 +830,7 @@ async fn jobs(State(c): State<Arc<Console>>, signed: Signed) -> Response {
             r#"<table class="jobs"><thead><tr><th class="num">Job</th><th>Action</th><th>Filter</th><th>State</th><th>Progress</th><th class="num">Rate</th><th>By</th><th>Started</th><th>Finished</th><th>Error</th></tr></thead><tbody>{rows}</tbody></table>"#
         )
     };
-    let note = if running { r#"<p><a href="/console/repairs" id="refresh">Refresh</a> to see the progress.</p>"# } else { "" };
+    let note =
+        if running { r#"<p><a href="/console/repairs" id="refresh">Refresh</a> to see the progress.</p>"# } else { "" };
     signed.page("Repair jobs", &format!("{note}{table}"))
 }

@@ -235,8 +235,9 @@ impl FromRequest<Arc<Console>> for Posted {
         let presented = fields.get("csrf").map(String::as_str).unwrap_or("");
         if !bool::from(presented.as_bytes().ct_eq(signed.csrf.as_bytes())) {
             tracing::warn!(caller = %signed.caller.name, "console request refused: missing or wrong CSRF token");
-            return Err(NotSignedIn::Action(StatusCode::FORBIDDEN, "refused: missing or wrong CSRF token")
-                .into_response());
+            return Err(
+                NotSignedIn::Action(StatusCode::FORBIDDEN, "refused: missing or wrong CSRF token").into_response()
+            );
         }
         Ok(Posted { signed, fields })
     }

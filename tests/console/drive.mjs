@@ -133,6 +133,9 @@ try {
   await firstDone.click();
   check((await page.locator('tr.attempt').count()) >= 1, 'an entry shows its attempt history');
   check((await page.locator('section.payload-views').count()) >= 1, 'an entry shows its payload views');
+  check((await page.locator('script').count()) === 0, 'markup from the message runs nowhere: the page has no script');
+  check((await page.locator('table.facts code', { hasText: '<script>alert(1)</script>' }).count()) === 1,
+    'the attribute with markup is shown as text');
   await shot(page, 'entry');
 
   await Promise.all([page.waitForURL(`${BASE}/console/login`), page.click('text=Sign out')]);
