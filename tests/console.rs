@@ -330,6 +330,19 @@ async fn the_console_signs_in_by_token_checks_every_post_and_escapes_what_it_sho
     let pauses: Vec<&Value> = audit["audit"].as_array().unwrap().iter().filter(|a| a["action"] == "pause").collect();
     assert_eq!(pauses.len(), 1, "the one pause that passed is audited, as the API audits it: {audit:#}");
     assert_eq!((pauses[0]["actor"].as_str(), pauses[0]["outcome"].as_str()), (Some("ops"), Some("ok")));
+    let (_, _, overview) = page(ops.clone(), "/console".into()).await;
+    assert!(overview.contains("Route orders paused."), "the action's result is shown once");
+    assert!(overview.contains(r#"action="/console/routes/orders/resume""#), "a paused route offers resume");
+    let r = http
+        .post(format!("{base}/console/routes/orders/resume"))
+        .header("cookie", &ops)
+        .form(&[("csrf", &csrf)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let routes = api(&http_api, &base, "/api/routes", ROOT).await;
+    assert!(routes["routes"].as_array().unwrap().iter().all(|r| r["paused"].is_null()), "resumed: {routes:#}");
 
     // A token limited to another route: the entry is a 404, like a missing one, and
     // the overview does not list the route.
