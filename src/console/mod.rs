@@ -53,7 +53,8 @@ pub struct Console {
 const STYLE: &str = include_str!("console.css");
 /// Entries per page of the entry list.
 const PAGE: u32 = 50;
-/// The sparkline: this many buckets of this many milliseconds, up to now.
+/// The sparkline: this many buckets of this many milliseconds, the last one the
+/// current minute.
 const SPARK_BUCKETS: i64 = 60;
 const SPARK_BUCKET_MS: i64 = 60_000;
 
@@ -221,10 +222,9 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
         Err(e) => return signed.refused(e),
     };
     let now = s.clock.now();
-    let (counts, throughput) = match (
-        s.store.counts().await,
-        s.store.throughput(now - SPARK_BUCKETS * SPARK_BUCKET_MS, SPARK_BUCKET_MS).await,
-    ) {
+    // Whole minutes, the current one last.
+    let since = now - now.rem_euclid(SPARK_BUCKET_MS) - (SPARK_BUCKETS - 1) * SPARK_BUCKET_MS;
+    let (counts, throughput) = match (s.store.counts().await, s.store.throughput(since, SPARK_BUCKET_MS).await) {
         (Ok(c), Ok(t)) => (c, t),
         (Err(e), _) | (_, Err(e)) => return signed.refused(ApiError::store(e)),
     };
@@ -243,7 +243,7 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
     }
     let mut spark: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     for t in throughput.iter().filter(|t| caller.may_see(&t.route)) {
-        let buckets = spark.entry(t.route.as_str()).or_insert_with(|| vec![0; SPARK_BUCKETS as usize + 1]);
+        let buckets = spark.entry(t.route.as_str()).or_insert_with(|| vec![0; SPARK_BUCKETS as usize]);
         if let Some(slot) = usize::try_from(t.bucket).ok().and_then(|b| buckets.get_mut(b)) {
             *slot += t.done;
         }
@@ -252,7 +252,7 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
     let mut rows = String::new();
     for r in &list.routes {
         let (open, in_progress, parked, oldest) = by_route.get(r.name.as_str()).copied().unwrap_or_default();
-        let counts = spark.get(r.name.as_str()).cloned().unwrap_or_else(|| vec![0; SPARK_BUCKETS as usize + 1]);
+        let counts = spark.get(r.name.as_str()).cloned().unwrap_or_else(|| vec![0; SPARK_BUCKETS as usize]);
         let delivered: i64 = counts.iter().sum();
         let name = esc(&r.name);
         let route_q = query(&[("route", Some(&r.name))]);
