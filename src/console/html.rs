@@ -141,15 +141,15 @@ pub fn hidden(name: &str, value: &str) -> String {
 
 /// Who is signed in, for the page header: the token's name and role, and its CSRF
 /// token for the sign-out form.
-pub struct Viewer<'a> {
+pub struct SignedIn<'a> {
     pub name: &'a str,
     pub role: &'a str,
     pub csrf: &'a str,
 }
 
-/// A whole page: the header with the navigation (when signed in), `body`, the footer.
-pub fn page(title: &str, viewer: Option<&Viewer<'_>>, notice: Option<&str>, body: &str) -> String {
-    let nav = match viewer {
+/// A whole page: the header with the navigation (when signed in), then `body`.
+pub fn page(title: &str, who: Option<&SignedIn<'_>>, notice: Option<&str>, body: &str) -> String {
+    let nav = match who {
         Some(v) => format!(
             r#"<nav><a href="/console">Routes</a><a href="/console/failures">Failures</a><a href="/console/entries">Entries</a><a href="/console/repairs">Repair jobs</a><span class="who">{name} <span class="muted">({role})</span></span><form method="post" action="/console/logout" class="inline">{csrf}<button type="submit" class="link">Sign out</button></form></nav>"#,
             name = esc(v.name),

@@ -35,7 +35,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
 
-use self::html::{Viewer, esc, hidden, query, status_badge, time};
+use self::html::{SignedIn, esc, hidden, query, status_badge, time};
 use self::session::{Posted, Sessions, Signed};
 use crate::admin::access::{Action, find_token};
 use crate::admin::answer::{ApiError, Body, Id, Params, Payload};
@@ -107,13 +107,13 @@ fn html(code: StatusCode, body: String) -> Response {
 }
 
 impl Signed {
-    fn viewer(&self) -> Viewer<'_> {
-        Viewer { name: &self.caller.name, role: self.caller.role.as_str(), csrf: &self.csrf }
+    fn signed_in(&self) -> SignedIn<'_> {
+        SignedIn { name: &self.caller.name, role: self.caller.role.as_str(), csrf: &self.csrf }
     }
 
     /// A page for this user, with the message the last action left.
     fn page(&self, title: &str, body: &str) -> Response {
-        html(StatusCode::OK, html::page(title, Some(&self.viewer()), self.flash.as_deref(), body))
+        html(StatusCode::OK, html::page(title, Some(&self.signed_in()), self.flash.as_deref(), body))
     }
 
     /// The API's refusal as a page, with its status code.
@@ -126,7 +126,7 @@ impl Signed {
             e.code,
             html::page(
                 &format!("{} {}", e.code.as_u16(), e.code.canonical_reason().unwrap_or("")),
-                Some(&self.viewer()),
+                Some(&self.signed_in()),
                 None,
                 &body,
             ),
