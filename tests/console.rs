@@ -344,6 +344,16 @@ async fn the_console_signs_in_by_token_checks_every_post_and_escapes_what_it_sho
     let routes = api(&http_api, &base, "/api/routes", ROOT).await;
     assert!(routes["routes"].as_array().unwrap().iter().all(|r| r["paused"].is_null()), "resumed: {routes:#}");
 
+    // The audit log is the admins', in the console as in the API.
+    let (status, _, body) = page(ops.clone(), "/console/audit".into()).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(!overview.contains(r#"href="/console/audit""#), "an operator's navigation has no audit log");
+    let r = login(ROOT, None).await.unwrap();
+    let root = session(&r);
+    let (status, _, body) = page(root, "/console/audit".into()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("<td>pause</td>") && body.contains("<td>resume</td>"), "{body}");
+
     // A token limited to another route: the entry is a 404, like a missing one, and
     // the overview does not list the route.
     let r = login(TEAM, None).await.unwrap();

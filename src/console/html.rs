@@ -145,16 +145,19 @@ pub struct SignedIn<'a> {
     pub name: &'a str,
     pub role: &'a str,
     pub csrf: &'a str,
+    /// Whether the token may read the audit log (the navigation links it).
+    pub audit: bool,
 }
 
 /// A whole page: the header with the navigation (when signed in), then `body`.
 pub fn page(title: &str, who: Option<&SignedIn<'_>>, notice: Option<&str>, body: &str) -> String {
     let nav = match who {
         Some(v) => format!(
-            r#"<nav><a href="/console">Routes</a><a href="/console/failures">Failures</a><a href="/console/entries">Entries</a><a href="/console/repairs">Repair jobs</a><span class="who">{name} <span class="muted">({role})</span></span><form method="post" action="/console/logout" class="inline">{csrf}<button type="submit" class="link">Sign out</button></form></nav>"#,
+            r#"<nav><a href="/console">Routes</a><a href="/console/failures">Failures</a><a href="/console/entries">Entries</a><a href="/console/repairs">Repair jobs</a>{audit}<span class="who">{name} <span class="muted">({role})</span></span><form method="post" action="/console/logout" class="inline">{csrf}<button type="submit" class="link">Sign out</button></form></nav>"#,
             name = esc(v.name),
             role = esc(v.role),
             csrf = hidden("csrf", v.csrf),
+            audit = if v.audit { r#"<a href="/console/audit">Audit log</a>"# } else { "" },
         ),
         None => String::new(),
     };

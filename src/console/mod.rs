@@ -12,6 +12,7 @@
 //! - `POST /console/repairs` — a repair by filter: first a dry run (`step=preview`)
 //!   that shows what would move, then the job (`step=start`)
 //! - `GET  /console/repairs` — repair jobs and their progress
+//! - `GET  /console/audit?after=` — the audit log (admins, as in the API)
 //! - `GET/POST /console/login`, `POST /console/logout`, `GET /console/style.css`
 //!
 //! Every page and action runs the admin API's own handler for it with the signed-in
@@ -72,6 +73,7 @@ pub fn router(shared: &Arc<Shared>) -> Router {
         .route("/console/entries/{id}", get(entry))
         .route("/console/entries/{id}/{action}", post(entry_action))
         .route("/console/repairs", get(jobs).post(repair))
+        .route("/console/audit", get(audit))
         .route("/console/routes/{name}/{action}", post(route_action))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(console)
@@ -108,7 +110,12 @@ fn html(code: StatusCode, body: String) -> Response {
 
 impl Signed {
     fn signed_in(&self) -> SignedIn<'_> {
-        SignedIn { name: &self.caller.name, role: self.caller.role.as_str(), csrf: &self.csrf }
+        SignedIn {
+            name: &self.caller.name,
+            role: self.caller.role.as_str(),
+            csrf: &self.csrf,
+            audit: self.caller.may(Action::ReadAudit),
+        }
     }
 
     /// A page for this user, with the message the last action left.
@@ -833,4 +840,45 @@ async fn jobs(State(c): State<Arc<Console>>, signed: Signed) -> Response {
     let note =
         if running { r#"<p><a href="/console/repairs" id="refresh">Refresh</a> to see the progress.</p>"# } else { "" };
     signed.page("Repair jobs", &format!("{note}{table}"))
+}
+
+#[derive(Deserialize)]
+struct AuditPageQuery {
+    after: Option<String>,
+}
+
+async fn audit(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<AuditPageQuery>) -> Response {
+    let after = match given(&q.after).map(|a| a.parse::<i64>()).transpose() {
+        Ok(a) => a,
+        Err(_) => return signed.refused(ApiError::bad_request("`after` must be an audit line id")),
+    };
+    let asked = admin::AuditQuery { after, limit: Some(100) };
+    let page =
+        match admin::audit_log(State(Arc::clone(&c.shared)), Extension(signed.caller.clone()), Params(asked)).await {
+            Ok(Json(p)) => p,
+            Err(e) => return signed.refused(e),
+        };
+    let mut rows = String::new();
+    for a in &page.audit {
+        let _ = write!(
+            rows,
+            r#"<tr class="audit"><td class="num">{id}</td><td>{at}</td><td>{actor}</td><td>{action}</td><td>{route}</td><td>{subject}</td><td>{outcome}</td><td class="small">{detail}</td></tr>"#,
+            id = a.id,
+            at = esc(&time(a.at)),
+            actor = esc(&a.actor),
+            action = esc(&a.action),
+            route = esc(a.route.as_deref().unwrap_or("—")),
+            subject = esc(&a.subject),
+            outcome = status_badge(&a.outcome),
+            detail = esc(&cut(a.detail.as_deref().unwrap_or(""), 300)),
+        );
+    }
+    let next = page
+        .next_after
+        .map(|n| format!(r#"<p><a href="/console/audit?after={n}" id="next-page">Next page</a></p>"#))
+        .unwrap_or_default();
+    let body = format!(
+        r#"<p class="muted">Every repair, pause, resume, purge and reload, through the API, the console or the CLI; oldest first.</p><table class="audit"><thead><tr><th class="num">Id</th><th>At</th><th>Who</th><th>Action</th><th>Route</th><th>Subject</th><th>Outcome</th><th>Detail</th></tr></thead><tbody>{rows}</tbody></table>{next}"#
+    );
+    signed.page("Audit log", &body)
 }
