@@ -376,7 +376,8 @@ async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, StartError> {
     tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })
 }
 
-/// The admin API and `/metrics`, each behind its gate (see `admin::access`).
+/// The admin API, `/metrics` and the web console, each behind its gate (see
+/// `admin::access`, `console::session`).
 fn admin_router(shared: &Arc<Shared>) -> Router {
     let api = Router::new()
         .route("/api/entries", get(admin::list))
@@ -392,13 +393,14 @@ fn admin_router(shared: &Arc<Shared>) -> Router {
         .route("/api/routes/{name}/resume", post(admin::resume_route))
         .route("/api/purge", post(admin::purge))
         .route("/api/audit", get(admin::audit_log))
+        .route("/api/openapi.json", get(admin::openapi::serve))
         .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::authenticate))
         .with_state(Arc::clone(shared));
     let metrics = Router::new()
         .route("/metrics", get(admin::metrics))
         .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::metrics_gate))
         .with_state(Arc::clone(shared));
-    api.merge(metrics)
+    api.merge(metrics).merge(crate::console::router(shared))
 }
 
 /// `/healthz` and `/readyz`: open on every listener.

@@ -537,8 +537,15 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
     let clock = DbClock::new(store.as_ref()).await?;
     match command {
         InboxCommand::List { route, status, key, after, limit } => {
-            let filter =
-                ListFilter { route, status, correlation_key: key, after_id: after, limit, newest_first: false };
+            let filter = ListFilter {
+                route,
+                status,
+                correlation_key: key,
+                after_id: after,
+                limit,
+                newest_first: false,
+                ..Default::default()
+            };
             let listing = if status.is_none() && after.is_none() {
                 attention_first(store.as_ref(), &filter).await?
             } else {

@@ -17,6 +17,7 @@
 //!   route's entries until `POST /api/routes/{name}/resume`; ingest goes on
 //! - `POST /api/purge` — body `{"older_than": "7d"}`: delete finished entries
 //! - `GET  /api/audit?after=&limit=` — the audit log
+//! - `GET  /api/openapi.json` — the OpenAPI 3.1 description ([`openapi`])
 //! - `GET  /metrics`, `GET /healthz` (process up), `GET /readyz` (inbox reachable)
 //!
 //! API.md documents each request and answer. Every answer is a typed body
@@ -35,6 +36,7 @@
 pub mod access;
 pub mod answer;
 pub mod audit;
+pub mod openapi;
 pub mod repairs;
 
 use std::sync::Arc;
@@ -59,6 +61,10 @@ pub struct ListQuery {
     pub route: Option<String>,
     pub status: Option<String>,
     pub key: Option<String>,
+    /// Exactly this error fingerprint (a failure group).
+    pub fingerprint: Option<String>,
+    /// The last error contains this text.
+    pub text: Option<String>,
     pub after: Option<i64>,
     pub limit: Option<u32>,
 }
@@ -108,6 +114,8 @@ pub async fn list(
         route: q.route,
         status,
         correlation_key: q.key,
+        fingerprint: q.fingerprint,
+        error_text: q.text,
         after_id: q.after,
         limit: page_limit(q.limit),
         newest_first: false,

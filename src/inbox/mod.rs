@@ -255,6 +255,10 @@ pub struct ListFilter {
     pub route: Option<String>,
     pub status: Option<Status>,
     pub correlation_key: Option<String>,
+    /// Exactly this error fingerprint (a failure group).
+    pub fingerprint: Option<String>,
+    /// The last error contains this text.
+    pub error_text: Option<String>,
     /// Entries with an id greater than this (for paging).
     pub after_id: Option<i64>,
     pub limit: u32,
@@ -270,6 +274,24 @@ pub struct RouteStatusCount {
     pub count: i64,
     /// `received_at` of the oldest entry in this state.
     pub oldest_received_at: Option<Millis>,
+}
+
+/// Entries of a route finished DONE in one bucket of time (`GET /console`'s
+/// throughput sparkline).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Throughput {
+    pub route: String,
+    /// Which bucket: 0 for `[since, since + bucket)`, 1 for the next, …
+    pub bucket: i64,
+    pub done: i64,
+}
+
+/// `text` as a LIKE pattern that finds it anywhere (`%`, `_` and `\` in it taken
+/// literally, `\` the escape).
+pub fn contains_pattern(text: &str) -> String {
+    let escaped: String =
+        text.chars().flat_map(|c| if matches!(c, '%' | '_' | '\\') { vec!['\\', c] } else { vec![c] }).collect();
+    format!("%{escaped}%")
 }
 
 /// A paused route: no instance claims its entries until it is resumed; ingest goes on.
@@ -566,6 +588,10 @@ pub trait Store: Send + Sync + 'static {
     async fn purge_finished(&self, before: Millis, limit: u32) -> Result<u64, StoreError>;
 
     async fn counts(&self) -> Result<Vec<RouteStatusCount>, StoreError>;
+
+    /// Entries finished DONE at or after `since`, per route, counted in buckets of
+    /// `bucket_ms` (buckets with none are left out).
+    async fn throughput(&self, since: Millis, bucket_ms: i64) -> Result<Vec<Throughput>, StoreError>;
 
     /// The database's clock.
     async fn db_now(&self) -> Result<Millis, StoreError>;
