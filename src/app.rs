@@ -414,17 +414,18 @@ async fn housekeeping(shared: Arc<Shared>, retention: Duration, mut shutdown: wa
             let before = crate::clock::ago(shared.clock.now(), retention);
             // Small batches with a pause between them: the relay's claims and settles
             // get the database in between, and any backlog is cleared in one round.
-            let outcome = match inbox::purge_all(shared.store.as_ref(), before, PURGE_BATCH, Duration::from_millis(20)).await {
-                Ok(0) => "ok",
-                Ok(n) => {
-                    tracing::info!(purged = n, "purged finished entries past their retention");
-                    "ok"
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "retention purge failed; will try again");
-                    "failed"
-                }
-            };
+            let outcome =
+                match inbox::purge_all(shared.store.as_ref(), before, PURGE_BATCH, Duration::from_millis(20)).await {
+                    Ok(0) => "ok",
+                    Ok(n) => {
+                        tracing::info!(purged = n, "purged finished entries past their retention");
+                        "ok"
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "retention purge failed; will try again");
+                        "failed"
+                    }
+                };
             shared.metrics.retention_runs.get_or_create(&crate::telemetry::OutcomeLabel { outcome }).inc();
         }
     }

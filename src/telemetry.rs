@@ -480,8 +480,6 @@ pub fn init_logging_at(default: &str, format: LogFormat) {
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => {
-            builder.json().flatten_event(true).with_current_span(true).with_span_list(true).try_init()
-        }
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).with_span_list(true).try_init(),
     };
 }

@@ -168,7 +168,10 @@ impl Relay {
                 parked_blocks: cfg.parked == ParkedPolicy::BlockKey,
             })
             .await;
-        self.metrics.claim_seconds.get_or_create(&Metrics::route(self.route.name())).observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .claim_seconds
+            .get_or_create(&Metrics::route(self.route.name()))
+            .observe(started.elapsed().as_secs_f64());
         claimed
     }
 
@@ -252,7 +255,8 @@ impl Relay {
             }
         };
         let record = self.record(c.entry.attempts, started, answer, requests);
-        self.finish(id, c.entry.correlation_key.as_deref(), c.entry.received_at, &c.lease, settlement, Some(record)).await;
+        self.finish(id, c.entry.correlation_key.as_deref(), c.entry.received_at, &c.lease, settlement, Some(record))
+            .await;
     }
 
     /// The history record of an attempt that began at `started` (clock, monotonic);
@@ -369,7 +373,9 @@ impl Relay {
             // The holder went away meanwhile (purged), or a read failed: try again later.
             _ => Settlement::Retry {
                 at: self.clock.now() + 1_000,
-                error: format!("re-decoded, the plugin gave dedup key `{shown}`, held by another entry that could not be read"),
+                error: format!(
+                    "re-decoded, the plugin gave dedup key `{shown}`, held by another entry that could not be read"
+                ),
                 not_yet_since: None,
             },
         }
