@@ -102,8 +102,10 @@ impl RepairFilter {
     /// `text` as a LIKE pattern (wildcards in it taken literally, `\` the escape).
     pub fn text_pattern(&self) -> Option<String> {
         self.text.as_ref().map(|t| {
-            let escaped: String =
-                t.chars().flat_map(|c| if matches!(c, '%' | '_' | '\\') { vec!['\\', c] } else { vec![c] }).collect();
+            let escaped: String = t
+                .chars()
+                .flat_map(|c| if matches!(c, '%' | '_' | '\\') { vec!['\\', c] } else { vec![c] })
+                .collect();
             format!("%{escaped}%")
         })
     }
