@@ -295,10 +295,7 @@ async fn entry_parked_before_decoding_is_decoded_on_requeue(store: Arc<dyn Store
         schema_version: Some("2".into()),
         body: b"{}".to_vec(),
     };
-    store
-        .settle(id, &c.lease, T0 + 1, &Settlement::Decoded { decoded: decoded.clone(), dedup_key: None })
-        .await
-        .unwrap();
+    store.settle(id, &c.lease, T0 + 1, &Settlement::Decoded { decoded: decoded.clone(), dedup_key: None }).await.unwrap();
     let e = store.get(id).await.unwrap().unwrap();
     assert_eq!((e.status, e.attempts, e.decoded()), (Status::Open, 0, Some(decoded)));
     assert_eq!(e.raw_data, raw, "the raw payload stays as it arrived");

@@ -236,10 +236,7 @@ pub enum Settlement {
     /// id); if another entry of the route holds that key the settle fails with
     /// [`StoreError::holds_dedup_key`] and nothing changes, so one event is never
     /// stored, and delivered, twice under two keys.
-    Decoded {
-        decoded: Decoded,
-        dedup_key: Option<String>,
-    },
+    Decoded { decoded: Decoded, dedup_key: Option<String> },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -354,9 +351,7 @@ impl StoreError {
     /// dedup key (the unique index `inbox_entry_dedup`).
     pub fn holds_dedup_key(&self) -> bool {
         let StoreError::Database(sqlx::Error::Database(db)) = self else { return false };
-        db.constraint() == Some(DEDUP_CONSTRAINT)
-            || (db.kind() == sqlx::error::ErrorKind::UniqueViolation
-                && db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some())
+        db.constraint() == Some(DEDUP_CONSTRAINT) || (db.kind() == sqlx::error::ErrorKind::UniqueViolation && db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some())
     }
 
     /// The SQLSTATE (PostgreSQL) or extended result code (SQLite) of a database error.
@@ -498,12 +493,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// The oldest running job nobody holds (or whose holder's lease expired), now
     /// leased to `owner`.
-    async fn take_repair_job(
-        &self,
-        owner: &str,
-        now: Millis,
-        lease_ms: i64,
-    ) -> Result<Option<crate::repair::RepairJob>, StoreError>;
+    async fn take_repair_job(&self, owner: &str, now: Millis, lease_ms: i64) -> Result<Option<crate::repair::RepairJob>, StoreError>;
 
     /// Records a tick of `owner`'s job: the cursor, `moved` more entries changed, the
     /// lease renewed; `finished` ends it. False when the lease was lost.
