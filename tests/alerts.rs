@@ -289,3 +289,80 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
     assert!(text.contains(r#"inlet_queue_time_seconds_count{route="orders"} 1"#), "{text}");
     inlet.running.stop().await;
 }
+
+/// The value of the series `series` (name and labels as exported) in a scrape.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Starts Inlet on the PostgreSQL inbox `url` with `routes`, listening on a free port.
+async fn start_on(url: &str, routes: &str, dir: &Path, name: &str) -> inlet::app::Running {
+    let config = dir.join(format!("{name}.toml"));
+    std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).expect("write the routing file");
+    let loaded = inlet::config::Config::load(&config).unwrap_or_else(|e| panic!("test routing file is invalid:\n{e}"));
+    let options = inlet::app::Options {
+        owner: name.to_string(),
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        poll: Duration::from_millis(20),
+        ..inlet::app::Options::default()
+    };
+    inlet::app::start(&loaded, options).await.expect("inlet starts")
+}
+
+/// Two instances on one PostgreSQL inbox: one publishes the inbox gauges, the other
+/// exports none of them, so `sum()` over both is the inbox's backlog, not twice it;
+/// when the publisher stops, the other takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_publish_the_inbox_gauges_once() {
+    let pg = common::TestPg::new().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let routes = format!(
+        "[[route]]\nname = \"orders\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
+        common::plugin_path("work_order").display()
+    );
+    let a = start_on(&pg.url, &routes, dir.path(), "a").await;
+    let b = start_on(&pg.url, &routes, dir.path(), "b").await;
+    // Paused: the pushed entries stay OPEN, a backlog both instances see.
+    let pause = inlet::inbox::Pause {
+        route: "orders".into(),
+        paused_at: a.shared.clock.now(),
+        paused_by: "test".into(),
+        reason: "hold a backlog".into(),
+    };
+    assert!(a.shared.store.pause_route(&pause).await.unwrap());
+    let http = reqwest::Client::new();
+    for (i, key) in ["k1", "k2", "k3"].iter().enumerate() {
+        let data = format!(r#"{{"workOrderId":"{key}","completedItems":1,"completionTimestamp":"2026-08-01T10:00:00Z"}}"#);
+        let base = format!("http://{}", a.addr);
+        assert_eq!(post_push(&http, &base, "orders", &push_envelope(data.as_bytes(), &[], &format!("m-{i}"))).await, 200);
+    }
+    let scrape = |addr: std::net::SocketAddr| {
+        let http = http.clone();
+        async move { http.get(format!("http://{addr}/metrics")).send().await.unwrap().text().await.unwrap() }
+    };
+    const OPEN: &str = r#"inlet_inbox_entries{route="orders",status="OPEN"}"#;
+    let (publisher, other) = wait_for("one instance to publish a backlog of 3", Duration::from_secs(30), || async {
+        let (ta, tb) = (scrape(a.addr).await, scrape(b.addr).await);
+        let published = |t: &str| sample(t, "inlet_inbox_gauges_publisher") == Some(1.0) && sample(t, OPEN) == Some(3.0);
+        let silent = |t: &str| sample(t, "inlet_inbox_gauges_publisher") == Some(0.0);
+        match (published(&ta), published(&tb)) {
+            (true, false) if silent(&tb) => Some(("a", tb)),
+            (false, true) if silent(&ta) => Some(("b", ta)),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(!other.contains("inlet_inbox_entries{"), "the instance that does not publish exports no inbox gauge:\n{other}");
+    assert!(!other.contains("inlet_inbox_oldest_age_seconds{"), "{other}");
+    assert_eq!(sample(&other, "inlet_store_up"), Some(1.0), "every instance reports its own store_up");
+
+    // The publisher stops: the other takes the lease and publishes the same backlog.
+    let (stopped, remaining) = if publisher == "a" { (a, b) } else { (b, a) };
+    stopped.stop().await;
+    wait_until("the other instance to take over the inbox gauges", Duration::from_secs(60), || async {
+        let t = scrape(remaining.addr).await;
+        sample(&t, "inlet_inbox_gauges_publisher") == Some(1.0) && sample(&t, OPEN) == Some(3.0)
+    })
+    .await;
+    remaining.stop().await;
+}
