@@ -37,6 +37,10 @@ pub struct Cli {
     /// line for a repair (the bodies of the admin API, see API.md).
     #[arg(long, global = true)]
     pub json: bool,
+    /// How log lines (on stderr) are written: `text`, or `json` (one object per line,
+    /// with the fields of the spans it ran in: route, entry id, key, message id).
+    #[arg(long, global = true, env = "INLET_LOG_FORMAT", value_enum, default_value_t = crate::telemetry::LogFormat::Text)]
+    pub log_format: crate::telemetry::LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -309,7 +313,7 @@ pub async fn main() -> ExitCode {
     // `inlet run` reports its progress; the tools print their answer, and only
     // warnings and errors besides it.
     let level = if matches!(cli.command, Command::Run { .. }) { "info" } else { "warn" };
-    crate::telemetry::init_logging_at(level);
+    crate::telemetry::init_logging_at(level, cli.log_format);
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {

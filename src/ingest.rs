@@ -160,7 +160,13 @@ impl Ingest {
 
     /// Decodes and stores one message. `Ok` means the row is committed (or was
     /// already there) and the broker may be acked; `Err` means nack.
+    /// Runs in an `ingest` span carrying the route and the message id.
     pub async fn accept(&self, route: &Route, msg: Incoming) -> Result<Accepted, IngestError> {
+        let span = ingest_span(route, &msg.message_id);
+        tracing::Instrument::instrument(self.accept_one(route, msg), span).await
+    }
+
+    async fn accept_one(&self, route: &Route, msg: Incoming) -> Result<Accepted, IngestError> {
         let entry = self.decode(route, msg).await?;
         let (entry, result) = match &self.group {
             None => self.insert_alone(route, entry, self.clock.now()).await,
@@ -188,11 +194,19 @@ impl Ingest {
     /// inbox order, and so the delivery order within a key). `Ok` means every row is
     /// committed and every message may be acked; `Err` means nack them all (rows that
     /// were committed before the failure absorb the redelivery as duplicates).
+    /// Each decode runs in an `ingest` span (route, message id), the insert in an
+    /// `ingest_batch` span (route, number of messages).
     pub async fn accept_batch(&self, route: &Route, msgs: Vec<Incoming>) -> Result<Vec<InsertOutcome>, IngestError> {
         let mut entries = Vec::with_capacity(msgs.len());
         for msg in msgs {
-            entries.push(self.decode(route, msg).await?);
+            let span = ingest_span(route, &msg.message_id);
+            entries.push(tracing::Instrument::instrument(self.decode(route, msg), span).await?);
         }
+        let span = tracing::info_span!("ingest_batch", route = route.name(), messages = entries.len());
+        tracing::Instrument::instrument(self.store_batch(route, entries), span).await
+    }
+
+    async fn store_batch(&self, route: &Route, mut entries: Vec<NewEntry>) -> Result<Vec<InsertOutcome>, IngestError> {
         let result = self.insert_isolating(route, &mut entries, self.clock.now()).await;
         match &result {
             Ok(outcomes) => {
@@ -322,7 +336,9 @@ impl Ingest {
             last_error: None,
         };
         let plugin = route.plugin();
+        let started = std::time::Instant::now();
         let answer = plugin.decode(wit_msg).await;
+        self.metrics.plugin_call(route.name(), "decode", started);
         let tries = self.count_transient(route.name(), &entry.message_id, answer.as_ref().err());
         match answer {
             Err(fault) if fault.is_transient() && tries < plugin.limits().timeout_tries => {
@@ -410,6 +426,11 @@ impl Ingest {
         let label = Stored::of(outcome, entry.status).as_str();
         self.metrics.ingested.get_or_create(&Metrics::outcome(route.name(), label)).inc();
     }
+}
+
+/// The span a message's decode and insert run in.
+fn ingest_span(route: &Route, message_id: &str) -> tracing::Span {
+    tracing::info_span!("ingest", route = route.name(), message_id = %rules::storable(message_id, 200))
 }
 
 /// Counts a plugin answer refused by an output rule (ingest and relay alike).

@@ -276,6 +276,17 @@ pub struct RouteStatusCount {
     pub oldest_received_at: Option<Millis>,
 }
 
+/// Keys of a route that are held up: the head (oldest unresolved entry) of the key is
+/// PARKED and the route blocks on parked entries, or an entry of the key waits behind
+/// an older unresolved one. A busy key shows here for a moment between deliveries; a
+/// stuck key stays, and its head gets older.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BlockedKeys {
+    pub keys: i64,
+    /// `received_at` of the oldest head among them.
+    pub oldest_head_received_at: Option<Millis>,
+}
+
 /// Entries of a route finished DONE in one bucket of time (`GET /console`'s
 /// throughput sparkline).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -589,6 +600,17 @@ pub trait Store: Send + Sync + 'static {
 
     async fn counts(&self) -> Result<Vec<RouteStatusCount>, StoreError>;
 
+    /// The keys of `route` that are held up (see [`BlockedKeys`]); `parked_blocks`: the
+    /// route's parked entries hold back later entries of their key (`block-key`).
+    async fn blocked_keys(&self, route: &str, parked_blocks: bool) -> Result<BlockedKeys, StoreError>;
+
+    /// Whether this store holds the inbox's gauge lease: the one instance that
+    /// publishes the gauges computed from the shared inbox (`inlet_inbox_*`), so they
+    /// are not multiplied by the number of replicas. SQLite: always (one instance).
+    /// PostgreSQL: a session advisory lock on a connection of its own, kept while that
+    /// connection lives; an instance that dies or loses the connection loses it, and
+    /// the next caller elsewhere takes it. Called again to keep it (every few seconds).
+    async fn gauge_lease(&self) -> Result<bool, StoreError>;
     /// Entries finished DONE at or after `since`, per route, counted in buckets of
     /// `bucket_ms` (buckets with none are left out).
     async fn throughput(&self, since: Millis, bucket_ms: i64) -> Result<Vec<Throughput>, StoreError>;

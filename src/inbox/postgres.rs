@@ -40,8 +40,15 @@ const MIGRATIONS: &[(i64, &str)] = &[
 /// Serializes migrations across instances (the key is "inlet" in ASCII).
 const MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock(452824163700)";
 
+/// The session advisory lock whose holder publishes the inbox gauges (the migration
+/// lock's key plus one).
+const GAUGE_LOCK: i64 = 452_824_163_701;
+
 pub struct PgStore {
     pool: PgPool,
+    /// The connection the gauge lease is tried and held on (outside the pool, so
+    /// the lock lives exactly as long as it), and whether it holds the lock.
+    gauge_lease: tokio::sync::Mutex<Option<(PgConnection, bool)>>,
 }
 
 impl PgStore {
@@ -54,7 +61,7 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(3))
             .connect_with(options)
             .await?;
-        let store = PgStore { pool };
+        let store = PgStore { pool, gauge_lease: tokio::sync::Mutex::new(None) };
         store.migrate(MIGRATIONS, &[MIGRATION_LOCK]).await?;
         Ok(store)
     }
@@ -135,6 +142,25 @@ pub const INSERT_SQL: &str = concat!(
 );
 
 impl PgStore {
+    /// [`super::Store::gauge_lease`]: keeps the lock while its connection answers;
+    /// otherwise tries to take it, never waiting. A failing connection is dropped
+    /// (and with it the lock, for another instance to take).
+    async fn hold_gauge_lease(&self) -> Result<bool, StoreError> {
+        let mut lease = self.gauge_lease.lock().await;
+        let (mut conn, held) = match lease.take() {
+            Some(kept) => kept,
+            None => (self.pool.acquire().await?.detach(), false),
+        };
+        let answer = if held {
+            sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&mut conn).await.map(|_| true)
+        } else {
+            sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(GAUGE_LOCK).fetch_one(&mut conn).await
+        };
+        let held = answer?;
+        *lease = Some((conn, held));
+        Ok(held)
+    }
+
     async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<PgRow>, StoreError> {
         // `$1`–`$5` of every claim statement (the `claim_where.sql` parameters).
         macro_rules! candidates {

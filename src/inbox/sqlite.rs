@@ -74,6 +74,11 @@ pub const CLAIM_SQL: &str = concat!(
 pub const INSERT_SQL: &str = include_str!("sql/insert.sql");
 
 impl SqliteStore {
+    /// [`super::Store::gauge_lease`]: one instance per file, so always this one.
+    async fn hold_gauge_lease(&self) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
     async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<SqliteRow>, StoreError> {
         Ok(sqlx::query(CLAIM_SQL)
             .bind(req.route)

@@ -612,6 +612,21 @@ macro_rules! store_impl {
                     .collect()
             }
 
+            async fn blocked_keys(&self, route: &str, parked_blocks: bool)
+                -> Result<$crate::inbox::BlockedKeys, $crate::inbox::StoreError>
+            {
+                let (keys, oldest): (i64, Option<i64>) = sqlx::query_as(include_str!("sql/blocked_keys.sql"))
+                    .bind(route)
+                    .bind(parked_blocks)
+                    .fetch_one(&self.pool)
+                    .await?;
+                Ok($crate::inbox::BlockedKeys { keys, oldest_head_received_at: oldest })
+            }
+
+            async fn gauge_lease(&self) -> Result<bool, $crate::inbox::StoreError> {
+                self.hold_gauge_lease().await
+            }
+
             async fn throughput(
                 &self,
                 since: $crate::clock::Millis,
