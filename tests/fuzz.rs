@@ -428,6 +428,20 @@ fn envelope_contract(input: &[u8]) -> Result<Verdict, String> {
             if incoming.message_id.is_empty() {
                 return Err("accepted a message without an id".into());
             }
+            // What was taken is what the body says.
+            let m = &as_json.as_ref().expect("an object")["message"];
+            let id = m["messageId"].as_str().or(m["message_id"].as_str());
+            if id != Some(incoming.message_id.as_str()) {
+                return Err(format!("message id {:?}, the body says {id:?}", incoming.message_id));
+            }
+            let attributes = m["attributes"].as_object().map_or(0, |a| a.len());
+            if incoming.attributes.len() != attributes {
+                return Err(format!("{} attributes taken of {attributes}", incoming.attributes.len()));
+            }
+            let data = m["data"].as_str().unwrap_or_default();
+            if incoming.data.is_empty() != data.trim_end_matches('=').is_empty() {
+                return Err(format!("data {:?} read as {} bytes", data, incoming.data.len()));
+            }
             Ok(Verdict::Accepted)
         }
         Err(e) => {
@@ -446,6 +460,92 @@ fn envelope_contract(input: &[u8]) -> Result<Verdict, String> {
     }
 }
 
+const FIELD_NAMES: &[&str] = &[
+    "message", "data", "attributes", "messageId", "message_id", "publishTime", "publish_time", "subscription",
+    "deliveryAttempt", "delivery_attempt", "orderingKey", "eventId", "", "\u{0}",
+];
+
+/// A random JSON value of any type, nested at most `depth` deep.
+fn random_value(rng: &mut fastrand::Rng, depth: usize) -> serde_json::Value {
+    use serde_json::{Value, json};
+    let b64 = |bytes: &[u8], url: bool| {
+        let engine = if url { &base64::engine::general_purpose::URL_SAFE_NO_PAD } else { &base64::engine::general_purpose::STANDARD };
+        base64::Engine::encode(engine, bytes)
+    };
+    match rng.u8(..if depth == 0 { 7 } else { 9 }) {
+        0 => Value::Null,
+        1 => Value::Bool(rng.bool()),
+        2 => json!(rng.i64(..)),
+        3 => json!([rng.u64(..), u32::MAX as u64 + 1, 0][rng.usize(..3)]),
+        4 => json!([1.5, -0.0, 1e300, -1.0][rng.usize(..4)]),
+        5 | 6 => {
+            let bytes: Vec<u8> = (0..rng.usize(..24)).map(|_| rng.u8(..)).collect();
+            let text: String = (0..rng.usize(..12)).map(|_| rng.char(..)).collect();
+            Value::String(match rng.u8(..5) {
+                0 => b64(&bytes, false),
+                1 => b64(&bytes, true),
+                2 => text,
+                3 => format!("{}\u{0}", FIELD_NAMES[rng.usize(..FIELD_NAMES.len())]),
+                _ => String::new(),
+            })
+        }
+        7 => Value::Array((0..rng.usize(..4)).map(|_| random_value(rng, depth - 1)).collect()),
+        _ => Value::Object(
+            (0..rng.usize(..4))
+                .map(|_| (FIELD_NAMES[rng.usize(..FIELD_NAMES.len())].to_string(), random_value(rng, depth - 1)))
+                .collect(),
+        ),
+    }
+}
+
+/// One structural edit somewhere in `v`: a field dropped, added or replaced by a value
+/// of another type, an element pushed or removed.
+fn mutate_value(rng: &mut fastrand::Rng, v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) if !map.is_empty() && rng.u8(..3) == 0 => {
+            let keys: Vec<String> = map.keys().cloned().collect();
+            let key = &keys[rng.usize(..keys.len())];
+            match rng.u8(..3) {
+                0 => {
+                    map.remove(key);
+                }
+                1 => mutate_value(rng, map.get_mut(key).expect("the key is there")),
+                _ => {
+                    map.insert(key.clone(), random_value(rng, 3));
+                }
+            }
+        }
+        Value::Object(map) if rng.bool() => {
+            let key = FIELD_NAMES[rng.usize(..FIELD_NAMES.len())].to_string();
+            map.insert(key, random_value(rng, 3));
+        }
+        Value::Object(map) if !map.is_empty() => {
+            let keys: Vec<String> = map.keys().cloned().collect();
+            let key = keys[rng.usize(..keys.len())].clone();
+            mutate_value(rng, map.get_mut(&key).expect("the key is there"));
+        }
+        Value::Array(items) if !items.is_empty() && rng.bool() => {
+            let i = rng.usize(..items.len());
+            if rng.bool() { items.remove(i); } else { mutate_value(rng, &mut items[i]); }
+        }
+        _ => *v = random_value(rng, 3),
+    }
+}
+
+/// A seed with a few structural edits, re-serialized, and now and then a byte edit.
+fn json_mutant(rng: &mut fastrand::Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(&seeds[rng.usize(..seeds.len())]).expect("seeds are JSON");
+    for _ in 0..rng.usize(1..=4) {
+        mutate_value(rng, &mut v);
+    }
+    let mut out = serde_json::to_vec(&v).expect("a value serializes");
+    if rng.u8(..4) == 0 {
+        mutate(rng, &mut out, JSON_TOKENS, seeds);
+    }
+    out
+}
+
 #[test]
 fn fuzz_push_envelope_parser() {
     let seeds = envelope_seeds();
@@ -453,7 +553,10 @@ fn fuzz_push_envelope_parser() {
         PushEnvelope::parse(s).unwrap_or_else(|e| panic!("a seed envelope is refused: {e}"));
     }
     let plan = plan("envelope", 40_000);
-    let tally = run("envelope", plan, move |rng| mutant(rng, &seeds, JSON_TOKENS), envelope_contract);
+    // Half byte-level mutants (mostly not JSON any more), half structural ones (JSON
+    // of the wrong shape, which is where the field checks live).
+    let next = move |rng: &mut fastrand::Rng| if rng.bool() { mutant(rng, &seeds, JSON_TOKENS) } else { json_mutant(rng, &seeds) };
+    let tally = run("envelope", plan, next, envelope_contract);
     eprintln!("fuzz envelope: {} inputs ({} parsed, {} refused), no finding", tally.accepted + tally.refused, tally.accepted, tally.refused);
     assert!(tally.accepted > 0 && tally.refused > 0, "the mutants explore both outcomes: {tally:?}");
 }
