@@ -1081,3 +1081,54 @@ fn the_cli_reads_names_and_the_store_beside_a_team_file_that_is_not_utf8() {
     let names = inlet::config::route_names(dir.path()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(names, ["billing", "good"]);
 }
+
+/// While running: a team's file rewritten in Latin-1 is refused at the next reload,
+/// and only that team's route is affected — it keeps its last good version; the other
+/// team's route and the reload itself go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_file_turned_latin1_while_running_refuses_only_that_team_at_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("00-platform.toml"), "[store]\nurl = \"sqlite://inbox.db\"\n\n[admin]\nauth = \"none-loopback\"\n")
+        .unwrap();
+    std::fs::write(dir.path().join("orders.toml"), team_route("orders")).unwrap();
+    let billing = dir.path().join("billing.toml");
+    std::fs::write(&billing, team_route("billing")).unwrap();
+    let config = Config::load_partial(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let options = app::Options {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        poll: Duration::from_millis(20),
+        reload_every: None,
+        ..app::Options::default()
+    };
+    let running = app::start(&config, options).await.expect("inlet starts");
+    let base = format!("http://{}", running.addr);
+    let http = reqwest::Client::new();
+    let push = |route: &'static str, id: &'static str| {
+        let body = envelope(&work_order("k", 1), json!({}), id).to_string();
+        let req = http.post(format!("{base}/push/{route}")).header("content-type", "application/json").body(body);
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!((push("orders", "o-1").await, push("billing", "b-1").await), (200, 200));
+
+    let mut latin1 = team_route("billing").into_bytes();
+    latin1.extend_from_slice(b"# factur\xe9 par l'\xe9quipe\n");
+    std::fs::write(&billing, latin1).unwrap();
+    let report: Value =
+        serde_json::from_str(&http.post(format!("{base}/api/reload")).send().await.unwrap().text().await.unwrap()).unwrap();
+    assert_ne!(report["routing_file"]["result"], "refused", "one team's file does not refuse the reload: {report}");
+    let refused = report["refused"].as_array().expect("refused routes");
+    assert_eq!(refused.len(), 1, "{report}");
+    assert_eq!(refused[0]["route"], "billing", "{report}");
+    assert_eq!(refused[0]["running"], true, "it keeps its last good version: {report}");
+    let error = refused[0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("billing.toml:6:") && error.contains("not UTF-8"), "{report}");
+
+    assert_eq!(push("orders", "o-2").await, 200, "the other team is untouched");
+    assert_eq!(push("billing", "b-2").await, 200, "billing runs on its last good version");
+    let (status, ready): (u16, Value) = {
+        let r = http.get(format!("{base}/readyz")).send().await.unwrap();
+        (r.status().as_u16(), serde_json::from_str(&r.text().await.unwrap()).unwrap())
+    };
+    assert_eq!((status, ready["status"].as_str()), (200, Some("degraded")), "{ready}");
+    running.stop().await;
+}
