@@ -60,7 +60,7 @@ fn routing_file(store_url: &str) -> String {
             "hostile",
             "hostile",
             "{ kind = \"push\" }",
-            "limits = { call_timeout = \"2s\", timeout_tries = 2, fuel = 20000000, memory_mib = 64, max_output_mib = 1 }",
+            "limits = { call_timeout = \"4s\", timeout_tries = 2, fuel = 20000000, memory_mib = 64, max_output_mib = 1 }",
         ),
         route("unruly", "unruly", "{ kind = \"push\" }", ""),
         route("pulled", "work_order", "{ kind = \"pubsub\", subscription = \"projects/p/subscriptions/s\" }", ""),
@@ -860,10 +860,10 @@ async fn check_rows(inlet: &Inlet, case: &Case, got: &Got, new: &[Entry], ids: &
             }
         }
         Row::Conflict(of) => {
-            if let Some(e) = one(&mut problems) {
-                if e.status != Status::Parked || e.conflict_of != ids.get(of).copied() {
-                    problems.push(format!("status {:?}, conflict_of {:?} (want PARKED, {:?})", e.status, e.conflict_of, ids.get(of)));
-                }
+            if let Some(e) = one(&mut problems)
+                && (e.status != Status::Parked || e.conflict_of != ids.get(of).copied())
+            {
+                problems.push(format!("status {:?}, conflict_of {:?} (want PARKED, {:?})", e.status, e.conflict_of, ids.get(of)));
             }
         }
         Row::Duplicate(of) => {

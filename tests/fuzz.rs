@@ -64,7 +64,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn from_hex(hex: &str) -> Vec<u8> {
-    assert!(hex.len() % 2 == 0, "INLET_FUZZ_REPLAY must be hex");
+    assert!(hex.len().is_multiple_of(2), "INLET_FUZZ_REPLAY must be hex");
     (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("INLET_FUZZ_REPLAY must be hex")).collect()
 }
 
@@ -221,7 +221,7 @@ fn mutate(rng: &mut fastrand::Rng, input: &mut Vec<u8>, tokens: &[&[u8]], seeds:
             let j = at(rng, input);
             input.splice(j..j, piece);
         }
-        5 | 6 | 7 => {
+        5..=7 => {
             let token = tokens[rng.usize(..tokens.len())];
             let i = at(rng, input);
             if rng.bool() && i < input.len() {
