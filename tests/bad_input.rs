@@ -540,14 +540,13 @@ fn corpus() -> Vec<Case> {
             row: Row::Open("extra"),
             counted: ingested("wo", "inserted"),
         },
-        Case {
-            name: "the message twice in one body (the last wins)",
-            req: Req::new("POST", "/push/wo").json(format!(r#"{{"message": {{"messageId": "m-first", "data": "{}"}}, "message": {{"messageId": "m-second", "data": "{}"}}}}"#, b64(b"first"), b64(&work_order("second", 1)))),
-            sent: work_order("second", 1),
-            answer: Outcome("inserted"),
-            row: Row::Open("second"),
-            counted: ingested("wo", "inserted"),
-        },
+        bad_envelope(
+            "the message twice in one body",
+            format!(r#"{{"message": {{"messageId": "m-first", "data": "{}"}}, "message": {{"messageId": "m-second"}}}}"#, b64(b"first")),
+            "`message` appears twice in one object",
+        ),
+        bad_envelope("the message id twice", with_message(r#"{"messageId": "m-a", "messageId": "m-b"}"#), "`message.messageId` appears twice"),
+        bad_envelope("an attribute twice", with_message(r#"{"messageId": "m", "attributes": {"eventId": "1", "eventId": "2"}}"#), "`message.attributes.eventId` appears twice"),
         Case {
             name: "a NUL in the message id",
             req: Req::new("POST", "/push/wo").json(with_message(&format!(r#"{{"messageId": "m-\u0000-nul", "data": "{}"}}"#, b64(&work_order("nulid", 1))))),

@@ -445,6 +445,10 @@ fn envelope_contract(input: &[u8]) -> Result<Verdict, String> {
             Ok(Verdict::Accepted)
         }
         Err(e) => {
+            // A key given twice is named by its path, wherever it is.
+            if e.problem == "appears twice in one object" {
+                return Ok(Verdict::Refused);
+            }
             if !known_field(&e.field) {
                 return Err(format!("the error names an unknown field `{}`: {e}", e.field));
             }

@@ -129,12 +129,99 @@ fn either_str<'a>(
     Ok(first.or(second))
 }
 
+/// JSON read into a [`Value`], but a key given twice in one object is refused (its
+/// path is kept in `twice`): a reader that takes the last and one that takes the
+/// first (a proxy, a log) would see different messages.
+struct Strict<'a> {
+    path: String,
+    twice: &'a std::cell::RefCell<Option<String>>,
+}
+
+impl Strict<'_> {
+    fn child(&self, key: &str) -> Strict<'_> {
+        let path = if self.path.is_empty() { key.to_string() } else { format!("{}.{}", self.path, key) };
+        Strict { path, twice: self.twice }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(v) = seq.next_element_seed(self.child(&items.len().to_string()))? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let v = map.next_value_seed(self.child(&key))?;
+            if out.contains_key(&key) {
+                *self.twice.borrow_mut() = Some(self.child(&shown_key(&key)).path);
+                return Err(serde::de::Error::custom("a key appears twice"));
+            }
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
 impl PushEnvelope {
     /// The message of a push body in Inlet's terms, or the field that makes it
     /// unusable. Any bytes give one or the other (serde_json bounds the nesting, so a
     /// deeply nested body is an error, not a stack overflow).
     pub fn parse(body: &[u8]) -> Result<Incoming, EnvelopeError> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| EnvelopeError::new("body", format!("is not JSON: {e}")))?;
+        let twice = std::cell::RefCell::new(None);
+        let mut reader = serde_json::Deserializer::from_slice(body);
+        let value = serde::de::DeserializeSeed::deserialize(Strict { path: String::new(), twice: &twice }, &mut reader)
+            .and_then(|v| reader.end().map(|()| v))
+            .map_err(|e| match twice.take() {
+                Some(path) => EnvelopeError::new(path, "appears twice in one object"),
+                None => EnvelopeError::new("body", format!("is not JSON: {e}")),
+            })?;
         let Value::Object(top) = value else {
             return Err(EnvelopeError::new("body", format!("must be a JSON object, not {}", kind(&value))));
         };
