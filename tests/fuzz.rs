@@ -369,6 +369,69 @@ fn fuzz_routing_file_loader() {
     assert!(tally.accepted > 0 && tally.refused > 0, "the mutants explore both outcomes: {tally:?}");
 }
 
+/// A team's file in a directory, mutated: whatever it holds, the other files' routes
+/// load and the load itself succeeds — unless the mutant declares a shared table
+/// (`[store]`, `[server]`, …), the one way a team file may stop everything, and then
+/// the error names the mutant. Every error names its file and a line.
+#[test]
+fn fuzz_a_team_file_refuses_only_itself() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = root.join("tests/ui/fake-plugin.bin");
+    std::fs::write(
+        dir.path().join("00-platform.toml"),
+        format!(
+            "[store]\nurl = \"sqlite://inbox.db\"\n\n[[route]]\nname = \"platform\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
+            plugin.display()
+        ),
+    )
+    .unwrap();
+    let team = dir.path().join("team.toml");
+    let mut seeds: Vec<Vec<u8>> = toml_seeds().into_iter().map(|(_, b)| b).filter(|b| !b.windows(7).any(|w| w == b"[store]")).collect();
+    seeds.push(std::fs::read(root.join("tests/ui/dir-valid/orders.toml")).unwrap());
+    let plan = plan("team-file", 3_000);
+    let dir_path = dir.path().to_path_buf();
+    let tally = run(
+        "team-file",
+        plan,
+        move |rng| mutant(rng, &seeds, TOML_TOKENS),
+        move |input| {
+            std::fs::write(&team, input).map_err(|e| format!("cannot write the team file: {e}"))?;
+            let lossy = String::from_utf8_lossy(input).into_owned();
+            match Config::load_partial(&dir_path) {
+                Ok(config) => {
+                    if !config.routes.iter().any(|r| r.name.as_str() == "platform") {
+                        return Err(format!("the platform's route did not load beside the team file: {:?}", config.refused));
+                    }
+                    for refused in &config.refused {
+                        if refused.file != team {
+                            return Err(format!("a route of another file was refused: {}", refused.errors));
+                        }
+                        loader_contract(&team, &lossy, Err(refused.errors.clone()))?;
+                    }
+                    Ok(if config.refused.is_empty() { Verdict::Accepted } else { Verdict::Refused })
+                }
+                Err(errors) => {
+                    let shared = ["store", "server", "plugins", "admin", "push"];
+                    let declares_shared = toml::from_str::<toml::Table>(&lossy)
+                        .is_ok_and(|t| shared.iter().any(|k| t.contains_key(*k)));
+                    if !declares_shared {
+                        return Err(format!("a team file without shared tables stopped the load:\n{errors}"));
+                    }
+                    let mine: Vec<_> = errors.0.iter().filter(|e| e.file == team).cloned().collect();
+                    if mine.is_empty() {
+                        return Err(format!("the load stopped without naming the team file:\n{errors}"));
+                    }
+                    loader_contract(&team, &lossy, Err(ConfigErrors(mine)))?;
+                    Ok(Verdict::Refused)
+                }
+            }
+        },
+    );
+    eprintln!("fuzz team-file: {} inputs ({} loaded whole, {} refused), no finding", tally.accepted + tally.refused, tally.accepted, tally.refused);
+    assert!(tally.accepted > 0 && tally.refused > 0, "the mutants explore both outcomes: {tally:?}");
+}
+
 // ---------------------------------------------------------------------------------------
 // The push envelope
 // ---------------------------------------------------------------------------------------
