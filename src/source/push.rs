@@ -2,7 +2,8 @@
 //! ack, so it is sent only after the row is committed; 503 when the inbox is
 //! unreachable (Pub/Sub redelivers); 503 too for a route that is refused (its plugin or
 //! settings do not load), so its messages wait in Pub/Sub until it is fixed; 404 for a
-//! route no routing file names; 400 for a body that is not a push envelope.
+//! route no routing file names; 415 for a body not sent as JSON; 400 for a body that
+//! is not a push envelope ([`PushEnvelope::parse`] names the field at fault).
 //!
 //! [`limit`] stands in front of the handler and protects the process: at most
 //! `max_concurrent_pushes` requests at once (one more is shed with 503 and
@@ -290,8 +291,9 @@ impl From<Accepted> for PushAnswer {
 }
 
 /// A push that was not acked: `{"error": "…", "reason": "…"}`, the reason one of a
-/// fixed set (API.md lists them; the listener's and push auth's are also the labels
-/// of their metrics). Pub/Sub redelivers every one of them.
+/// fixed set (API.md lists them; each is the `reason` label of
+/// `inlet_push_rejected_total`, push auth's of `inlet_push_auth_refused_total`).
+/// Pub/Sub redelivers every one of them.
 #[derive(Debug)]
 pub struct PushError {
     pub status: StatusCode,
