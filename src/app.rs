@@ -63,6 +63,15 @@ impl Shared {
         Arc::clone(&self.routes.read().expect("routes lock"))
     }
 
+    /// `route` has entries to claim now: wakes its relay here and announces it to
+    /// the other instances on the inbox, so none waits for its poll interval.
+    pub fn wake(&self, route: &str) {
+        if let Some(r) = self.routes().get(route) {
+            r.stored.notify_one();
+        }
+        self.ingest.announce(route);
+    }
+
     /// Puts a new set of routes in place: relays of routes that are gone or changed
     /// stop claiming (their in-flight attempts finish), relays of `fresh` routes start.
     pub(crate) fn replace_routes(&self, routes: Arc<Routes>, fresh: &[String]) {
@@ -286,7 +295,9 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     let settles = Arc::new(Group::start(Settles(Arc::clone(&store)), GROUP_COMMIT_WRITERS));
     let shared = Arc::new(Shared {
         ingest: Arc::new(
-            Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics)).with_group_commit(GROUP_COMMIT_WRITERS),
+            Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics))
+                .with_group_commit(GROUP_COMMIT_WRITERS)
+                .with_announcements(),
         ),
         pubsub: options.pubsub.clone(),
         ack_journal,
@@ -353,6 +364,9 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         "inlet listening"
     );
     tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx.clone()));
+    if let Some(announced) = shared.store.announcements() {
+        tasks.spawn(wake_on_announcements(Arc::clone(&shared), announced, shutdown_rx.clone()));
+    }
     tasks.spawn(crate::repair::run(Arc::clone(&shared), options.owner.clone(), shutdown_rx.clone()));
     tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
     Ok(Running { addr, admin_addr, shared, shutdown, tasks, grace: options.grace })
@@ -362,7 +376,8 @@ async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, StartError> {
     tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })
 }
 
-/// The admin API and `/metrics`, each behind its gate (see `admin::access`).
+/// The admin API, `/metrics` and the web console, each behind its gate (see
+/// `admin::access`, `console::session`).
 fn admin_router(shared: &Arc<Shared>) -> Router {
     let api = Router::new()
         .route("/api/entries", get(admin::list))
@@ -378,13 +393,14 @@ fn admin_router(shared: &Arc<Shared>) -> Router {
         .route("/api/routes/{name}/resume", post(admin::resume_route))
         .route("/api/purge", post(admin::purge))
         .route("/api/audit", get(admin::audit_log))
+        .route("/api/openapi.json", get(admin::openapi::serve))
         .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::authenticate))
         .with_state(Arc::clone(shared));
     let metrics = Router::new()
         .route("/metrics", get(admin::metrics))
         .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::metrics_gate))
         .with_state(Arc::clone(shared));
-    api.merge(metrics)
+    api.merge(metrics).merge(crate::console::router(shared))
 }
 
 /// `/healthz` and `/readyz`: open on every listener.
@@ -393,6 +409,24 @@ fn probes(shared: &Arc<Shared>) -> Router {
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))
         .with_state(Arc::clone(shared))
+}
+
+/// Wakes the relay of each route another instance (or this one, or a CLI) announced.
+async fn wake_on_announcements(
+    shared: Arc<Shared>,
+    mut announced: tokio::sync::mpsc::UnboundedReceiver<String>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let route = tokio::select! {
+            route = announced.recv() => route,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        let Some(route) = route else { return };
+        if let Some(r) = shared.routes().get(&route) {
+            r.stored.notify_one();
+        }
+    }
 }
 
 /// Tasks committing push inserts (and, apart, settles) in groups: one gathers a batch

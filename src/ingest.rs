@@ -102,6 +102,8 @@ pub struct Ingest {
     /// Transient decode faults per (route, message id) not yet settled.
     transient: Mutex<HashMap<(String, String), u32>>,
     group: Option<GroupCommit>,
+    /// Routes to announce to the other instances, coalesced by one task.
+    announcer: Option<tokio::sync::mpsc::UnboundedSender<String>>,
 }
 
 /// Messages whose transient decode faults are remembered at once; past this the
@@ -110,7 +112,7 @@ const TRANSIENT_MEMORY: usize = 10_000;
 
 impl Ingest {
     pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, metrics: Arc<Metrics>) -> Ingest {
-        Ingest { store, clock, metrics, transient: Mutex::new(HashMap::new()), group: None }
+        Ingest { store, clock, metrics, transient: Mutex::new(HashMap::new()), group: None, announcer: None }
     }
 
     /// Single messages ([`Ingest::accept`], the push path) that arrive while others
@@ -119,6 +121,36 @@ impl Ingest {
         let inserts = Inserts { store: Arc::clone(&self.store), clock: Arc::clone(&self.clock) };
         self.group = Some(GroupCommit::start(inserts, writers));
         self
+    }
+
+    /// Announces routes with new entries to the other instances on the inbox
+    /// ([`Store::announce`]): names that queue up while one announcement goes out are
+    /// sent together in the next, once each.
+    pub fn with_announcements(mut self) -> Ingest {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let store = Arc::clone(&self.store);
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut routes = std::collections::BTreeSet::from([first]);
+                while let Ok(route) = rx.try_recv() {
+                    routes.insert(route);
+                }
+                let routes: Vec<String> = routes.into_iter().collect();
+                if let Err(error) = store.announce(&routes).await {
+                    // The others find the entries at their next poll.
+                    tracing::debug!(%error, "could not announce new entries to the other instances");
+                }
+            }
+        });
+        self.announcer = Some(tx);
+        self
+    }
+
+    /// Tells the other instances that `route` has entries to claim now.
+    pub fn announce(&self, route: &str) {
+        if let Some(tx) = &self.announcer {
+            let _ = tx.send(route.to_string());
+        }
     }
 
     /// The group committer, if there is one (tests and metrics read its counters).
@@ -146,6 +178,7 @@ impl Ingest {
         self.record(route, &entry, &result);
         if matches!(result, Ok(InsertOutcome::Inserted { .. })) && entry.status == Status::Open {
             route.stored.notify_one();
+            self.announce(route.name());
         }
         let outcome = result?;
         Ok(Accepted { outcome, stored: Stored::of(outcome, entry.status) })
@@ -171,6 +204,7 @@ impl Ingest {
                 });
                 if opened {
                     route.stored.notify_one();
+            self.announce(route.name());
                 }
             }
             Err(error) => {

@@ -71,6 +71,7 @@ conformance!(
     ignore_discards_a_parked_entry_with_a_record_and_frees_its_key,
     list_newest_first_and_count,
     a_paused_route_is_not_claimed_until_resumed,
+    list_filters_by_error_and_throughput_counts_deliveries_per_minute,
     a_settle_batch_commits_each_settle_and_fences_a_lost_lease_alone,
 );
 
@@ -500,6 +501,51 @@ async fn a_paused_route_is_not_claimed_until_resumed(store: Arc<dyn Store>) {
     assert!(!store.resume_route("r").await.unwrap(), "resumed already");
     assert_eq!(store.paused_routes(None).await.unwrap(), vec![]);
     assert_eq!(ids(&store.claim(&req("r", "w", T0, 10)).await.unwrap()), vec![a1, b1, later]);
+}
+
+async fn list_filters_by_error_and_throughput_counts_deliveries_per_minute(store: Arc<dyn Store>) {
+    let parked = |dedup: &str, error: &str| NewEntry {
+        status: Status::Parked,
+        last_error: Some(error.into()),
+        ..entry("r", dedup, dedup, "x")
+    };
+    let busy1 = insert(&store, parked("1", "target answered 503: node 7 busy")).await;
+    let busy2 = insert(&store, parked("2", "target answered 503: node 12 busy")).await;
+    let odd = insert(&store, parked("3", "wildcards 100% literal_ here")).await;
+    insert(&store, entry("r", "k", "4", "open, no error")).await;
+    let fingerprint = inlet::inbox::failures::fingerprint("target answered 503: node 7 busy");
+    let listed = |f: ListFilter| {
+        let store = Arc::clone(&store);
+        async move { store.list(&f).await.unwrap().iter().map(|e| e.id).collect::<Vec<_>>() }
+    };
+    let group = ListFilter { fingerprint: Some(fingerprint), limit: 10, ..Default::default() };
+    assert_eq!(listed(group.clone()).await, vec![busy1, busy2], "one failure group");
+    assert_eq!(store.count(&group).await.unwrap(), 2);
+    assert_eq!(listed(ListFilter { newest_first: true, ..group.clone() }).await, vec![busy2, busy1]);
+    let text = |t: &str| ListFilter { error_text: Some(t.into()), limit: 10, ..Default::default() };
+    assert_eq!(listed(text("node 12")).await, vec![busy2]);
+    assert_eq!(store.count(&text("busy")).await.unwrap(), 2);
+    assert_eq!(listed(text("100% literal_")).await, vec![odd], "wildcards in the text are taken literally");
+    assert_eq!(listed(text("1_0")).await, Vec::<i64>::new(), "`_` is not a wildcard");
+    assert_eq!(listed(text("0%")).await, vec![odd]);
+
+    // Entries finished DONE per route and minute since T0; IGNORED and older ones do not count.
+    let done = |route: &str, dedup: &str| NewEntry { status: Status::Done, ..entry(route, "k", dedup, "d") };
+    let finished = [
+        ("r", "d1", T0),
+        ("r", "d2", T0 + 30_000),
+        ("r", "d3", T0 + 90_000),
+        ("r2", "d4", T0 + 59_999),
+        ("r", "old", T0 - 1),
+    ];
+    for (route, dedup, at) in finished {
+        store.insert(&done(route, dedup), at).await.unwrap();
+    }
+    let ignored = NewEntry { status: Status::Ignored, last_error: Some("no".into()), ..entry("r", "k", "i1", "i") };
+    store.insert(&ignored, T0).await.unwrap();
+    let buckets: Vec<(String, i64, i64)> =
+        store.throughput(T0, 60_000).await.unwrap().into_iter().map(|t| (t.route, t.bucket, t.done)).collect();
+    assert_eq!(buckets, vec![("r".into(), 0, 2), ("r".into(), 1, 1), ("r2".into(), 0, 1)]);
 }
 
 fn attempt_record(status: &str) -> inbox::failures::Attempt {

@@ -255,6 +255,10 @@ pub struct ListFilter {
     pub route: Option<String>,
     pub status: Option<Status>,
     pub correlation_key: Option<String>,
+    /// Exactly this error fingerprint (a failure group).
+    pub fingerprint: Option<String>,
+    /// The last error contains this text.
+    pub error_text: Option<String>,
     /// Entries with an id greater than this (for paging).
     pub after_id: Option<i64>,
     pub limit: u32,
@@ -270,6 +274,24 @@ pub struct RouteStatusCount {
     pub count: i64,
     /// `received_at` of the oldest entry in this state.
     pub oldest_received_at: Option<Millis>,
+}
+
+/// Entries of a route finished DONE in one bucket of time (`GET /console`'s
+/// throughput sparkline).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Throughput {
+    pub route: String,
+    /// Which bucket: 0 for `[since, since + bucket)`, 1 for the next, …
+    pub bucket: i64,
+    pub done: i64,
+}
+
+/// `text` as a LIKE pattern that finds it anywhere (`%`, `_` and `\` in it taken
+/// literally, `\` the escape).
+pub fn contains_pattern(text: &str) -> String {
+    let escaped: String =
+        text.chars().flat_map(|c| if matches!(c, '%' | '_' | '\\') { vec!['\\', c] } else { vec![c] }).collect();
+    format!("%{escaped}%")
 }
 
 /// A paused route: no instance claims its entries until it is resumed; ingest goes on.
@@ -433,6 +455,17 @@ pub trait Store: Send + Sync + 'static {
     /// `sqlite` or `postgres`.
     fn backend(&self) -> &'static str;
 
+    /// Tells every instance on this inbox that these routes have entries to claim
+    /// now (PostgreSQL: `NOTIFY`), so they need not wait for their poll interval.
+    /// Where only one instance can run (SQLite) there is nobody to tell.
+    async fn announce(&self, routes: &[String]) -> Result<(), StoreError>;
+
+    /// The routes any instance announced, as they come (PostgreSQL: `LISTEN`, on a
+    /// connection of its own, reconnected after a loss; announcements made while it
+    /// was away are missed, the poll interval covers them). `None` where there are
+    /// none (SQLite).
+    fn announcements(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>>;
+
     /// Stores a message exactly once per `(route, dedup_key)`; see [`InsertOutcome`].
     async fn insert(&self, entry: &NewEntry, now: Millis) -> Result<InsertOutcome, StoreError>;
 
@@ -555,6 +588,10 @@ pub trait Store: Send + Sync + 'static {
     async fn purge_finished(&self, before: Millis, limit: u32) -> Result<u64, StoreError>;
 
     async fn counts(&self) -> Result<Vec<RouteStatusCount>, StoreError>;
+
+    /// Entries finished DONE at or after `since`, per route, counted in buckets of
+    /// `bucket_ms` (buckets with none are left out).
+    async fn throughput(&self, since: Millis, bucket_ms: i64) -> Result<Vec<Throughput>, StoreError>;
 
     /// The database's clock.
     async fn db_now(&self) -> Result<Millis, StoreError>;

@@ -159,6 +159,64 @@ impl PgStore {
     }
 }
 
+/// The channel instances announce new work on; the payload is the route's name.
+const WAKE_CHANNEL: &str = "inlet_wake";
+
+impl PgStore {
+    async fn announce_to_others(&self, routes: &[String]) -> Result<(), StoreError> {
+        // One statement for all: NOTIFY per route, each delivered at commit.
+        sqlx::query("SELECT pg_notify($1, route) FROM unnest($2::text[]) AS route")
+            .bind(WAKE_CHANNEL)
+            .bind(routes)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    fn listen_to_others(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // A pool of one of its own, so the listener does not hold one of the store's.
+        let options = (*self.pool.connect_options()).clone();
+        let pool = PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(3)).connect_lazy_with(options);
+        tokio::spawn(listen(pool, tx));
+        Some(rx)
+    }
+}
+
+/// Forwards announcements to `tx` until its receiver is gone; reconnects after a
+/// lost connection, waiting longer each time the server cannot be reached.
+async fn listen(pool: PgPool, tx: tokio::sync::mpsc::UnboundedSender<String>) {
+    let mut wait = Duration::from_millis(500);
+    loop {
+        let result = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen(WAKE_CHANNEL).await?;
+            loop {
+                // `None`: the connection was lost (and is made again on the next call).
+                if let Some(n) = listener.try_recv().await? {
+                    if tx.send(n.payload().to_string()).is_err() {
+                        return Ok::<bool, sqlx::Error>(true);
+                    }
+                } else if tx.is_closed() {
+                    return Ok(true);
+                }
+            }
+        }
+        .await;
+        match result {
+            Ok(_) => return,
+            Err(error) => {
+                tracing::debug!(%error, "cannot listen for other instances' announcements; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(30));
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 store_impl! {
     store: PgStore,
     backend: "postgres",

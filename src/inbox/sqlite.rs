@@ -87,6 +87,17 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// One instance per file: nobody else to tell.
+    async fn announce_to_others(&self, _routes: &[String]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn listen_to_others(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        None
+    }
+}
+
 store_impl! {
     store: SqliteStore,
     backend: "sqlite",
