@@ -99,7 +99,7 @@ impl Inlet {
 
     async fn rows_after(&self, after: i64) -> Vec<Entry> {
         let filter =
-            ListFilter { route: None, status: None, correlation_key: None, after_id: Some(after), limit: 1000, newest_first: false };
+            ListFilter { after_id: Some(after), limit: 1000, ..ListFilter::default() };
         self.store.list(&filter).await.expect("list the inbox")
     }
 
@@ -638,6 +638,9 @@ fn corpus() -> Vec<Case> {
         ("list: NUL in key", get("/api/entries?key=%00"), Refused(400, None, "query parameter `key` holds a NUL character")),
         ("list: NUL in route", get("/api/entries?route=w%00o"), Refused(400, None, "query parameter `route` holds a NUL character")),
         ("list: NUL in status", get("/api/entries?status=%00"), Refused(400, None, "")),
+        ("list: NUL in text", get("/api/entries?text=a%00"), Refused(400, None, "query parameter `text` holds a NUL character")),
+        ("list: NUL in fingerprint", get("/api/entries?fingerprint=%00"), Refused(400, None, "query parameter `fingerprint` holds a NUL character")),
+        ("list: SQL wildcards in text", get("/api/entries?text=%25_%5C"), Json(200)),
         ("list: negative limit", get("/api/entries?limit=-1"), Refused(400, None, "limit")),
         ("list: limit past u32", get("/api/entries?limit=99999999999"), Refused(400, None, "limit")),
         ("list: after past i64", get("/api/entries?after=99999999999999999999"), Refused(400, None, "after")),
