@@ -34,6 +34,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("sql/postgres_0004_route_pause.sql")),
     (5, include_str!("sql/postgres_0005_attempts.sql")),
     (6, include_str!("sql/postgres_0006_repair_jobs.sql")),
+    (7, include_str!("sql/postgres_0007_key_in_progress.sql")),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII).

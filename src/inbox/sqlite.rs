@@ -22,6 +22,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("sql/sqlite_0004_route_pause.sql")),
     (5, include_str!("sql/sqlite_0005_attempts.sql")),
     (6, include_str!("sql/sqlite_0006_repair_jobs.sql")),
+    (7, include_str!("sql/sqlite_0007_key_in_progress.sql")),
 ];
 
 /// The connection settings of the inbox file (also what the benchmark's raw-insert
