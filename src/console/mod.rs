@@ -730,7 +730,7 @@ async fn repair(State(c): State<Arc<Console>>, posted: Posted) -> Response {
         dry_run: !start,
     };
     let answer =
-        admin::repairs::create(State(Arc::clone(&c.shared)), Extension(signed.caller.clone()), Json(request)).await;
+        admin::repairs::create(State(Arc::clone(&c.shared)), Extension(signed.caller.clone()), Body(request)).await;
     let (code, body) = json_of(answer).await;
     if !code.is_success() {
         return signed.refused(api_error(code, &body));
@@ -802,7 +802,7 @@ async fn jobs(State(c): State<Arc<Console>>, signed: Signed) -> Response {
     let answer = admin::repairs::list(
         State(Arc::clone(&c.shared)),
         Extension(signed.caller.clone()),
-        Query(admin::repairs::JobsQuery { limit: Some(50) }),
+        Params(admin::repairs::JobsQuery { limit: Some(50) }),
     )
     .await;
     let (code, body) = json_of(answer).await;
