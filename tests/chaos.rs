@@ -69,6 +69,8 @@ const PUSHERS: usize = 4;
 const TOKEN: &str = "chaos-operator-token-0123456789";
 /// One message in this many is refused (422) by the target at first.
 const POISON_ONE_IN: u64 = 40;
+/// How long the target takes to answer, outside its slow phase: uniform in this range.
+const BASE_DELAY: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(120));
 /// The end: every expected row DONE, or nothing changed for this long with every
 /// stored row settled (the emulator stranded the rest).
 const QUIET: Duration = Duration::from_secs(45);
@@ -177,11 +179,16 @@ source = {{ kind = "push" }}
     )
 }
 
-/// The seeded randomness of the schedule, shared by the tasks that draw from it.
+/// Seeded randomness. The fault schedule has a stream of its own, so what the
+/// pushers and the requeuer draw (which depends on timing) does not move it.
 #[derive(Clone)]
 struct Dice(Arc<Mutex<fastrand::Rng>>);
 
 impl Dice {
+    /// Stream `n` of the run's seed.
+    fn new(seed: u64, n: u64) -> Dice {
+        Dice(Arc::new(Mutex::new(fastrand::Rng::with_seed(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)))))
+    }
     fn range(&self, (min, max): (u64, u64)) -> u64 {
         self.0.lock().unwrap().u64(min..=max)
     }
@@ -528,7 +535,7 @@ async fn chaos_keeps_every_invariant() {
         "chaos: mode {} seed {} ({} kills, {} messages pulled + {} pushed, {} + {} keys); rerun with INLET_CHAOS={} INLET_CHAOS_SEED={}",
         plan.mode, plan.seed, plan.kills, plan.pull, plan.push, plan.pull_keys, plan.push_keys, plan.mode, plan.seed
     );
-    let dice = Dice(Arc::new(Mutex::new(fastrand::Rng::with_seed(plan.seed))));
+    let dice = Dice::new(plan.seed, 0);
 
     let cluster = blocking(PgCluster::init);
     cluster.create_database("chaos").await;
@@ -536,6 +543,9 @@ async fn chaos_keeps_every_invariant() {
     let mut emulator = PubSubEmulator::start(PROJECT).await;
     create_topology(&emulator).await;
     let target = Arc::new(RecordingTarget::start().await);
+    // An engine takes a moment to act: deliveries are in flight long enough for the
+    // kills to catch some.
+    target.set_delay(BASE_DELAY.0, BASE_DELAY.1);
     let proxy = Arc::new(TcpProxy::start(&target.addr()).await);
 
     let mut poison = HashMap::new();
@@ -569,14 +579,15 @@ async fn chaos_keeps_every_invariant() {
     let tally = Arc::new(PushTally::default());
     let mut pushers = tokio::task::JoinSet::new();
     for p in 0..PUSHERS {
-        pushers.spawn(push_spread(p, plan.clone(), bases.clone(), dice.clone(), Arc::clone(&tally), window));
+        let dice = Dice::new(plan.seed, 1 + p as u64);
+        pushers.spawn(push_spread(p, plan.clone(), bases.clone(), dice, Arc::clone(&tally), window));
     }
     let stop_requeues = Arc::new(AtomicBool::new(false));
     let requeues = Arc::new(Requeues::default());
     let requeuer = tokio::spawn(requeue_loop(
         pool.clone(),
         bases.clone(),
-        dice.clone(),
+        Dice::new(plan.seed, 100),
         Arc::clone(&stop_requeues),
         Arc::clone(&requeues),
     ));
@@ -599,7 +610,7 @@ async fn chaos_keeps_every_invariant() {
                 proxy.set_up(true);
                 target.set_delay(Duration::from_millis(100), Duration::from_millis(1_500));
                 tokio::time::sleep(Duration::from_millis(slow)).await;
-                target.set_delay(Duration::ZERO, Duration::ZERO);
+                target.set_delay(BASE_DELAY.0, BASE_DELAY.1);
                 (down, slow)
             }));
             println!("chaos: target down for {down} ms, then slow for {slow} ms");
@@ -616,7 +627,7 @@ async fn chaos_keeps_every_invariant() {
             .await;
         }
         if k == emulator_at {
-            split_at = Some(restart_emulator(&mut emulator, &mut publishers, &fleet, &http, &pool, &journal).await);
+            split_at = Some(restart_emulator(&mut emulator, &mut publishers, &fleet, &http, &pool, &journal, first).await);
             println!("chaos: emulator restarted after {:.1?}", started.elapsed());
             let rest = plan.pull - first;
             for p in 0..PUBLISHERS - 1 {
@@ -641,7 +652,7 @@ async fn chaos_keeps_every_invariant() {
     }
     if split_at.is_none() {
         // Fewer kills than the schedule needs to reach the restart: do it now.
-        split_at = Some(restart_emulator(&mut emulator, &mut publishers, &fleet, &http, &pool, &journal).await);
+        split_at = Some(restart_emulator(&mut emulator, &mut publishers, &fleet, &http, &pool, &journal, first).await);
         let range = first..plan.pull;
         second_publishers.spawn(publish_spread(emulator.host.clone(), range, plan.pull_keys, Duration::ZERO));
     }
@@ -655,7 +666,8 @@ async fn chaos_keeps_every_invariant() {
     println!("chaos: faults over after {:.1?}; waiting for the inbox to settle", started.elapsed());
 
     // The end: everything DONE, or quiet with every stored row settled.
-    let deadline = Instant::now() + Duration::from_secs(900);
+    // Generous: a long run on two loaded cores works off a large backlog here.
+    let deadline = Instant::now() + Duration::from_secs(600) + Duration::from_millis(20) * expected as u32;
     let (mut last, mut since) = ((-1, -1), Instant::now());
     loop {
         if let Some(now) = progress(&pool).await {
@@ -848,11 +860,12 @@ async fn restart_emulator(
     http: &reqwest::Client,
     pool: &sqlx::PgPool,
     journal: &Path,
+    first_run: usize,
 ) -> usize {
     join_all(publishers).await;
     // Let the pull route catch up (not to the last message: some are stranded).
     let (mut last, mut since) = (-1, Instant::now());
-    let deadline = Instant::now() + Duration::from_secs(180);
+    let deadline = Instant::now() + Duration::from_secs(180) + Duration::from_millis(5) * first_run as u32;
     loop {
         let now = pulled_rows(pool).await;
         if now != last {
