@@ -127,9 +127,9 @@ impl Plan {
     /// How many times the target refuses the message with this idempotency key
     /// before it may take effect (0 for most).
     fn refusals(&self, idempotency_key: &str) -> usize {
-        let h = idempotency_key.bytes().fold(self.seed ^ 0x9e37_79b9_7f4a_7c15, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
+        let h = idempotency_key
+            .bytes()
+            .fold(self.seed ^ 0x9e37_79b9_7f4a_7c15, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
         if h % POISON_ONE_IN == 0 { 1 + (h / POISON_ONE_IN % 2) as usize } else { 0 }
     }
 }
@@ -378,6 +378,8 @@ fn pull_id(i: usize) -> String {
 #[derive(Default)]
 struct Requeues {
     done: AtomicUsize,
+    /// Requeues answered 409, 500 or 503, or not answered.
+    refused: AtomicUsize,
     /// Every PARKED row seen (id → its reason), at the moment it was seen.
     parked: Mutex<BTreeMap<i64, String>>,
 }
@@ -395,16 +397,16 @@ async fn requeue_loop(pool: sqlx::PgPool, bases: Vec<String>, dice: Dice, stop: 
         for (id, reason) in parked {
             out.parked.lock().unwrap().insert(id, reason.unwrap_or_default());
             let base = &bases[dice.index(bases.len())];
-            let answer = http
-                .post(format!("{base}/api/entries/{id}/requeue"))
-                .bearer_auth(TOKEN)
-                .send()
-                .await;
+            let answer = http.post(format!("{base}/api/entries/{id}/requeue")).bearer_auth(TOKEN).send().await;
             match answer.map(|r| r.status().as_u16()) {
                 Ok(200) => {
                     out.done.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(409) | Ok(503) | Err(_) => {} // moved on, store down, or instance restarting
+                // Moved on already, the store down or in recovery (the crash), or the
+                // instance restarting: the next round tries again.
+                Ok(409) | Ok(500) | Ok(503) | Err(_) => {
+                    out.refused.fetch_add(1, Ordering::Relaxed);
+                }
                 Ok(other) => panic!("requeue of entry {id} through {base} answered {other}"),
             }
         }
@@ -627,7 +629,8 @@ async fn chaos_keeps_every_invariant() {
             .await;
         }
         if k == emulator_at {
-            split_at = Some(restart_emulator(&mut emulator, &mut publishers, &fleet, &http, &pool, &journal, first).await);
+            split_at =
+                Some(restart_emulator(&mut emulator, &mut publishers, &fleet, &http, &pool, &journal, first).await);
             println!("chaos: emulator restarted after {:.1?}", started.elapsed());
             let rest = plan.pull - first;
             for p in 0..PUBLISHERS - 1 {
@@ -639,15 +642,20 @@ async fn chaos_keeps_every_invariant() {
         let slot = dice.index(INSTANCES);
         let (name, at) = fleet.kill(slot);
         // What it held stays IN_PROGRESS under its name until the lease runs out.
-        let held: Vec<String> = sqlx::query_scalar(
-            "SELECT dedup_key FROM inbox_entry WHERE status = 'IN_PROGRESS' AND lease_owner = $1",
-        )
-        .bind(&name)
-        .fetch_all(&pool)
-        .await
-        .expect("read the killed instance's leases");
+        let held: Vec<String> =
+            sqlx::query_scalar("SELECT dedup_key FROM inbox_entry WHERE status = 'IN_PROGRESS' AND lease_owner = $1")
+                .bind(&name)
+                .fetch_all(&pool)
+                .await
+                .expect("read the killed instance's leases");
         fleet.restart(slot).await;
-        println!("chaos: kill {} of {}: {name} at {:.1?}, holding {}", k + 1, plan.kills, started.elapsed(), held.len());
+        println!(
+            "chaos: kill {} of {}: {name} at {:.1?}, holding {}",
+            k + 1,
+            plan.kills,
+            started.elapsed(),
+            held.len()
+        );
         kills.push(Kill { at, held });
     }
     if split_at.is_none() {
@@ -688,14 +696,16 @@ async fn chaos_keeps_every_invariant() {
 
     // ---- Checks ----
     let rows = all_rows(&pool).await;
-    let by_dedup: HashMap<(&str, &str), &Row> = rows.iter().map(|r| ((r.route.as_str(), r.dedup_key.as_str()), r)).collect();
+    let by_dedup: HashMap<(&str, &str), &Row> =
+        rows.iter().map(|r| ((r.route.as_str(), r.dedup_key.as_str()), r)).collect();
     let pushed: Vec<&Row> = rows.iter().filter(|r| r.route == PUSH_ROUTE).collect();
     let pulled: Vec<&Row> = rows.iter().filter(|r| r.route == PULL_ROUTE).collect();
     assert_eq!(pushed.len() + pulled.len(), rows.len(), "rows of a route nobody configured");
 
     // Every pushed message exactly one row (pushes are retried until answered 200).
     let push_keys: HashSet<&str> = pushed.iter().map(|r| r.dedup_key.as_str()).collect();
-    let missing: Vec<String> = (0..plan.push).map(push_id).filter(|k| !push_keys.contains(k.as_str())).take(20).collect();
+    let missing: Vec<String> =
+        (0..plan.push).map(push_id).filter(|k| !push_keys.contains(k.as_str())).take(20).collect();
     assert!(missing.is_empty(), "pushed messages answered 200 without a row: {missing:?}");
     assert_eq!(pushed.len(), plan.push, "one row per pushed message (more rows than pushes)");
     let push_messages: HashSet<&str> = pushed.iter().map(|r| r.message_id.as_str()).collect();
@@ -713,7 +723,8 @@ async fn chaos_keeps_every_invariant() {
         *stored_ids[run].entry(r.message_id.as_str()).or_default() += 1;
     }
     for (run, acked) in [&before, &after].into_iter().enumerate() {
-        let missing: Vec<&String> = acked.iter().filter(|id| !stored_ids[run].contains_key(id.as_str())).take(20).collect();
+        let missing: Vec<&String> =
+            acked.iter().filter(|id| !stored_ids[run].contains_key(id.as_str())).take(20).collect();
         assert!(
             missing.is_empty(),
             "emulator run {}: message ids acked without a row (of {} acks): {missing:?}",
@@ -723,7 +734,12 @@ async fn chaos_keeps_every_invariant() {
         let twice: Vec<(&&str, &usize)> = stored_ids[run].iter().filter(|(_, n)| **n > 1).take(20).collect();
         assert!(twice.is_empty(), "emulator run {}: message ids with more than one row: {twice:?}", run + 1);
     }
-    assert!(!before.is_empty() && !after.is_empty(), "acks journalled in both emulator runs ({} and {})", before.len(), after.len());
+    assert!(
+        !before.is_empty() && !after.is_empty(),
+        "acks journalled in both emulator runs ({} and {})",
+        before.len(),
+        after.len()
+    );
     let stored = [stored_ids[0].len(), stored_ids[1].len()];
     assert!(stored[1] > 0, "nothing was stored after the emulator restart: the pull source did not reconnect");
 
@@ -737,9 +753,13 @@ async fn chaos_keeps_every_invariant() {
     assert!(unsettled.is_empty(), "rows not DONE at the end: {unsettled:?}");
     // Parked rows were the scenario's, each with its reason.
     let parked = requeues.parked.lock().unwrap().clone();
-    let reasonless: Vec<&i64> = parked.iter().filter(|(_, reason)| reason.trim().is_empty()).map(|(id, _)| id).collect();
+    let reasonless: Vec<&i64> =
+        parked.iter().filter(|(_, reason)| reason.trim().is_empty()).map(|(id, _)| id).collect();
     assert!(reasonless.is_empty(), "entries parked without a reason: {reasonless:?}");
-    assert!(!parked.is_empty() && requeues.done.load(Ordering::Relaxed) > 0, "the scenario parked and requeued entries");
+    assert!(
+        !parked.is_empty() && requeues.done.load(Ordering::Relaxed) > 0,
+        "the scenario parked and requeued entries"
+    );
 
     // At the target: per key one at a time, entry ids never going back, each
     // idempotency key taking effect once, for exactly the key's rows in entry order.
@@ -773,12 +793,19 @@ async fn chaos_keeps_every_invariant() {
     for (key, ids) in &rows_per_key {
         let took: Vec<i64> =
             effects.get(*key).map(|e| e.iter().map(|k| entry_of(&by_dedup, k).id).collect()).unwrap_or_default();
-        assert_eq!(&took, ids, "key {key}: the effects at the target (as entry ids, in effect order) are not the key's rows in order, once each");
+        assert_eq!(
+            &took, ids,
+            "key {key}: the effects at the target (as entry ids, in effect order) are not the key's rows in order, once each"
+        );
     }
     assert_eq!(effects.len(), rows_per_key.len(), "effects for keys without rows");
     for (key, n) in &poison {
         if by_dedup.contains_key(&(route_of(key), key.as_str())) {
-            assert_eq!(refused.get(key.as_str()).copied().unwrap_or(0), *n, "{key}: refusals answered before it took effect");
+            assert_eq!(
+                refused.get(key.as_str()).copied().unwrap_or(0),
+                *n,
+                "{key}: refusals answered before it took effect"
+            );
         }
     }
 
@@ -797,7 +824,12 @@ async fn chaos_keeps_every_invariant() {
     let acked_distinct = [before.iter().collect::<HashSet<_>>().len(), after.iter().collect::<HashSet<_>>().len()];
     println!("chaos figures (mode {}, seed {}):", plan.mode, plan.seed);
     println!("  published to the emulator: {published} ({first} before its restart, {} after)", published - first);
-    println!("  pushed: {} (re-sent {} times; {} answered duplicate)", plan.push, tally.retries.load(Ordering::Relaxed), tally.duplicates.load(Ordering::Relaxed));
+    println!(
+        "  pushed: {} (re-sent {} times; {} answered duplicate)",
+        plan.push,
+        tally.retries.load(Ordering::Relaxed),
+        tally.duplicates.load(Ordering::Relaxed)
+    );
     println!(
         "  stored: {} pulled ({} + {}), {} pushed; stranded by the emulator: {} ({} + {})",
         pulled.len(),
@@ -828,7 +860,12 @@ async fn chaos_keeps_every_invariant() {
         recovery
     );
     println!("  PostgreSQL crash: 1; emulator restart: 1; target down {down} ms then slow {slow} ms");
-    println!("  parked (seen): {}; requeues through the API: {}", parked.len(), requeues.done.load(Ordering::Relaxed));
+    println!(
+        "  parked (seen): {}; requeues through the API: {} (and {} refused or unanswered, retried)",
+        parked.len(),
+        requeues.done.load(Ordering::Relaxed),
+        requeues.refused.load(Ordering::Relaxed)
+    );
     println!("  duration: {:.1?}", started.elapsed());
     drop(fleet);
 }
@@ -876,9 +913,8 @@ async fn restart_emulator(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     blocking(|| emulator.kill());
-    let reconnects = |http: reqwest::Client| async move {
-        fleet.metric(&http, "inlet_pubsub_reconnects_total", PULL_ROUTE).await
-    };
+    let reconnects =
+        |http: reqwest::Client| async move { fleet.metric(&http, "inlet_pubsub_reconnects_total", PULL_ROUTE).await };
     let base = common::wait_for("the reconnect counters", Duration::from_secs(60), || reconnects(http.clone())).await;
     common::wait_until("every instance's stream session to end", Duration::from_secs(180), || async {
         reconnects(http.clone()).await.is_some_and(|now| now.iter().zip(&base).all(|(n, b)| n > b))
