@@ -433,9 +433,13 @@ struct CamundaState {
     delay: Option<Duration>,
     deliveries: Vec<Delivery>,
     attempts: HashMap<String, usize>,
-    in_flight: HashMap<String, usize>,
-    max_in_flight_per_key: usize,
-    overlaps: Vec<String>,
+    keys: KeysInFlight,
+}
+
+impl HasKeysInFlight for CamundaState {
+    fn keys(&mut self) -> &mut KeysInFlight {
+        &mut self.keys
+    }
 }
 
 type Shared = Arc<Mutex<CamundaState>>;
@@ -467,9 +471,7 @@ impl FakeCamunda {
             delay: None,
             deliveries: Vec::new(),
             attempts: HashMap::new(),
-            in_flight: HashMap::new(),
-            max_in_flight_per_key: 0,
-            overlaps: Vec::new(),
+            keys: KeysInFlight::default(),
         }));
         let app =
             axum::Router::new().route("/engine-rest/message", axum::routing::post(correlate)).with_state(state.clone());
@@ -539,12 +541,12 @@ impl FakeCamunda {
     /// The most requests ever in flight at once for one key (1 means per-key order held;
     /// 0 means no request yet).
     pub fn max_in_flight_per_key(&self) -> usize {
-        self.lock().max_in_flight_per_key
+        self.lock().keys.max
     }
 
     /// Keys that had a second request arrive while one was in flight (one per overlap).
     pub fn overlaps(&self) -> Vec<String> {
-        self.lock().overlaps.clone()
+        self.lock().keys.overlaps.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CamundaState> {
@@ -558,20 +560,52 @@ impl Drop for FakeCamunda {
     }
 }
 
+/// Requests in flight per key at a fake, and what that showed: shared by
+/// [`FakeCamunda`] and [`RecordingTarget`].
+#[derive(Default)]
+struct KeysInFlight {
+    now: HashMap<String, usize>,
+    /// The most ever in flight at once for one key.
+    max: usize,
+    /// Keys that had a second request arrive while one was in flight (one per overlap).
+    overlaps: Vec<String>,
+}
+
+/// A fake's state that holds a [`KeysInFlight`].
+trait HasKeysInFlight: Send + 'static {
+    fn keys(&mut self) -> &mut KeysInFlight;
+}
+
 /// Marks a request in flight for its key until dropped (also when the client goes away
 /// and the handler is cancelled).
-struct InFlight {
-    state: Shared,
+struct InFlight<S: HasKeysInFlight> {
+    state: Arc<Mutex<S>>,
     key: String,
 }
 
-impl Drop for InFlight {
+impl<S: HasKeysInFlight> InFlight<S> {
+    /// Counts a request for `key` in, with `st` the locked `state`.
+    fn enter(state: &Arc<Mutex<S>>, st: &mut S, key: &str) -> InFlight<S> {
+        let keys = st.keys();
+        let n = keys.now.entry(key.to_owned()).or_insert(0);
+        *n += 1;
+        let n = *n;
+        if n > 1 {
+            keys.overlaps.push(key.to_owned());
+        }
+        keys.max = keys.max.max(n);
+        InFlight { state: Arc::clone(state), key: key.to_owned() }
+    }
+}
+
+impl<S: HasKeysInFlight> Drop for InFlight<S> {
     fn drop(&mut self) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = st.in_flight.get_mut(&self.key) {
+        let keys = st.keys();
+        if let Some(n) = keys.now.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                st.in_flight.remove(&self.key);
+                keys.now.remove(&self.key);
             }
         }
     }
@@ -598,14 +632,7 @@ async fn correlate(State(state): State<Shared>, headers: HeaderMap, body: Bytes)
 
     let (reply, delay, index, _guard) = {
         let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-        let in_flight = st.in_flight.entry(key.clone()).or_insert(0);
-        *in_flight += 1;
-        let now_in_flight = *in_flight;
-        if now_in_flight > 1 {
-            st.overlaps.push(key.clone());
-        }
-        st.max_in_flight_per_key = st.max_in_flight_per_key.max(now_in_flight);
-        let guard = InFlight { state: state.clone(), key: key.clone() };
+        let guard = InFlight::enter(&state, &mut st, &key);
 
         let attempt = {
             let n = st.attempts.entry(key.clone()).or_insert(0);
@@ -1511,9 +1538,7 @@ struct TargetState {
     taken: std::collections::HashSet<String>,
     /// Idempotency key → refusals (422) still to answer before it may take effect.
     refusals: HashMap<String, usize>,
-    in_flight: HashMap<String, usize>,
-    max_in_flight_per_key: usize,
-    overlaps: Vec<String>,
+    keys: KeysInFlight,
     /// Response delay: uniform in [min, max] ms, after the effect is taken.
     delay_ms: (u64, u64),
 }
@@ -1574,12 +1599,12 @@ impl RecordingTarget {
 
     /// The most requests ever in flight at once for one correlation key.
     pub fn max_in_flight_per_key(&self) -> usize {
-        self.lock().max_in_flight_per_key
+        self.lock().keys.max
     }
 
     /// Correlation keys that had a second request arrive while one was in flight.
     pub fn overlaps(&self) -> Vec<String> {
-        self.lock().overlaps.clone()
+        self.lock().keys.overlaps.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, TargetState> {
@@ -1593,22 +1618,9 @@ impl Drop for RecordingTarget {
     }
 }
 
-/// Holds a correlation key "in flight" at the recording target until dropped (also
-/// when the client goes away and hyper drops the handler).
-struct TargetInFlight {
-    state: Arc<Mutex<TargetState>>,
-    key: String,
-}
-
-impl Drop for TargetInFlight {
-    fn drop(&mut self) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = st.in_flight.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                st.in_flight.remove(&self.key);
-            }
-        }
+impl HasKeysInFlight for TargetState {
+    fn keys(&mut self) -> &mut KeysInFlight {
+        &mut self.keys
     }
 }
 
@@ -1619,16 +1631,7 @@ async fn record(State(state): State<Arc<Mutex<TargetState>>>, headers: HeaderMap
         headers.get("idempotency-key").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).unwrap_or_default();
     let (status, delay, _guard) = {
         let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-        let now_in_flight = {
-            let n = st.in_flight.entry(key.clone()).or_insert(0);
-            *n += 1;
-            *n
-        };
-        if now_in_flight > 1 {
-            st.overlaps.push(key.clone());
-        }
-        st.max_in_flight_per_key = st.max_in_flight_per_key.max(now_in_flight);
-        let guard = TargetInFlight { state: state.clone(), key: key.clone() };
+        let guard = InFlight::enter(&state, &mut st, &key);
         let refused = st.refusals.get_mut(&idempotency_key).is_some_and(|left| {
             let refuse = *left > 0;
             *left = left.saturating_sub(1);
