@@ -3,16 +3,18 @@ Inlet), consuming an unordered subscription of the emulator while it is SIGKILLe
 many times as the chaos test kills Inlet, to show how many messages the emulator
 strands for a client that is not Inlet's.
 
-    chaos_control.py --messages N --kills K [--seed S] [--quiet SECONDS]
-                     [--gap-min SECONDS] [--gap-max SECONDS]
+    chaos_control.py --messages N --kills K [--consumers C] [--seed S]
+                     [--quiet SECONDS] [--gap-min SECONDS] [--gap-max SECONDS]
 
 Run by scripts/chaos-control (which starts an emulator and sets PUBSUB_EMULATOR_HOST).
 Creates its topic and subscription (10 s ack deadline, unordered, as in the chaos
-test), then K rounds: publish N/K messages, start a consumer process (this file with
---consume), let it run a random gap (seeded), SIGKILL it. A last consumer then runs
-until nothing new has arrived for --quiet seconds. Each consumer acks every message
-in its callback after appending the message's number to a shared file (O_APPEND, one
-write per message), so "received" is what reached a client and was acked.
+test) and starts --consumers consumer processes (this file with --consume; 2, like
+the chaos test's two instances), then K rounds: publish N/K messages, wait a random
+gap (seeded), SIGKILL a random consumer and start it again at once. Then it waits
+until nothing new has arrived for --quiet seconds (the chaos test's end rule). Each
+consumer acks every message in its callback after appending the message's number to
+a shared file (O_APPEND, one write per message), so "received" is what reached a
+client and was acked.
 
 Prints one JSON line: {"published", "received", "stranded", "kills", "seconds"}.
 """
@@ -34,29 +36,21 @@ TOPIC = "orders"
 SUBSCRIPTION = "control"
 
 
-def consume(path: str, quiet: float) -> int:
-    """A consumer: acks everything, records each message's number; with quiet > 0
-    returns once nothing new arrived for that long, else runs until killed."""
+def consume(path: str) -> int:
+    """A consumer: acks everything and records each message's number, until killed."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    last = [time.monotonic()]
 
     def callback(message):
         os.write(fd, (message.attributes.get("seq", "?") + "\n").encode())
-        last[0] = time.monotonic()
         message.ack()
 
     subscriber = pubsub_v1.SubscriberClient()
-    future = subscriber.subscribe(subscriber.subscription_path(PROJECT, SUBSCRIPTION), callback=callback)
-    try:
-        while quiet <= 0 or time.monotonic() - last[0] < quiet:
-            try:
-                future.result(timeout=0.5)
-            except TimeoutError:
-                pass
-    finally:
-        future.cancel()
-        subscriber.close()
-    return 0
+    while True:  # until killed; a stream that fails is opened again
+        future = subscriber.subscribe(subscriber.subscription_path(PROJECT, SUBSCRIPTION), callback=callback)
+        try:
+            future.result()
+        except Exception as e:  # noqa: BLE001 - any stream error: report, reopen
+            print(f"chaos_control: consumer stream ended ({e}); reopening", file=sys.stderr)
 
 
 def received(path: str) -> int:
@@ -72,16 +66,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=4000)
     parser.add_argument("--kills", type=int, default=12)
+    parser.add_argument("--consumers", type=int, default=2, help="consumers running at once (one is killed at a time)")
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--quiet", type=float, default=45.0, help="the last consumer stops after this long without news")
+    parser.add_argument("--quiet", type=float, default=45.0, help="the run ends after this long without news")
     parser.add_argument("--gap-min", type=float, default=2.5)
     parser.add_argument("--gap-max", type=float, default=6.0)
     parser.add_argument("--consume", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.consume:
-        return consume(args.consume, args.quiet if args.quiet > 0 else 0)
-    if args.messages < 1 or args.kills < 0:
-        parser.error("--messages must be >= 1 and --kills >= 0")
+        return consume(args.consume)
+    if args.messages < 1 or args.kills < 0 or args.consumers < 1:
+        parser.error("--messages and --consumers must be >= 1 and --kills >= 0")
     seed = args.seed if args.seed is not None else int(time.time())
     rng = random.Random(seed)
 
@@ -116,17 +111,27 @@ def main() -> int:
             f.result(timeout=120)
         published += count
 
-    me = [sys.executable, os.path.abspath(__file__), "--consume", path, "--quiet", "0"]
+    me = [sys.executable, os.path.abspath(__file__), "--consume", path]
+    consumers = [subprocess.Popen(me, stdin=subprocess.DEVNULL) for _ in range(args.consumers)]
     for k in range(args.kills):
         publish(args.messages * (k + 1) // rounds - published)
-        child = subprocess.Popen(me, stdin=subprocess.DEVNULL)
         time.sleep(rng.uniform(args.gap_min, args.gap_max))
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+        slot = rng.randrange(args.consumers)
+        consumers[slot].send_signal(signal.SIGKILL)
+        consumers[slot].wait()
+        consumers[slot] = subprocess.Popen(me, stdin=subprocess.DEVNULL)
         print(f"chaos_control: kill {k + 1} of {args.kills}: {received(path)} received so far", file=sys.stderr)
     publish(args.messages - published)
-    last = [sys.executable, os.path.abspath(__file__), "--consume", path, "--quiet", str(args.quiet)]
-    subprocess.run(last, stdin=subprocess.DEVNULL, check=True)
+    # The end, as in the chaos test: nothing new for --quiet seconds.
+    size, since = -1, time.monotonic()
+    while time.monotonic() - since < args.quiet:
+        now = os.path.getsize(path)
+        if now != size:
+            size, since = now, time.monotonic()
+        time.sleep(0.5)
+    for c in consumers:
+        c.send_signal(signal.SIGKILL)
+        c.wait()
     got = received(path)
     print(
         json.dumps(
@@ -135,6 +140,7 @@ def main() -> int:
                 "received": got,
                 "stranded": published - got,
                 "kills": args.kills,
+                "consumers": args.consumers,
                 "seed": seed,
                 "seconds": round(time.monotonic() - started, 1),
             }
