@@ -15,6 +15,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::clock::{Clock, DbClock};
 use crate::config::{Config, SourceConfig};
+use crate::inbox::group::{Group, Settles};
 use crate::inbox::{self, Status, Store};
 use crate::ingest::Ingest;
 use crate::pubsub::Connection;
@@ -43,6 +44,8 @@ pub struct Shared {
     pub(crate) config_seen: Mutex<crate::reload::Seen>,
     relays: Mutex<Relays>,
     relay_options: RelayOptions,
+    /// Settles of every relay of this process, committed in groups.
+    settles: Arc<Group<Settles>>,
 }
 
 /// One relay task per route, each with its own stop signal, so a reload can stop and
@@ -84,6 +87,7 @@ impl Shared {
                     metrics: Arc::clone(&self.metrics),
                     options: self.relay_options.clone(),
                     last_release: std::sync::Mutex::default(),
+                    settles: Some(Arc::clone(&self.settles)),
                 });
                 let puller = match &route.config.source {
                     SourceConfig::Pubsub(config) => Some(Puller {
@@ -279,8 +283,11 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         )),
         None => None,
     };
+    let settles = Arc::new(Group::start(Settles(Arc::clone(&store)), GROUP_COMMIT_WRITERS));
     let shared = Arc::new(Shared {
-        ingest: Arc::new(Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics))),
+        ingest: Arc::new(
+            Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics)).with_group_commit(GROUP_COMMIT_WRITERS),
+        ),
         pubsub: options.pubsub.clone(),
         ack_journal,
         push_verifier: crate::source::push_auth::Verifier::new(),
@@ -291,6 +298,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         config: Mutex::new(config.clone()),
         config_seen: Mutex::default(),
         relays: Mutex::new(Relays::default()),
+        settles,
         relay_options: RelayOptions {
             owner: options.owner.clone(),
             poll: options.poll,
@@ -386,6 +394,10 @@ fn probes(shared: &Arc<Shared>) -> Router {
         .route("/readyz", get(admin::readyz))
         .with_state(Arc::clone(shared))
 }
+
+/// Tasks committing push inserts (and, apart, settles) in groups: one gathers a batch
+/// while another commits.
+const GROUP_COMMIT_WRITERS: usize = 2;
 
 /// Rows one retention statement deletes at most.
 const PURGE_BATCH: u32 = 1_000;

@@ -122,10 +122,16 @@ pub enum PubsubCommand {
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
     /// Run a plugin's decode, render and (with --response) classify on files, and print
-    /// what each step produced.
+    /// what each step produced (`--json`: as one document). Exits 1 when the plugin
+    /// fails: a decode error, a fault (trap, timeout, memory), an answer a route's
+    /// output rules refuse.
     Test {
-        /// The plugin component (`.wasm`).
-        plugin: PathBuf,
+        /// The plugin component (`.wasm`). Default with `--route`: the route's plugin.
+        plugin: Option<PathBuf>,
+        /// Take the sandbox limits and output rules (and, without PLUGIN, the plugin)
+        /// of this route of `--config`; without it, the default limits and no rules.
+        #[arg(long, value_name = "NAME")]
+        route: Option<String>,
         /// The message payload, as the broker would deliver it.
         #[arg(long)]
         message: PathBuf,
@@ -364,7 +370,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Plugin { command: PluginCommand::Test { plugin, message, attributes, message_id, responses } } => {
+        Command::Plugin { command: PluginCommand::Test { plugin, route, message, attributes, message_id, responses } } => {
+            let config = match &route {
+                Some(_) => Some(
+                    Config::load_partial(&routing_file(None, &cli.config)?)
+                        .map_err(|errors| anyhow::anyhow!("{errors}"))?,
+                ),
+                None => None,
+            };
+            let route = match (&route, &config) {
+                (Some(name), Some(config)) => Some(plugin_test_route(config, name)?),
+                _ => None,
+            };
+            let plugin = plugin
+                .or_else(|| route.map(|r| r.plugin.clone()))
+                .ok_or_else(|| anyhow::anyhow!("name the plugin file, or a route with --route NAME"))?;
             let message =
                 std::fs::read(&message).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", message.display()))?;
             let mut parsed = Vec::new();
@@ -379,18 +399,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 attributes,
                 message_id,
                 responses: parsed,
-                limits: crate::config::PluginLimits::default(),
+                limits: route.map_or_else(crate::config::PluginLimits::default, |r| r.limits.clone()),
+                route,
             };
-            match crate::plugin_dev::run(input).await {
-                Ok(report) => {
-                    print!("{report}");
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    Ok(ExitCode::FAILURE)
-                }
-            }
+            let report = crate::plugin_dev::run(input).await.map_err(|e| anyhow::anyhow!(e))?;
+            out.show(&report, || print!("{}", report.text()))?;
+            Ok(if report.failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
         Command::Inbox { command } => {
             let store = open_store(&cli.config).await?;
@@ -403,6 +417,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             route_command(store, &declared, &path, command, out).await
         }
     }
+}
+
+/// The route `inlet plugin test --route` takes its plugin, limits and rules from.
+fn plugin_test_route<'c>(config: &'c Config, name: &str) -> anyhow::Result<&'c crate::config::RouteConfig> {
+    if let Some(route) = config.route(name) {
+        return Ok(route);
+    }
+    if let Some(refused) = config.refused.iter().find(|r| r.name.as_ref().is_some_and(|n| n.as_str() == name)) {
+        anyhow::bail!("route `{name}` does not load:\n{}", refused.errors);
+    }
+    let known: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
+    anyhow::bail!("no route `{name}` in {} (routes: {})", config.path.display(), known.join(", "))
 }
 
 /// The inbox of `--config`, read from its `[store]` alone.

@@ -14,6 +14,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use crate::clock::{Clock, Millis};
+use crate::inbox::group::{Committed, GroupCommit, Grouped, Inserts};
 use crate::inbox::{Decoded, InsertOutcome, NewEntry, Status, Store, StoreError};
 use crate::plugin::{PluginFault, wit};
 use crate::routing::Route;
@@ -100,6 +101,7 @@ pub struct Ingest {
     pub metrics: Arc<Metrics>,
     /// Transient decode faults per (route, message id) not yet settled.
     transient: Mutex<HashMap<(String, String), u32>>,
+    group: Option<GroupCommit>,
 }
 
 /// Messages whose transient decode faults are remembered at once; past this the
@@ -108,14 +110,39 @@ const TRANSIENT_MEMORY: usize = 10_000;
 
 impl Ingest {
     pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, metrics: Arc<Metrics>) -> Ingest {
-        Ingest { store, clock, metrics, transient: Mutex::new(HashMap::new()) }
+        Ingest { store, clock, metrics, transient: Mutex::new(HashMap::new()), group: None }
+    }
+
+    /// Single messages ([`Ingest::accept`], the push path) that arrive while others
+    /// are committing are committed with them ([`GroupCommit`]), by `writers` tasks.
+    pub fn with_group_commit(mut self, writers: usize) -> Ingest {
+        let inserts = Inserts { store: Arc::clone(&self.store), clock: Arc::clone(&self.clock) };
+        self.group = Some(GroupCommit::start(inserts, writers));
+        self
+    }
+
+    /// The group committer, if there is one (tests and metrics read its counters).
+    pub fn group_commit(&self) -> Option<&GroupCommit> {
+        self.group.as_ref()
     }
 
     /// Decodes and stores one message. `Ok` means the row is committed (or was
     /// already there) and the broker may be acked; `Err` means nack.
     pub async fn accept(&self, route: &Route, msg: Incoming) -> Result<Accepted, IngestError> {
-        let mut entry = self.decode(route, msg).await?;
-        let result = self.insert_one(route, &mut entry, self.clock.now()).await;
+        let entry = self.decode(route, msg).await?;
+        let (entry, result) = match &self.group {
+            None => self.insert_alone(route, entry, self.clock.now()).await,
+            Some(group) => match group.submit(entry).await {
+                Ok(Committed { item, outcome: Grouped::Stored(outcome) }) => (item, Ok(outcome)),
+                Ok(Committed { item, outcome: Grouped::Alone }) => self.insert_alone(route, item, self.clock.now()).await,
+                Ok(Committed { item, outcome: Grouped::Failed(error) }) => (item, Err(error)),
+                Err(error) => {
+                    tracing::error!(route = route.name(), %error, "could not store the message; it will be redelivered");
+                    self.metrics.ingest_failures.get_or_create(&Metrics::route(route.name())).inc();
+                    return Err(error.into());
+                }
+            },
+        };
         self.record(route, &entry, &result);
         if matches!(result, Ok(InsertOutcome::Inserted { .. })) && entry.status == Status::Open {
             route.stored.notify_one();
@@ -152,6 +179,16 @@ impl Ingest {
             }
         }
         Ok(result?)
+    }
+
+    async fn insert_alone(
+        &self,
+        route: &Route,
+        mut entry: NewEntry,
+        now: Millis,
+    ) -> (NewEntry, Result<InsertOutcome, StoreError>) {
+        let result = self.insert_one(route, &mut entry, now).await;
+        (entry, result)
     }
 
     /// Inserts one row; if the database refuses it for what it holds, stores the

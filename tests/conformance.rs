@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use inlet::clock::Millis;
 use inlet::inbox::{
-    self, ClaimRequest, Claimed, Decoded, InsertOutcome, ListFilter, NewEntry, Settlement, Status, Store, StoreError,
+    self, ClaimRequest, Claimed, Decoded, InsertOutcome, ListFilter, NewEntry, SettleRequest, Settlement, Status, Store,
+    StoreError,
 };
 
 const T0: Millis = 1_800_000_000_000;
@@ -70,6 +71,7 @@ conformance!(
     ignore_discards_a_parked_entry_with_a_record_and_frees_its_key,
     list_newest_first_and_count,
     a_paused_route_is_not_claimed_until_resumed,
+    a_settle_batch_commits_each_settle_and_fences_a_lost_lease_alone,
 );
 
 fn entry(route: &str, key: &str, dedup: &str, payload: &str) -> NewEntry {
@@ -498,4 +500,55 @@ async fn a_paused_route_is_not_claimed_until_resumed(store: Arc<dyn Store>) {
     assert!(!store.resume_route("r").await.unwrap(), "resumed already");
     assert_eq!(store.paused_routes(None).await.unwrap(), vec![]);
     assert_eq!(ids(&store.claim(&req("r", "w", T0, 10)).await.unwrap()), vec![a1, b1, later]);
+}
+
+fn attempt_record(status: &str) -> inbox::failures::Attempt {
+    inbox::failures::Attempt {
+        attempt: 1,
+        owner: "w".into(),
+        started_at: T0,
+        duration_ms: 5,
+        answer: "done".into(),
+        status: status.into(),
+        reason: None,
+        requests: vec![],
+        plugin: None,
+    }
+}
+
+async fn a_settle_batch_commits_each_settle_and_fences_a_lost_lease_alone(store: Arc<dyn Store>) {
+    let a = insert(&store, entry("r", "a", "1", "a1")).await;
+    let b = insert(&store, entry("r", "b", "2", "b1")).await;
+    let c = insert(&store, entry("r", "c", "3", "c1")).await;
+    let claimed = store.claim(&req("r", "w", T0, 10)).await.unwrap();
+    assert_eq!(ids(&claimed), vec![a, b, c]);
+    let lease = |i: usize| claimed[i].lease.clone();
+    let mut stale = lease(1);
+    stale.token -= 1;
+    let request = |id, lease, settlement, status: &str| SettleRequest {
+        id,
+        lease,
+        now: T0 + 10,
+        settlement,
+        attempt: Some(attempt_record(status)),
+    };
+    let retry = Settlement::Retry { at: T0 + 1_000, error: "answered 503".into(), not_yet_since: None };
+    let results = store
+        .settle_batch(&[
+            request(a, lease(0), Settlement::Done, "DONE"),
+            request(b, stale, Settlement::Parked { error: "late".into() }, "PARKED"),
+            request(c, lease(2), retry, "OPEN"),
+        ])
+        .await
+        .expect("the batch commits");
+    assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+    assert!(matches!(results[1], Err(StoreError::LeaseLost { id }) if id == b), "{results:?}");
+
+    assert_eq!(store.get(a).await.unwrap().unwrap().status, Status::Done);
+    let e = store.get(c).await.unwrap().unwrap();
+    assert_eq!((e.status, e.next_attempt_at), (Status::Open, T0 + 1_000));
+    assert_eq!(store.get(b).await.unwrap().unwrap().status, Status::InProgress, "a stale settle changes nothing");
+    assert_eq!(store.attempts(a).await.unwrap().len(), 1);
+    assert_eq!(store.attempts(c).await.unwrap().len(), 1);
+    assert!(store.attempts(b).await.unwrap().is_empty(), "no record of a settle whose lease was lost");
 }

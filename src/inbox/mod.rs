@@ -10,6 +10,7 @@
 //! [`crate::clock::Clock`], which follows the database's clock.
 
 pub mod failures;
+pub mod group;
 mod sqlstore;
 
 pub mod postgres;
@@ -23,6 +24,16 @@ use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 
 use crate::clock::Millis;
+
+/// One settle of a batch ([`Store::settle_batch`]).
+#[derive(Debug, Clone)]
+pub struct SettleRequest {
+    pub id: i64,
+    pub lease: Lease,
+    pub now: Millis,
+    pub settlement: Settlement,
+    pub attempt: Option<failures::Attempt>,
+}
 
 /// Where an entry is in its life. Enforced by the `inbox_entry_status` CHECK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -449,6 +460,12 @@ pub trait Store: Send + Sync + 'static {
         s: &Settlement,
         attempt: Option<&failures::Attempt>,
     ) -> Result<(), StoreError>;
+
+    /// Many settles ([`Store::settle_recorded`]) in one transaction. `Ok`: committed,
+    /// a result for each request in order — `Err(LeaseLost)` for one whose lease was
+    /// gone (nothing of it was written). `Err`: nothing was committed; settle them
+    /// one by one.
+    async fn settle_batch(&self, items: &[SettleRequest]) -> Result<Vec<Result<(), StoreError>>, StoreError>;
 
     /// The recorded attempts of an entry, oldest first.
     async fn attempts(&self, entry_id: i64) -> Result<Vec<failures::Attempt>, StoreError>;

@@ -45,6 +45,71 @@ macro_rules! store_impl {
                 Ok(())
             }
 
+            /// One settle and its attempt record, inside the caller's transaction.
+            /// `false`: the lease is gone and nothing was written.
+            async fn settle_in(
+                conn: &mut $conn,
+                id: i64,
+                lease: &$crate::inbox::Lease,
+                now: $crate::clock::Millis,
+                s: &$crate::inbox::Settlement,
+                attempt: Option<&$crate::inbox::failures::Attempt>,
+            ) -> Result<bool, $crate::inbox::StoreError> {
+                use $crate::inbox::{Settlement, Status};
+                let none = None::<&str>;
+                let (status, next, error, finished, decoded, reset) = match s {
+                    Settlement::Done => (Status::Done, None, none, Some(now), None, false),
+                    Settlement::Ignored { reason } => (Status::Ignored, None, Some(reason.as_str()), Some(now), None, false),
+                    Settlement::Retry { at, error, .. } => (Status::Open, Some(*at), Some(error.as_str()), None, None, false),
+                    Settlement::Parked { error } => (Status::Parked, None, Some(error.as_str()), None, None, false),
+                    Settlement::Decoded { decoded, .. } => (Status::Open, Some(now), none, None, Some(decoded), true),
+                };
+                let not_yet_since = match s {
+                    Settlement::Retry { not_yet_since, .. } => *not_yet_since,
+                    _ => None,
+                };
+                let dedup_key = match s {
+                    Settlement::Decoded { dedup_key, .. } => dedup_key.as_deref(),
+                    _ => None,
+                };
+                let settle = sqlx::query(include_str!("sql/settle.sql"))
+                    .bind(id)
+                    .bind(&lease.owner)
+                    .bind(lease.token)
+                    .bind(status.as_str())
+                    .bind(now)
+                    .bind(next)
+                    .bind(error)
+                    .bind(finished)
+                    .bind(decoded.map(|d| d.correlation_key.as_str()))
+                    .bind(decoded.map(|d| d.event_type.as_str()))
+                    .bind(decoded.and_then(|d| d.schema_version.as_deref()))
+                    .bind(decoded.map(|d| d.body.as_slice()))
+                    .bind(reset)
+                    .bind(not_yet_since)
+                    .bind(dedup_key)
+                    .bind(error.map($crate::inbox::failures::fingerprint));
+                if settle.execute(&mut *conn).await?.rows_affected() == 0 {
+                    return Ok(false);
+                }
+                let Some(a) = attempt else { return Ok(true) };
+                let requests = serde_json::to_string(&a.requests).expect("request records serialize");
+                sqlx::query(include_str!("sql/attempt_insert.sql"))
+                    .bind(id)
+                    .bind(a.attempt)
+                    .bind(&a.owner)
+                    .bind(a.started_at)
+                    .bind(a.duration_ms)
+                    .bind(&a.answer)
+                    .bind(&a.status)
+                    .bind(a.reason.as_deref())
+                    .bind(requests)
+                    .bind(a.plugin.as_deref())
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(true)
+            }
+
             async fn insert_one(conn: &mut $conn, e: &$crate::inbox::NewEntry, now: $crate::clock::Millis)
                 -> Result<$crate::inbox::InsertOutcome, $crate::inbox::StoreError>
             {
@@ -243,67 +308,27 @@ macro_rules! store_impl {
                 s: &$crate::inbox::Settlement,
                 attempt: Option<&$crate::inbox::failures::Attempt>,
             ) -> Result<(), $crate::inbox::StoreError> {
-                use $crate::inbox::{Settlement, Status};
-                let none = None::<&str>;
-                let (status, next, error, finished, decoded, reset) = match s {
-                    Settlement::Done => (Status::Done, None, none, Some(now), None, false),
-                    Settlement::Ignored { reason } => (Status::Ignored, None, Some(reason.as_str()), Some(now), None, false),
-                    Settlement::Retry { at, error, .. } => (Status::Open, Some(*at), Some(error.as_str()), None, None, false),
-                    Settlement::Parked { error } => (Status::Parked, None, Some(error.as_str()), None, None, false),
-                    Settlement::Decoded { decoded, .. } => (Status::Open, Some(now), none, None, Some(decoded), true),
-                };
-                let not_yet_since = match s {
-                    Settlement::Retry { not_yet_since, .. } => *not_yet_since,
-                    _ => None,
-                };
-                let dedup_key = match s {
-                    Settlement::Decoded { dedup_key, .. } => dedup_key.as_deref(),
-                    _ => None,
-                };
-                let settle = sqlx::query(include_str!("sql/settle.sql"))
-                    .bind(id)
-                    .bind(&lease.owner)
-                    .bind(lease.token)
-                    .bind(status.as_str())
-                    .bind(now)
-                    .bind(next)
-                    .bind(error)
-                    .bind(finished)
-                    .bind(decoded.map(|d| d.correlation_key.as_str()))
-                    .bind(decoded.map(|d| d.event_type.as_str()))
-                    .bind(decoded.and_then(|d| d.schema_version.as_deref()))
-                    .bind(decoded.map(|d| d.body.as_slice()))
-                    .bind(reset)
-                    .bind(not_yet_since)
-                    .bind(dedup_key)
-                    .bind(error.map($crate::inbox::failures::fingerprint));
-                let Some(a) = attempt else {
-                    if settle.execute(&self.pool).await?.rows_affected() == 0 {
-                        return Err($crate::inbox::StoreError::LeaseLost { id });
-                    }
-                    return Ok(());
-                };
                 // The attempt is recorded with the settle that ends it, or not at all.
                 let mut tx = self.pool.begin().await?;
-                if settle.execute(&mut *tx).await?.rows_affected() == 0 {
+                if !Self::settle_in(&mut tx, id, lease, now, s, attempt).await? {
                     return Err($crate::inbox::StoreError::LeaseLost { id });
                 }
-                let requests = serde_json::to_string(&a.requests).expect("request records serialize");
-                sqlx::query(include_str!("sql/attempt_insert.sql"))
-                    .bind(id)
-                    .bind(a.attempt)
-                    .bind(&a.owner)
-                    .bind(a.started_at)
-                    .bind(a.duration_ms)
-                    .bind(&a.answer)
-                    .bind(&a.status)
-                    .bind(a.reason.as_deref())
-                    .bind(requests)
-                    .bind(a.plugin.as_deref())
-                    .execute(&mut *tx)
-                    .await?;
                 tx.commit().await?;
                 Ok(())
+            }
+
+            async fn settle_batch(
+                &self,
+                items: &[$crate::inbox::SettleRequest],
+            ) -> Result<Vec<Result<(), $crate::inbox::StoreError>>, $crate::inbox::StoreError> {
+                let mut tx = self.pool.begin().await?;
+                let mut out = Vec::with_capacity(items.len());
+                for i in items {
+                    let settled = Self::settle_in(&mut tx, i.id, &i.lease, i.now, &i.settlement, i.attempt.as_ref()).await?;
+                    out.push(if settled { Ok(()) } else { Err($crate::inbox::StoreError::LeaseLost { id: i.id }) });
+                }
+                tx.commit().await?;
+                Ok(out)
             }
 
             async fn attempts(&self, entry_id: i64) -> Result<Vec<$crate::inbox::failures::Attempt>, $crate::inbox::StoreError> {

@@ -16,7 +16,8 @@ use tokio::task::JoinSet;
 use crate::clock::{Clock, Millis};
 use crate::config::{Ordering, ParkedPolicy};
 use crate::inbox::failures::{Attempt, RequestRecord};
-use crate::inbox::{ClaimRequest, Claimed, Decoded, Lease, Settlement, Store, StoreError};
+use crate::inbox::group::{Committed, Group, Grouped, Settles};
+use crate::inbox::{ClaimRequest, Claimed, Decoded, Lease, SettleRequest, Settlement, Store, StoreError};
 use crate::ingest::{count_refused, fault_labels};
 use crate::plugin::wit;
 use crate::routing::Route;
@@ -55,6 +56,9 @@ pub struct Relay {
     pub options: RelayOptions,
     /// When expired leases were last looked for.
     pub last_release: std::sync::Mutex<Option<Instant>>,
+    /// Settles of attempts that end together are committed together (shared by the
+    /// relays of a process); `None`: each settle commits alone.
+    pub settles: Option<Arc<Group<Settles>>>,
 }
 
 impl Relay {
@@ -301,7 +305,20 @@ impl Relay {
     /// One settle, with the attempt's record saying how it ended as stored.
     async fn settle(&self, id: i64, lease: &Lease, s: &Settlement, record: &Option<Attempt>) -> Result<(), StoreError> {
         let record = record.clone().map(|r| settled_record(r, s));
-        self.store.settle_recorded(id, lease, self.clock.now(), s, record.as_ref()).await
+        let Some(settles) = &self.settles else {
+            return self.store.settle_recorded(id, lease, self.clock.now(), s, record.as_ref()).await;
+        };
+        let request =
+            SettleRequest { id, lease: lease.clone(), now: self.clock.now(), settlement: s.clone(), attempt: record };
+        match settles.submit(request).await? {
+            Committed { outcome: Grouped::Stored(result), .. } => result,
+            Committed { outcome: Grouped::Failed(error), .. } => Err(error),
+            // Its batch failed (another settle's row, say): alone, it gets its own
+            // error (a refused row, a held dedup key) for `finish` to act on.
+            Committed { item: r, outcome: Grouped::Alone } => {
+                self.store.settle_recorded(r.id, &r.lease, r.now, &r.settlement, r.attempt.as_ref()).await
+            }
+        }
     }
 
     /// A re-decoded entry whose plugin dedup key another entry of the route already

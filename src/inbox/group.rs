@@ -1,0 +1,192 @@
+//! Group commit: single writes (a push's insert, an attempt's settle) that arrive
+//! while others are being committed are committed together, in one transaction, and
+//! each caller is answered after that commit. A lone write goes out at once (no
+//! timer: a batch is whatever queued up while the previous one was committing), so
+//! batching costs no latency; under load, one commit (one fsync) serves many writes.
+//!
+//! The batch is an optimisation only. When a batch fails for any reason, nobody is
+//! answered from it: every caller gets its write back and does it alone, on the path
+//! it would have taken without group commit (where a row the database refuses is
+//! told from an outage). So a bad row cannot fail its neighbours, and an outage
+//! fails each of them the same way a lone write would.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use super::{InsertOutcome, NewEntry, SettleRequest, Store, StoreError};
+use crate::clock::Clock;
+
+/// Writes one batch may hold at most.
+pub const MAX_BATCH: usize = 256;
+
+/// A kind of write that can be done many at a time in one transaction.
+#[async_trait]
+pub trait BatchWrite: Send + Sync + 'static {
+    type Item: Send + 'static;
+    type Output: Send + 'static;
+    /// Does every write of `items` in one transaction: an output for each, in order,
+    /// or an error and nothing committed.
+    async fn write(&self, items: &[Self::Item]) -> Result<Vec<Self::Output>, StoreError>;
+}
+
+/// What a caller gets back: its write, and what became of it.
+pub struct Committed<I, O> {
+    pub item: I,
+    pub outcome: Grouped<O>,
+}
+
+pub enum Grouped<O> {
+    /// Committed with its batch.
+    Stored(O),
+    /// Its batch failed: do the write alone.
+    Alone,
+    /// It was alone in its batch, and the store failed for a reason that is not
+    /// about the row (an outage): doing it alone again would fail the same way.
+    Failed(StoreError),
+}
+
+struct Pending<I, O> {
+    item: I,
+    answer: oneshot::Sender<Committed<I, O>>,
+}
+
+/// A queue of writes and the writers that commit them in batches.
+pub struct Group<W: BatchWrite> {
+    tx: mpsc::UnboundedSender<Pending<W::Item, W::Output>>,
+    counters: Arc<Counters>,
+}
+
+#[derive(Default)]
+struct Counters {
+    /// Writes queued and not yet taken into a batch.
+    queued: AtomicUsize,
+    /// Batches committed.
+    commits: AtomicU64,
+    /// Batches that failed, their writes handed back.
+    failed: AtomicU64,
+}
+
+impl<W: BatchWrite> Group<W> {
+    /// Starts `writers` tasks committing batches of `write` (more than one lets a
+    /// batch gather while another commits). The tasks end when the `Group` is dropped
+    /// and the queue is empty.
+    pub fn start(write: W, writers: usize) -> Group<W> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let rx = Arc::new(Mutex::new(rx));
+        let write = Arc::new(write);
+        let counters = Arc::new(Counters::default());
+        for _ in 0..writers.max(1) {
+            tokio::spawn(run(Arc::clone(&write), Arc::clone(&rx), Arc::clone(&counters)));
+        }
+        Group { tx, counters }
+    }
+
+    /// Queues `item` with the others beside it. If the writers are gone, the item
+    /// comes back to be written alone; if one died holding it (a bug), the answer is
+    /// that the store is unavailable.
+    pub async fn submit(&self, item: W::Item) -> Result<Committed<W::Item, W::Output>, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        self.counters.queued.fetch_add(1, Ordering::SeqCst);
+        if let Err(mpsc::error::SendError(p)) = self.tx.send(Pending { item, answer }) {
+            self.counters.queued.fetch_sub(1, Ordering::SeqCst);
+            return Ok(Committed { item: p.item, outcome: Grouped::Alone });
+        }
+        answered.await.map_err(|_| StoreError::Unavailable(sqlx::Error::WorkerCrashed))
+    }
+
+    /// Writes queued and not yet in a batch (for tests and metrics).
+    pub fn queued(&self) -> usize {
+        self.counters.queued.load(Ordering::SeqCst)
+    }
+
+    /// Batches committed so far.
+    pub fn commits(&self) -> u64 {
+        self.counters.commits.load(Ordering::SeqCst)
+    }
+
+    /// Batches that failed and were handed back so far.
+    pub fn failed(&self) -> u64 {
+        self.counters.failed.load(Ordering::SeqCst)
+    }
+}
+
+type Queue<I, O> = Arc<Mutex<mpsc::UnboundedReceiver<Pending<I, O>>>>;
+
+async fn run<W: BatchWrite>(write: Arc<W>, rx: Queue<W::Item, W::Output>, counters: Arc<Counters>) {
+    loop {
+        // Take what has queued up, holding the queue only while taking it, so another
+        // writer gathers the next batch while this one commits.
+        let batch = {
+            let mut rx = rx.lock().await;
+            let Some(first) = rx.recv().await else { return };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(p) => batch.push(p),
+                    Err(_) => break,
+                }
+            }
+            counters.queued.fetch_sub(batch.len(), Ordering::SeqCst);
+            batch
+        };
+        let (items, answers): (Vec<W::Item>, Vec<_>) = batch.into_iter().map(|p| (p.item, p.answer)).unzip();
+        match write.write(&items).await {
+            Ok(outputs) => {
+                counters.commits.fetch_add(1, Ordering::SeqCst);
+                for ((answer, item), output) in answers.into_iter().zip(items).zip(outputs) {
+                    let _ = answer.send(Committed { item, outcome: Grouped::Stored(output) });
+                }
+            }
+            Err(error) if items.len() == 1 && !error.refuses_row() => {
+                counters.failed.fetch_add(1, Ordering::SeqCst);
+                if let (Some(answer), Some(item)) = (answers.into_iter().next(), items.into_iter().next()) {
+                    let _ = answer.send(Committed { item, outcome: Grouped::Failed(error) });
+                }
+            }
+            Err(error) => {
+                counters.failed.fetch_add(1, Ordering::SeqCst);
+                tracing::debug!(%error, writes = items.len(), "a group commit failed; each write is retried alone");
+                for (answer, item) in answers.into_iter().zip(items) {
+                    let _ = answer.send(Committed { item, outcome: Grouped::Alone });
+                }
+            }
+        }
+    }
+}
+
+/// Inserts of new entries ([`Store::insert_batch`]), received at the clock's time
+/// when their batch is written.
+pub struct Inserts {
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+}
+
+#[async_trait]
+impl BatchWrite for Inserts {
+    type Item = NewEntry;
+    type Output = InsertOutcome;
+
+    async fn write(&self, entries: &[NewEntry]) -> Result<Vec<InsertOutcome>, StoreError> {
+        self.store.insert_batch(entries, self.clock.now()).await
+    }
+}
+
+/// Settles of attempts ([`Store::settle_batch`]); a lost lease is one item's
+/// outcome, not the batch's failure.
+pub struct Settles(pub Arc<dyn Store>);
+
+#[async_trait]
+impl BatchWrite for Settles {
+    type Item = SettleRequest;
+    type Output = Result<(), StoreError>;
+
+    async fn write(&self, items: &[SettleRequest]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        self.0.settle_batch(items).await
+    }
+}
+
+/// Group commit of push inserts.
+pub type GroupCommit = Group<Inserts>;

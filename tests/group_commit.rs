@@ -1,0 +1,180 @@
+//! Group commit of single inserts (`inlet::inbox::group`), on both stores: inserts
+//! that queue up while a commit is in flight go out together in one transaction, each
+//! answered only once its row is committed; a failed batch hands every insert back
+//! to be tried alone, so one bad row cannot fail its neighbours.
+//!
+//! The batches are made deterministic by holding the database's write lock from
+//! another connection: the writers block on it, and the test waits (by state, not by
+//! time) until every later insert is queued before letting go.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use inlet::clock::Millis;
+use inlet::inbox::group::{GroupCommit, Grouped, Inserts};
+use inlet::inbox::{self, Decoded, InsertOutcome, NewEntry, Status, Store};
+use sqlx::Connection;
+
+const T0: Millis = 1_800_000_000_000;
+/// Inserts queued behind the two the writers are blocked on.
+const QUEUED: usize = 30;
+
+fn entry(n: usize, key: &str) -> NewEntry {
+    NewEntry {
+        route: "r".into(),
+        dedup_key: format!("d-{n}"),
+        decoded: Some(Decoded {
+            event_type: "test".into(),
+            correlation_key: key.into(),
+            schema_version: None,
+            body: format!("body {n}").into_bytes(),
+        }),
+        raw_data: format!("raw {n}").into_bytes(),
+        attributes: vec![],
+        message_id: format!("m-{n}"),
+        publish_time: None,
+        delivery_attempt: Some(1),
+        status: Status::Open,
+        last_error: None,
+    }
+}
+
+fn inserts(store: &Arc<dyn Store>) -> Inserts {
+    Inserts { store: Arc::clone(store), clock: inlet::clock::ManualClock::new(T0) }
+}
+
+/// Spawns an insert through the group committer.
+fn spawn_insert(
+    group: &Arc<GroupCommit>,
+    e: NewEntry,
+) -> tokio::task::JoinHandle<Result<inbox::group::Committed<NewEntry, InsertOutcome>, inbox::StoreError>> {
+    let group = Arc::clone(group);
+    tokio::spawn(async move { group.submit(e).await })
+}
+
+async fn until_queued(group: &GroupCommit, n: usize) {
+    common::wait_until(&format!("{n} inserts queued"), Duration::from_secs(8), || async { group.queued() == n }).await;
+}
+
+/// Two inserts taken by the two writers (each blocked on the lock), then `QUEUED` more
+/// behind them; `release` lets the database go. Every insert must be stored, in
+/// exactly three commits, and each answered row readable by another connection.
+async fn batches_what_queued_up(store: Arc<dyn Store>, release: impl AsyncFnOnce()) {
+    let group = Arc::new(GroupCommit::start(inserts(&store), 2));
+    let mut inserts = Vec::new();
+    for n in 0..2 {
+        inserts.push(spawn_insert(&group, entry(n, "K")));
+        until_queued(&group, 0).await;
+    }
+    for n in 2..2 + QUEUED {
+        inserts.push(spawn_insert(&group, entry(n, &format!("K{}", n % 5))));
+    }
+    until_queued(&group, QUEUED).await;
+    assert_eq!(group.commits(), 0, "nothing commits while the database is locked");
+    release().await;
+
+    let mut ids = Vec::new();
+    for insert in inserts {
+        let committed = insert.await.unwrap().expect("the group committer answers");
+        let Grouped::Stored(InsertOutcome::Inserted { id }) = committed.outcome else {
+            panic!("entry {} was not stored with its batch", committed.item.dedup_key)
+        };
+        // Answered after the commit: the row is there for everyone.
+        let row = store.get(id).await.unwrap().expect("an answered insert's row is committed");
+        assert_eq!(row.dedup_key, committed.item.dedup_key);
+        ids.push(id);
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 2 + QUEUED, "one row per insert");
+    assert_eq!(group.commits(), 3, "the two blocked inserts, then everything that queued behind them in one");
+    assert_eq!(group.failed(), 0);
+
+    // A redelivery through the committer is absorbed like any duplicate insert.
+    let again = group.submit(entry(7, "K2")).await.unwrap();
+    assert!(matches!(again.outcome, Grouped::Stored(InsertOutcome::Duplicate { .. })), "a redelivered message is a duplicate");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_inserts_that_queue_up_commit_together() {
+    let pg = common::TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let mut locker = pg.connect().await;
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    // Blocks every insert (ROW EXCLUSIVE) but not reads.
+    sqlx::query("LOCK TABLE inbox_entry IN EXCLUSIVE MODE").execute(&mut locker).await.unwrap();
+    batches_what_queued_up(store, async || {
+        sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_inserts_that_queue_up_commit_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    let store = inbox::open(&url, 4).await.expect("open sqlite");
+    let options = inlet::inbox::sqlite::connect_options(&url).unwrap();
+    let mut locker = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+    // The store's own busy timeout (10 s) is how long the writers wait for it.
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut locker).await.unwrap();
+    batches_what_queued_up(store, async || {
+        sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    })
+    .await;
+}
+
+/// A batch with a row PostgreSQL refuses (a NUL in text) fails whole; every insert
+/// comes back to be tried alone, and the good ones then store as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_row_hands_its_whole_batch_back_to_be_inserted_alone() {
+    let pg = common::TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let mut locker = pg.connect().await;
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query("LOCK TABLE inbox_entry IN EXCLUSIVE MODE").execute(&mut locker).await.unwrap();
+
+    let group = Arc::new(GroupCommit::start(inserts(&store), 1));
+    let first = spawn_insert(&group, entry(0, "K"));
+    until_queued(&group, 0).await;
+    let mut poison = entry(1, "K");
+    poison.decoded.as_mut().unwrap().correlation_key = "bad\0key".into();
+    let batch = [spawn_insert(&group, entry(2, "K")), spawn_insert(&group, poison), spawn_insert(&group, entry(3, "K"))];
+    until_queued(&group, 3).await;
+    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+
+    let first = first.await.unwrap().unwrap();
+    assert!(matches!(first.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
+    for insert in batch {
+        let back = insert.await.unwrap().unwrap();
+        assert!(matches!(back.outcome, Grouped::Alone), "{}: handed back to be inserted alone", back.item.dedup_key);
+        if back.item.dedup_key != "d-1" {
+            let outcome = store.insert(&back.item, T0).await.expect("a good row inserts alone");
+            assert!(matches!(outcome, InsertOutcome::Inserted { .. }));
+        } else {
+            let error = store.insert(&back.item, T0).await.expect_err("the NUL row is refused alone too");
+            assert!(error.refuses_row(), "told from an outage: {error}");
+        }
+    }
+    assert_eq!((group.commits(), group.failed()), (1, 1));
+}
+
+/// Alone in its batch and failing for a reason that is not about the row (the
+/// database is gone), an insert is answered with that error at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_fails_a_lone_insert_with_the_stores_error() {
+    let pg = common::TestPg::new().await;
+    let proxy = common::TcpProxy::start("127.0.0.1:5432").await;
+    let url = pg.url.replace("127.0.0.1:5432", &proxy.addr);
+    assert_ne!(url, pg.url, "the store must go through the proxy");
+    let store = inbox::open(&url, 2).await.expect("open postgres through the proxy");
+    let group = GroupCommit::start(inserts(&store), 1);
+    let ok = group.submit(entry(0, "K")).await.unwrap();
+    assert!(matches!(ok.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
+    proxy.set_up(false);
+    let failed = group.submit(entry(1, "K")).await.unwrap();
+    let Grouped::Failed(error) = failed.outcome else { panic!("a lone insert in an outage fails with the store's error") };
+    assert!(error.is_transient(), "an outage is transient: {error}");
+}
