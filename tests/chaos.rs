@@ -542,8 +542,19 @@ async fn chaos_keeps_every_invariant() {
     let started = Instant::now();
     let plan = Plan::from_env();
     println!(
-        "chaos: mode {} seed {} ({} kills, {} messages pulled + {} pushed, {} + {} keys); rerun with INLET_CHAOS={} INLET_CHAOS_SEED={}",
-        plan.mode, plan.seed, plan.kills, plan.pull, plan.push, plan.pull_keys, plan.push_keys, plan.mode, plan.seed
+        "chaos: mode {} seed {} ({} kills, {} messages pulled + {} pushed, {} + {} keys); rerun with \
+         INLET_CHAOS={} INLET_CHAOS_SEED={} INLET_CHAOS_KILLS={} INLET_CHAOS_MESSAGES={}",
+        plan.mode,
+        plan.seed,
+        plan.kills,
+        plan.pull,
+        plan.push,
+        plan.pull_keys,
+        plan.push_keys,
+        plan.mode,
+        plan.seed,
+        plan.kills,
+        plan.pull + plan.push
     );
     let dice = Dice::new(plan.seed, 0);
 
