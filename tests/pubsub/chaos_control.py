@@ -4,14 +4,16 @@ many times as the chaos test kills Inlet, to show how many messages the emulator
 strands for a client that is not Inlet's.
 
     chaos_control.py --messages N --kills K [--consumers C] [--seed S]
-                     [--quiet SECONDS] [--gap-min SECONDS] [--gap-max SECONDS]
+                     [--quiet SECONDS] [--last-call SECONDS]
+                     [--gap-min SECONDS] [--gap-max SECONDS]
 
 Run by scripts/chaos-control (which starts an emulator and sets PUBSUB_EMULATOR_HOST).
 Creates its topic and subscription (10 s ack deadline, unordered, as in the chaos
 test) and starts --consumers consumer processes (this file with --consume; 2, like
 the chaos test's two instances), then K rounds: publish N/K messages, wait a random
 gap (seeded), SIGKILL a random consumer and start it again at once. Then it waits
-until nothing new has arrived for --quiet seconds (the chaos test's end rule). Each
+until nothing new has arrived for --quiet seconds, or --last-call seconds have
+passed since the last kill (the chaos test's end rule). Each
 consumer acks every message in its callback after appending the message's number to
 a shared file (O_APPEND, one write per message), so "received" is what reached a
 client and was acked.
@@ -69,6 +71,9 @@ def main() -> int:
     parser.add_argument("--consumers", type=int, default=2, help="consumers running at once (one is killed at a time)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--quiet", type=float, default=45.0, help="the run ends after this long without news")
+    parser.add_argument(
+        "--last-call", type=float, default=90.0, help="... or this long after the last kill, whichever comes first"
+    )
     parser.add_argument("--gap-min", type=float, default=2.5)
     parser.add_argument("--gap-max", type=float, default=6.0)
     parser.add_argument("--consume", help=argparse.SUPPRESS)
@@ -122,9 +127,12 @@ def main() -> int:
         consumers[slot] = subprocess.Popen(me, stdin=subprocess.DEVNULL)
         print(f"chaos_control: kill {k + 1} of {args.kills}: {received(path)} received so far", file=sys.stderr)
     publish(args.messages - published)
-    # The end, as in the chaos test: nothing new for --quiet seconds.
+    # The end, as in the chaos test: nothing new for --quiet seconds, or --last-call
+    # seconds after the last kill (the emulator hands stranded messages back in
+    # bursts for many minutes, so quiet may never come).
     size, since = -1, time.monotonic()
-    while time.monotonic() - since < args.quiet:
+    last_call = time.monotonic() + args.last_call
+    while time.monotonic() - since < args.quiet and time.monotonic() < last_call:
         now = os.path.getsize(path)
         if now != size:
             size, since = now, time.monotonic()
