@@ -229,7 +229,7 @@ struct Fleet {
 
 impl Fleet {
     async fn start(config: PathBuf, journal: PathBuf, emulator_host: String) -> Fleet {
-        let ports: Vec<u16> = (0..INSTANCES).map(|_| common::free_port()).collect();
+        let ports: Vec<u16> = (0..INSTANCES).map(|_| common::free_restartable_port()).collect();
         let mut fleet = Fleet { config, journal, emulator_host, ports, slots: Vec::new(), incarnations: 0 };
         for slot in 0..INSTANCES {
             let process = fleet.spawn(slot);

@@ -351,3 +351,21 @@ async fn recording_target_detects_two_requests_for_one_key_in_flight() {
         call.abort();
     }
 }
+
+#[test]
+fn free_restartable_port_is_bindable_and_below_the_ephemeral_range() {
+    let port = common::free_restartable_port();
+    let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Only where the range leaves room below it (it does on Linux's default, 32768);
+    // elsewhere the helper falls back to any free port.
+    if low > 12_000 {
+        assert!(port < low, "port {port} is in the ephemeral range (from {low})");
+    }
+    std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port binds");
+}

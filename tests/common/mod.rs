@@ -225,6 +225,27 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind 127.0.0.1:0").port()
 }
 
+/// A TCP port that was free a moment ago on 127.0.0.1 and lies below the kernel's
+/// ephemeral range, for a service that is restarted on the same port (an emulator, a
+/// PostgreSQL cluster, a killed `inlet`): while it is down, no client connection can
+/// be given that port as its own and keep it from listening again. Falls back to
+/// [`free_port`] if no such port binds.
+pub fn free_restartable_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    if low > 12_000 {
+        for _ in 0..100 {
+            let port = fastrand::u16(10_000..low);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
+    free_port()
+}
+
 /// A Google Pub/Sub push envelope, as POSTed by a push subscription. Both the camelCase
 /// and the snake_case spellings of the message fields are present, as Google sends them.
 pub fn push_envelope(data: &[u8], attributes: &[(&str, &str)], message_id: &str) -> serde_json::Value {
@@ -736,7 +757,7 @@ pub struct PubSubEmulator {
 impl PubSubEmulator {
     /// Starts an emulator for `project` on a free port and waits until it answers.
     pub async fn start(project: &str) -> PubSubEmulator {
-        let port = free_port();
+        let port = free_restartable_port();
         let log = std::env::temp_dir().join(format!("inlet-pubsub-emulator-{port}.log"));
         // A fresh log: the port may have served an earlier run.
         std::fs::File::create(&log).unwrap_or_else(|e| panic!("emulator log file {}: {e}", log.display()));
@@ -1382,7 +1403,7 @@ impl PgCluster {
                 .expect("run chown");
             assert!(status.success(), "chown {} to postgres: {status}", dir.path().display());
         }
-        let cluster = PgCluster { port: free_port(), bin, dir };
+        let cluster = PgCluster { port: free_restartable_port(), bin, dir };
         let out = cluster
             .tool("initdb")
             .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions", "-D"])
