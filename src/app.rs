@@ -1,7 +1,7 @@
 //! Wiring for `inlet run`: open the inbox, load the routes, serve HTTP, run one relay
 //! per route plus the housekeeping tasks, and stop cleanly.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::clock::{Clock, DbClock};
-use crate::config::{Config, SourceConfig};
+use crate::config::{Config, Ordering, ParkedPolicy, SourceConfig};
 use crate::inbox::group::{Group, Settles};
 use crate::inbox::{self, Status, Store};
 use crate::ingest::Ingest;
@@ -63,6 +63,15 @@ impl Shared {
         Arc::clone(&self.routes.read().expect("routes lock"))
     }
 
+    /// `route` has entries to claim now: wakes its relay here and announces it to
+    /// the other instances on the inbox, so none waits for its poll interval.
+    pub fn wake(&self, route: &str) {
+        if let Some(r) = self.routes().get(route) {
+            r.stored.notify_one();
+        }
+        self.ingest.announce(route);
+    }
+
     /// Puts a new set of routes in place: relays of routes that are gone or changed
     /// stop claiming (their in-flight attempts finish), relays of `fresh` routes start.
     pub(crate) fn replace_routes(&self, routes: Arc<Routes>, fresh: &[String]) {
@@ -78,6 +87,8 @@ impl Shared {
         }
         *self.routes.write().expect("routes lock") = Arc::clone(&routes);
         for route in routes.iter() {
+            let pull = matches!(route.config.source, SourceConfig::Pubsub(_));
+            self.metrics.register_route(route.name(), pull);
             if !relays.running.contains_key(route.name()) {
                 let (stop, stop_rx) = watch::channel(false);
                 let relay = Arc::new(Relay {
@@ -276,6 +287,11 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
             .expect("loading routes does not panic")
     };
     let metrics = Arc::new(Metrics::new());
+    // The inbox just answered (it was opened and migrated).
+    metrics.store_up.set(1);
+    for outcome in ["ok", "failed"] {
+        let _ = metrics.retention_runs.get_or_create(&crate::telemetry::OutcomeLabel { outcome });
+    }
     let ack_journal = match &options.ack_journal {
         Some(path) => Some(Arc::new(
             crate::source::ack_journal::AckJournal::open(path)
@@ -286,7 +302,9 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     let settles = Arc::new(Group::start(Settles(Arc::clone(&store)), GROUP_COMMIT_WRITERS));
     let shared = Arc::new(Shared {
         ingest: Arc::new(
-            Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics)).with_group_commit(GROUP_COMMIT_WRITERS),
+            Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics))
+                .with_group_commit(GROUP_COMMIT_WRITERS)
+                .with_announcements(),
         ),
         pubsub: options.pubsub.clone(),
         ack_journal,
@@ -353,6 +371,9 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         "inlet listening"
     );
     tasks.spawn(housekeeping(Arc::clone(&shared), options.retention, shutdown_rx.clone()));
+    if let Some(announced) = shared.store.announcements() {
+        tasks.spawn(wake_on_announcements(Arc::clone(&shared), announced, shutdown_rx.clone()));
+    }
     tasks.spawn(crate::repair::run(Arc::clone(&shared), options.owner.clone(), shutdown_rx.clone()));
     tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
     Ok(Running { addr, admin_addr, shared, shutdown, tasks, grace: options.grace })
@@ -362,7 +383,8 @@ async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, StartError> {
     tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })
 }
 
-/// The admin API and `/metrics`, each behind its gate (see `admin::access`).
+/// The admin API, `/metrics` and the web console, each behind its gate (see
+/// `admin::access`, `console::session`).
 fn admin_router(shared: &Arc<Shared>) -> Router {
     let api = Router::new()
         .route("/api/entries", get(admin::list))
@@ -378,13 +400,14 @@ fn admin_router(shared: &Arc<Shared>) -> Router {
         .route("/api/routes/{name}/resume", post(admin::resume_route))
         .route("/api/purge", post(admin::purge))
         .route("/api/audit", get(admin::audit_log))
+        .route("/api/openapi.json", get(admin::openapi::serve))
         .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::authenticate))
         .with_state(Arc::clone(shared));
     let metrics = Router::new()
         .route("/metrics", get(admin::metrics))
         .route_layer(axum::middleware::from_fn_with_state(Arc::clone(shared), admin::access::metrics_gate))
         .with_state(Arc::clone(shared));
-    api.merge(metrics)
+    api.merge(metrics).merge(crate::console::router(shared))
 }
 
 /// `/healthz` and `/readyz`: open on every listener.
@@ -393,6 +416,24 @@ fn probes(shared: &Arc<Shared>) -> Router {
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))
         .with_state(Arc::clone(shared))
+}
+
+/// Wakes the relay of each route another instance (or this one, or a CLI) announced.
+async fn wake_on_announcements(
+    shared: Arc<Shared>,
+    mut announced: tokio::sync::mpsc::UnboundedReceiver<String>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let route = tokio::select! {
+            route = announced.recv() => route,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        let Some(route) = route else { return };
+        if let Some(r) = shared.routes().get(&route) {
+            r.stored.notify_one();
+        }
+    }
 }
 
 /// Tasks committing push inserts (and, apart, settles) in groups: one gathers a batch
@@ -406,28 +447,74 @@ const PURGE_BATCH: u32 = 1_000;
 async fn housekeeping(shared: Arc<Shared>, retention: Duration, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     let mut since_purge = Duration::ZERO;
+    let mut published = HashSet::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
-        refresh_gauges(&shared).await;
+        refresh_gauges(&shared, &mut published).await;
         since_purge += Duration::from_secs(5);
         if since_purge >= Duration::from_secs(60) {
             since_purge = Duration::ZERO;
             let before = crate::clock::ago(shared.clock.now(), retention);
             // Small batches with a pause between them: the relay's claims and settles
             // get the database in between, and any backlog is cleared in one round.
-            match inbox::purge_all(shared.store.as_ref(), before, PURGE_BATCH, Duration::from_millis(20)).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(purged = n, "purged finished entries past their retention"),
-                Err(error) => tracing::warn!(%error, "retention purge failed; will try again"),
-            }
+            let outcome =
+                match inbox::purge_all(shared.store.as_ref(), before, PURGE_BATCH, Duration::from_millis(20)).await {
+                    Ok(0) => "ok",
+                    Ok(n) => {
+                        tracing::info!(purged = n, "purged finished entries past their retention");
+                        "ok"
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "retention purge failed; will try again");
+                        "failed"
+                    }
+                };
+            shared.metrics.retention_runs.get_or_create(&crate::telemetry::OutcomeLabel { outcome }).inc();
         }
     }
 }
 
-async fn refresh_gauges(shared: &Shared) {
+/// Sets `inlet_store_up` (every instance) and, on the one instance holding the gauge
+/// lease, the gauges computed from the shared inbox; the others drop those series
+/// (see `crate::telemetry`). `published`: the routes whose series this instance set
+/// last time, so a route that is gone loses its series.
+async fn refresh_gauges(shared: &Shared, published: &mut HashSet<String>) {
+    let m = &shared.metrics;
+    let was_up = m.store_up.get() == 1;
+    if let Err(error) = shared.store.db_now().await {
+        if was_up {
+            tracing::error!(%error, "the inbox does not answer (inlet_store_up 0); ingest nacks and the relay waits");
+        }
+        m.store_up.set(0);
+        return;
+    }
+    if !was_up {
+        tracing::info!("the inbox answers again (inlet_store_up 1)");
+    }
+    m.store_up.set(1);
+    let publisher = match shared.store.gauge_lease().await {
+        Ok(held) => held,
+        Err(error) => {
+            tracing::warn!(%error, "could not keep or take the inbox gauge lease; not publishing the inbox gauges");
+            false
+        }
+    };
+    if publisher != (m.gauges_publisher.get() == 1) {
+        if publisher {
+            tracing::info!("this instance publishes the inbox gauges now (inlet_inbox_gauges_publisher 1)");
+        } else {
+            tracing::info!("another instance publishes the inbox gauges (inlet_inbox_gauges_publisher 0)");
+        }
+    }
+    m.gauges_publisher.set(i64::from(publisher));
+    if !publisher {
+        m.clear_inbox_gauges();
+        published.clear();
+        return;
+    }
     let counts = match shared.store.counts().await {
         Ok(c) => c,
         Err(error) => {
@@ -436,15 +523,46 @@ async fn refresh_gauges(shared: &Shared) {
         }
     };
     let now = shared.clock.now();
-    for route in shared.routes().iter() {
-        for status in [Status::Open, Status::InProgress, Status::Parked] {
-            let row = counts.iter().find(|c| c.route == route.name() && c.status == status);
-            let label = RouteStatus { route: route.name().to_string(), status: status.as_str() };
-            shared.metrics.entries.get_or_create(&label).set(row.map_or(0, |r| r.count));
+    let age = |since: Option<crate::clock::Millis>| since.map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0);
+    let routes = shared.routes();
+    for route in routes.iter() {
+        let name = route.name();
+        for status in crate::telemetry::UNRESOLVED {
+            let row = counts.iter().find(|c| c.route == name && c.status == status);
+            let label = RouteStatus { route: name.to_string(), status: status.as_str() };
+            m.entries.get_or_create(&label).set(row.map_or(0, |r| r.count));
+            let oldest = age(row.and_then(|r| r.oldest_received_at));
+            m.oldest_age_seconds.get_or_create(&label).set(oldest);
             if status == Status::Open {
-                let age = row.and_then(|r| r.oldest_received_at).map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0);
-                shared.metrics.oldest_open_age_seconds.get_or_create(&Metrics::route(route.name())).set(age);
+                m.oldest_open_age_seconds.get_or_create(&Metrics::route(name)).set(oldest);
             }
         }
+        // Keys hold nothing back on an unordered route.
+        let blocked = if route.config.ordering == Ordering::PerKey {
+            match shared.store.blocked_keys(name, route.config.parked == ParkedPolicy::BlockKey).await {
+                Ok(b) => b,
+                Err(error) => {
+                    tracing::warn!(route = name, %error, "could not read blocked keys for metrics");
+                    continue;
+                }
+            }
+        } else {
+            inbox::BlockedKeys::default()
+        };
+        m.blocked_keys.get_or_create(&Metrics::route(name)).set(blocked.keys);
+        m.oldest_blocked_key_age_seconds.get_or_create(&Metrics::route(name)).set(age(blocked.oldest_head_received_at));
     }
+    let now_published: HashSet<String> = routes.iter().map(|r| r.name().to_string()).collect();
+    for gone in published.difference(&now_published) {
+        let label = Metrics::route(gone);
+        m.oldest_open_age_seconds.remove(&label);
+        m.blocked_keys.remove(&label);
+        m.oldest_blocked_key_age_seconds.remove(&label);
+        for status in crate::telemetry::UNRESOLVED {
+            let label = RouteStatus { route: gone.clone(), status: status.as_str() };
+            m.entries.remove(&label);
+            m.oldest_age_seconds.remove(&label);
+        }
+    }
+    *published = now_published;
 }

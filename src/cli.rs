@@ -37,6 +37,10 @@ pub struct Cli {
     /// line for a repair (the bodies of the admin API, see API.md).
     #[arg(long, global = true)]
     pub json: bool,
+    /// How log lines (on stderr) are written: `text`, or `json` (one object per line,
+    /// with the fields of the spans it ran in: route, entry id, key, message id).
+    #[arg(long, global = true, env = "INLET_LOG_FORMAT", value_enum, default_value_t = crate::telemetry::LogFormat::Text)]
+    pub log_format: crate::telemetry::LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -309,7 +313,7 @@ pub async fn main() -> ExitCode {
     // `inlet run` reports its progress; the tools print their answer, and only
     // warnings and errors besides it.
     let level = if matches!(cli.command, Command::Run { .. }) { "info" } else { "warn" };
-    crate::telemetry::init_logging_at(level);
+    crate::telemetry::init_logging_at(level, cli.log_format);
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {
@@ -431,6 +435,22 @@ fn plugin_test_route<'c>(config: &'c Config, name: &str) -> anyhow::Result<&'c c
     anyhow::bail!("no route `{name}` in {} (routes: {})", config.path.display(), known.join(", "))
 }
 
+/// Tells running instances that entries of `routes` can be claimed now, so they
+/// act on a repair at once rather than at their next poll. Best effort: a failure
+/// only costs that wait.
+async fn announce(store: &dyn Store, routes: &[String]) {
+    if let Err(error) = store.announce(routes).await {
+        tracing::debug!(%error, "could not announce the repair to running instances");
+    }
+}
+
+/// [`announce`] for the route of entry `id`.
+async fn announce_route_of(store: &dyn Store, id: i64) {
+    if let Ok(Some(entry)) = store.get(id).await {
+        announce(store, &[entry.route]).await;
+    }
+}
+
 /// The inbox of `--config`, read from its `[store]` alone.
 async fn open_store(config: &Option<PathBuf>) -> anyhow::Result<Arc<dyn Store>> {
     let path = routing_file(None, config)?;
@@ -521,8 +541,15 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
     let clock = DbClock::new(store.as_ref()).await?;
     match command {
         InboxCommand::List { route, status, key, after, limit } => {
-            let filter =
-                ListFilter { route, status, correlation_key: key, after_id: after, limit, newest_first: false };
+            let filter = ListFilter {
+                route,
+                status,
+                correlation_key: key,
+                after_id: after,
+                limit,
+                newest_first: false,
+                ..Default::default()
+            };
             let listing = if status.is_none() && after.is_none() {
                 attention_first(store.as_ref(), &filter).await?
             } else {
@@ -574,6 +601,7 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
                 let done = store.requeue(id, clock.now()).await?;
                 cli_audit(store.as_ref(), &clock, "requeue", id, done, None).await;
                 if done {
+                    announce_route_of(store.as_ref(), id).await;
                     let answer = Repaired { entry: id, action: "requeue", status: Status::Open };
                     out.repaired(&answer, &format!("requeued {id}"))?;
                 } else {
@@ -600,6 +628,8 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
                 let done = store.ignore(id, &format!("ignored by hand: {reason}"), clock.now()).await?;
                 cli_audit(store.as_ref(), &clock, "ignore", id, done, Some(reason.to_string())).await;
                 if done {
+                    // An ignored head frees its key.
+                    announce_route_of(store.as_ref(), id).await;
                     let answer = Repaired { entry: id, action: "ignore", status: Status::Ignored };
                     out.repaired(&answer, &format!("ignored {id}"))?;
                 } else {
@@ -795,6 +825,7 @@ async fn route_command(
                 }
                 anyhow::bail!("route `{name}` is not paused");
             }
+            announce(store.as_ref(), std::slice::from_ref(&name)).await;
             out.show_line(&RoutePaused { route: name.clone(), paused: None }, &format!("resumed {name}"))?;
             Ok(ExitCode::SUCCESS)
         }

@@ -102,6 +102,8 @@ pub struct Ingest {
     /// Transient decode faults per (route, message id) not yet settled.
     transient: Mutex<HashMap<(String, String), u32>>,
     group: Option<GroupCommit>,
+    /// Routes to announce to the other instances, coalesced by one task.
+    announcer: Option<tokio::sync::mpsc::UnboundedSender<String>>,
 }
 
 /// Messages whose transient decode faults are remembered at once; past this the
@@ -110,7 +112,7 @@ const TRANSIENT_MEMORY: usize = 10_000;
 
 impl Ingest {
     pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, metrics: Arc<Metrics>) -> Ingest {
-        Ingest { store, clock, metrics, transient: Mutex::new(HashMap::new()), group: None }
+        Ingest { store, clock, metrics, transient: Mutex::new(HashMap::new()), group: None, announcer: None }
     }
 
     /// Single messages ([`Ingest::accept`], the push path) that arrive while others
@@ -121,6 +123,36 @@ impl Ingest {
         self
     }
 
+    /// Announces routes with new entries to the other instances on the inbox
+    /// ([`Store::announce`]): names that queue up while one announcement goes out are
+    /// sent together in the next, once each.
+    pub fn with_announcements(mut self) -> Ingest {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let store = Arc::clone(&self.store);
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut routes = std::collections::BTreeSet::from([first]);
+                while let Ok(route) = rx.try_recv() {
+                    routes.insert(route);
+                }
+                let routes: Vec<String> = routes.into_iter().collect();
+                if let Err(error) = store.announce(&routes).await {
+                    // The others find the entries at their next poll.
+                    tracing::debug!(%error, "could not announce new entries to the other instances");
+                }
+            }
+        });
+        self.announcer = Some(tx);
+        self
+    }
+
+    /// Tells the other instances that `route` has entries to claim now.
+    pub fn announce(&self, route: &str) {
+        if let Some(tx) = &self.announcer {
+            let _ = tx.send(route.to_string());
+        }
+    }
+
     /// The group committer, if there is one (tests and metrics read its counters).
     pub fn group_commit(&self) -> Option<&GroupCommit> {
         self.group.as_ref()
@@ -128,7 +160,13 @@ impl Ingest {
 
     /// Decodes and stores one message. `Ok` means the row is committed (or was
     /// already there) and the broker may be acked; `Err` means nack.
+    /// Runs in an `ingest` span carrying the route and the message id.
     pub async fn accept(&self, route: &Route, msg: Incoming) -> Result<Accepted, IngestError> {
+        let span = ingest_span(route, &msg.message_id);
+        tracing::Instrument::instrument(self.accept_one(route, msg), span).await
+    }
+
+    async fn accept_one(&self, route: &Route, msg: Incoming) -> Result<Accepted, IngestError> {
         let entry = self.decode(route, msg).await?;
         let (entry, result) = match &self.group {
             None => self.insert_alone(route, entry, self.clock.now()).await,
@@ -146,6 +184,7 @@ impl Ingest {
         self.record(route, &entry, &result);
         if matches!(result, Ok(InsertOutcome::Inserted { .. })) && entry.status == Status::Open {
             route.stored.notify_one();
+            self.announce(route.name());
         }
         let outcome = result?;
         Ok(Accepted { outcome, stored: Stored::of(outcome, entry.status) })
@@ -155,11 +194,19 @@ impl Ingest {
     /// inbox order, and so the delivery order within a key). `Ok` means every row is
     /// committed and every message may be acked; `Err` means nack them all (rows that
     /// were committed before the failure absorb the redelivery as duplicates).
+    /// Each decode runs in an `ingest` span (route, message id), the insert in an
+    /// `ingest_batch` span (route, number of messages).
     pub async fn accept_batch(&self, route: &Route, msgs: Vec<Incoming>) -> Result<Vec<InsertOutcome>, IngestError> {
         let mut entries = Vec::with_capacity(msgs.len());
         for msg in msgs {
-            entries.push(self.decode(route, msg).await?);
+            let span = ingest_span(route, &msg.message_id);
+            entries.push(tracing::Instrument::instrument(self.decode(route, msg), span).await?);
         }
+        let span = tracing::info_span!("ingest_batch", route = route.name(), messages = entries.len());
+        tracing::Instrument::instrument(self.store_batch(route, entries), span).await
+    }
+
+    async fn store_batch(&self, route: &Route, mut entries: Vec<NewEntry>) -> Result<Vec<InsertOutcome>, IngestError> {
         let result = self.insert_isolating(route, &mut entries, self.clock.now()).await;
         match &result {
             Ok(outcomes) => {
@@ -171,6 +218,7 @@ impl Ingest {
                 });
                 if opened {
                     route.stored.notify_one();
+            self.announce(route.name());
                 }
             }
             Err(error) => {
@@ -288,7 +336,9 @@ impl Ingest {
             last_error: None,
         };
         let plugin = route.plugin();
+        let started = std::time::Instant::now();
         let answer = plugin.decode(wit_msg).await;
+        self.metrics.plugin_call(route.name(), "decode", started);
         let tries = self.count_transient(route.name(), &entry.message_id, answer.as_ref().err());
         match answer {
             Err(fault) if fault.is_transient() && tries < plugin.limits().timeout_tries => {
@@ -376,6 +426,11 @@ impl Ingest {
         let label = Stored::of(outcome, entry.status).as_str();
         self.metrics.ingested.get_or_create(&Metrics::outcome(route.name(), label)).inc();
     }
+}
+
+/// The span a message's decode and insert run in.
+fn ingest_span(route: &Route, message_id: &str) -> tracing::Span {
+    tracing::info_span!("ingest", route = route.name(), message_id = %rules::storable(message_id, 200))
 }
 
 /// Counts a plugin answer refused by an output rule (ingest and relay alike).

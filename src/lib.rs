@@ -17,6 +17,7 @@ pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod inbox;
 pub mod ingest;
 pub mod plugin;

@@ -101,13 +101,7 @@ impl RepairFilter {
 
     /// `text` as a LIKE pattern (wildcards in it taken literally, `\` the escape).
     pub fn text_pattern(&self) -> Option<String> {
-        self.text.as_ref().map(|t| {
-            let escaped: String = t
-                .chars()
-                .flat_map(|c| if matches!(c, '%' | '_' | '\\') { vec!['\\', c] } else { vec![c] })
-                .collect();
-            format!("%{escaped}%")
-        })
+        self.text.as_deref().map(crate::inbox::contains_pattern)
     }
 
     /// For people: `route=orders fingerprint="…"`.
@@ -268,9 +262,9 @@ async fn work(shared: &Shared, owner: &str, mut job: RepairJob, shutdown: &mut w
         }
         if moved > 0 {
             // Wake the relay of the route at once rather than at its next poll.
-            let routes = shared.routes();
-            if let Some(route) = job.filter.route.as_deref().and_then(|r| routes.get(r)) {
-                route.stored.notify_one();
+            match job.filter.route.as_deref() {
+                Some(route) => shared.wake(route),
+                None => shared.routes().iter().for_each(|r| shared.wake(r.name())),
             }
         }
         job.cursor = cursor;

@@ -1,7 +1,17 @@
-//! Metrics (every name in one place, labels bounded: route, status, kind — never an
-//! id) and the `tracing` subscriber.
+//! Metrics (every name in one place, labels bounded: route, status, outcome, call,
+//! kind — never an id) and the `tracing` subscriber (text or JSON lines).
+//!
+//! **Gauges computed from the shared inbox** (`inlet_inbox_*`) are published by one
+//! instance only: the holder of the inbox's gauge lease (a PostgreSQL session advisory
+//! lock; always the only instance on SQLite), which says so in
+//! `inlet_inbox_gauges_publisher 1`. Every other instance exports no series of them,
+//! so `sum()` and `max()` over replicas give the inbox's figure once; `max by (…)` stays
+//! right even in the seconds of a hand-over, when two instances may both still show one.
+//! Everything else (counters, histograms, `inlet_store_up`, `inlet_route_paused`, the
+//! Pub/Sub gauges) is each instance's own: sum counters, take `min`/`max` of gauges.
 
 use std::sync::atomic::AtomicU64;
+use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -39,6 +49,13 @@ pub struct RouteReason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteCall {
+    pub route: String,
+    /// `decode`, `render` or `classify`.
+    pub call: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginFaultLabels {
     pub route: String,
     pub call: &'static str,
@@ -52,6 +69,28 @@ pub struct OutputRuleLabels {
     /// The rule's name (`crate::rules::Violation::rule`): a fixed set.
     pub rule: &'static str,
 }
+
+/// The end of the help text of every gauge computed from the shared inbox.
+macro_rules! publisher_note {
+    () => {
+        "; published by one instance only (inlet_inbox_gauges_publisher 1), absent on the others: aggregate with max"
+    };
+}
+
+/// Dispositions of a delivery attempt (`relay::policy::Disposition::label`).
+pub const ATTEMPT_OUTCOMES: [&str; 5] = ["done", "retry", "not_yet", "park", "ignore"];
+/// Outcomes of a message taken in (`ingest::Stored::as_str`).
+pub const INGEST_OUTCOMES: [&str; 5] = ["inserted", "duplicate", "conflict", "parked", "ignored"];
+/// The plugin calls.
+pub const PLUGIN_CALLS: [&str; 3] = ["decode", "render", "classify"];
+/// Kinds of plugin fault (`plugin::PluginFault::kind`).
+pub const FAULT_KINDS: [&str; 8] =
+    ["timeout", "fuel", "out_of_memory", "trap", "oversized_output", "instantiate", "busy", "host_memory"];
+/// Why the listener refuses a push (`source::push::Rejection`'s labels).
+pub const PUSH_REJECTIONS: [&str; 4] = ["shed", "too_large", "body_timeout", "timeout"];
+/// Unresolved states, as the `status` label spells them.
+pub const UNRESOLVED: [crate::inbox::Status; 3] =
+    [crate::inbox::Status::Open, crate::inbox::Status::InProgress, crate::inbox::Status::Parked];
 
 pub struct Metrics {
     registry: Registry,
@@ -89,10 +128,29 @@ pub struct Metrics {
     pub attempt_panics: Family<RouteLabel, Counter>,
     /// Time from sending a request to the target to its answer.
     pub delivery_seconds: Family<RouteLabel, Histogram>,
-    /// Unresolved entries by state, refreshed periodically from the inbox.
+    /// Time from an entry's receipt to the attempt that delivered it (DONE).
+    pub queue_seconds: Family<RouteLabel, Histogram>,
+    /// Time one claim statement (with its lease) takes.
+    pub claim_seconds: Family<RouteLabel, Histogram>,
+    /// Time one plugin call takes, by call (decode, render, classify).
+    pub plugin_call_seconds: Family<RouteCall, Histogram>,
+    /// 1 while this instance's last inbox query (every housekeeping tick) answered.
+    pub store_up: Gauge,
+    /// 1 on the one instance that publishes the `inlet_inbox_*` gauges, else 0.
+    pub gauges_publisher: Gauge,
+    /// Retention rounds by outcome (`ok`, `failed`).
+    pub retention_runs: Family<OutcomeLabel, Counter>,
+    /// Unresolved entries by state, refreshed periodically from the inbox (one publisher).
     pub entries: Family<RouteStatus, Gauge>,
-    /// Age of the oldest OPEN entry.
+    /// Age of the oldest OPEN entry (one publisher).
     pub oldest_open_age_seconds: Family<RouteLabel, Gauge<f64, AtomicU64>>,
+    /// Age of the oldest unresolved entry by state (one publisher).
+    pub oldest_age_seconds: Family<RouteStatus, Gauge<f64, AtomicU64>>,
+    /// Keys held up: their head is PARKED under `block-key`, or an entry waits behind
+    /// an older one of its key (one publisher).
+    pub blocked_keys: Family<RouteLabel, Gauge>,
+    /// Age of the head (oldest unresolved entry) of the oldest blocked key (one publisher).
+    pub oldest_blocked_key_age_seconds: Family<RouteLabel, Gauge<f64, AtomicU64>>,
     /// Pub/Sub messages taken from the stream, per route (redeliveries included).
     pub pubsub_received: Family<RouteLabel, Counter>,
     /// Pub/Sub messages acked (stored) and nacked (not stored), per route.
@@ -146,8 +204,23 @@ impl Metrics {
             delivery_seconds: Family::new_with_constructor(|| {
                 Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
             }),
+            queue_seconds: Family::new_with_constructor(|| {
+                Histogram::new([0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0])
+            }),
+            claim_seconds: Family::new_with_constructor(|| {
+                Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5])
+            }),
+            plugin_call_seconds: Family::new_with_constructor(|| {
+                Histogram::new([0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0])
+            }),
+            store_up: Gauge::default(),
+            gauges_publisher: Gauge::default(),
+            retention_runs: Family::default(),
             entries: Family::default(),
             oldest_open_age_seconds: Family::default(),
+            oldest_age_seconds: Family::default(),
+            blocked_keys: Family::default(),
+            oldest_blocked_key_age_seconds: Family::default(),
             pubsub_received: Family::default(),
             pubsub_acks: Family::default(),
             pubsub_reconnects: Family::default(),
@@ -162,6 +235,9 @@ impl Metrics {
             push_auth_refused: Family::default(),
             registry: Registry::default(),
         };
+        for outcome in ["ok", "refused"] {
+            let _ = m.config_reloads.get_or_create(&OutcomeLabel { outcome });
+        }
         registry.register("ingested", "Messages taken in, by outcome", m.ingested.clone());
         registry.register(
             "plugin_memory_bytes",
@@ -216,11 +292,55 @@ impl Metrics {
         );
         registry.register("lease_lost", "Attempt outcomes discarded because the lease was lost", m.lease_lost.clone());
         registry.register("delivery_duration_seconds", "Target response time", m.delivery_seconds.clone());
-        registry.register("inbox_entries", "Unresolved inbox entries by status", m.entries.clone());
+        registry.register(
+            "queue_time_seconds",
+            "Time from an entry's receipt to the attempt that delivered it",
+            m.queue_seconds.clone(),
+        );
+        registry.register("claim_duration_seconds", "Time one claim of due entries takes", m.claim_seconds.clone());
+        registry.register(
+            "plugin_call_duration_seconds",
+            "Time one plugin call takes, by call",
+            m.plugin_call_seconds.clone(),
+        );
+        registry.register(
+            "store_up",
+            "1 while this instance's last inbox query answered, 0 while the inbox is unreachable",
+            m.store_up.clone(),
+        );
+        registry.register(
+            "inbox_gauges_publisher",
+            "1 on the one instance that publishes the inlet_inbox_* gauges (the others export none of them)",
+            m.gauges_publisher.clone(),
+        );
+        registry.register("retention_runs", "Retention rounds by outcome (ok, failed)", m.retention_runs.clone());
+        registry.register(
+            "inbox_entries",
+            concat!("Unresolved inbox entries by status", publisher_note!()),
+            m.entries.clone(),
+        );
         registry.register(
             "inbox_oldest_open_age_seconds",
-            "Age of the oldest open entry",
+            concat!("Age of the oldest open entry", publisher_note!()),
             m.oldest_open_age_seconds.clone(),
+        );
+        registry.register(
+            "inbox_oldest_age_seconds",
+            concat!("Age of the oldest unresolved entry by status", publisher_note!()),
+            m.oldest_age_seconds.clone(),
+        );
+        registry.register(
+            "inbox_blocked_keys",
+            concat!(
+                "Keys held up: head PARKED under block-key, or an entry waiting behind an older one of its key",
+                publisher_note!()
+            ),
+            m.blocked_keys.clone(),
+        );
+        registry.register(
+            "inbox_oldest_blocked_key_age_seconds",
+            concat!("Age of the oldest blocked key's head entry", publisher_note!()),
+            m.oldest_blocked_key_age_seconds.clone(),
         );
         registry.register("pubsub_received", "Pub/Sub messages taken from the stream", m.pubsub_received.clone());
         registry.register("pubsub_messages", "Pub/Sub messages acked or nacked", m.pubsub_acks.clone());
@@ -265,19 +385,101 @@ impl Metrics {
     pub fn outcome(route: &str, outcome: &'static str) -> RouteOutcome {
         RouteOutcome { route: route.to_string(), outcome }
     }
+
+    /// Creates a configured route's counters at 0 and its histograms empty, so a rule
+    /// over `increase()` sees the first event, and a dashboard lists the route before
+    /// any traffic. `pull` adds the Pub/Sub source's series.
+    pub fn register_route(&self, route: &str, pull: bool) {
+        let label = Metrics::route(route);
+        for outcome in INGEST_OUTCOMES {
+            let _ = self.ingested.get_or_create(&Metrics::outcome(route, outcome));
+        }
+        for outcome in ATTEMPT_OUTCOMES {
+            let _ = self.attempts.get_or_create(&Metrics::outcome(route, outcome));
+        }
+        for call in PLUGIN_CALLS {
+            let _ = self.plugin_call_seconds.get_or_create(&RouteCall { route: route.to_string(), call });
+            for kind in FAULT_KINDS {
+                let _ = self.plugin_faults.get_or_create(&PluginFaultLabels { route: route.to_string(), call, kind });
+            }
+        }
+        for family in [
+            &self.ingest_failures,
+            &self.dedup_conflicts,
+            &self.parked,
+            &self.store_refused,
+            &self.lease_lost,
+            &self.attempt_panics,
+            &self.route_load_failures,
+        ] {
+            let _ = family.get_or_create(&label);
+        }
+        for family in [&self.delivery_seconds, &self.queue_seconds, &self.claim_seconds] {
+            let _ = family.get_or_create(&label);
+        }
+        let _ = self.route_paused.get_or_create(&label);
+        if pull {
+            let _ = self.pubsub_received.get_or_create(&label);
+            let _ = self.pubsub_connected.get_or_create(&label);
+            let _ = self.pubsub_outstanding.get_or_create(&label);
+            let _ = self.pubsub_batch_size.get_or_create(&label);
+            for outcome in ["acked", "nacked"] {
+                let _ = self.pubsub_acks.get_or_create(&Metrics::outcome(route, outcome));
+            }
+        } else {
+            for reason in PUSH_REJECTIONS {
+                let _ = self.push_rejected.get_or_create(&RouteReason { route: route.to_string(), reason });
+            }
+        }
+    }
+
+    /// Records how long a plugin call that began at `started` took.
+    pub fn plugin_call(&self, route: &str, call: &'static str, started: Instant) {
+        self.plugin_call_seconds
+            .get_or_create(&RouteCall { route: route.to_string(), call })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Drops every series of the gauges computed from the shared inbox: this instance
+    /// does not (or no longer) publish them.
+    pub fn clear_inbox_gauges(&self) {
+        self.entries.clear();
+        self.oldest_open_age_seconds.clear();
+        self.oldest_age_seconds.clear();
+        self.blocked_keys.clear();
+        self.oldest_blocked_key_age_seconds.clear();
+    }
 }
 
-/// Installs the log subscriber: `RUST_LOG` filters (default `info`), `INLET_LOG=json`
-/// is not offered yet; logs go to stderr.
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line: timestamp, level, target, the event's fields, the
+    /// innermost span (`span`) and every span it runs in (`spans`) with their fields.
+    Json,
+}
+
+/// Installs the log subscriber: `RUST_LOG` filters (default `info`), text lines on
+/// stderr.
 pub fn init_logging() {
-    init_logging_at("info");
+    init_logging_at("info", LogFormat::Text);
 }
 
-/// [`init_logging`] with another default level when `RUST_LOG` is unset: the
+/// [`init_logging`] with another default level when `RUST_LOG` is unset (the
 /// command-line tools other than `inlet run` log only warnings and errors, so their
-/// own output is not mixed with progress lines.
-pub fn init_logging_at(default: &str) {
+/// own output is not mixed with progress lines) and a format. Colour codes only when
+/// stderr is a terminal and `NO_COLOR` is unset, in either format.
+pub fn init_logging_at(default: &str, format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).with_span_list(true).try_init(),
+    };
 }

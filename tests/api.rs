@@ -86,7 +86,7 @@ fn post_json(http: &reqwest::Client, url: String, body: Value) -> reqwest::Reque
 }
 
 async fn push(http: &reqwest::Client, base: &str, envelope: Value) -> (u16, Value) {
-    answer(http.post(format!("{base}/push/wo")).body(envelope.to_string())).await
+    answer(http.post(format!("{base}/push/wo")).header("content-type", "application/json").body(envelope.to_string())).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,14 +259,84 @@ async fn admin_answers_are_typed_and_every_refusal_is_an_error_object(store: Sto
     running.stop().await;
 }
 
+/// Every path `src/app.rs` routes, with its methods (lowercase): `.route("P", get(…).post(…))`,
+/// or `.route("P", name)` with `let name = post(…)` earlier in the file.
+fn routed() -> Vec<(String, Vec<String>)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let app = std::fs::read_to_string(root.join("src/app.rs")).unwrap();
+    let methods_in = |text: &str| -> Vec<String> {
+        ["get", "post", "put", "delete", "patch"]
+            .iter()
+            .filter(|m| {
+                let after_word = |i: usize| i == 0 || !text.as_bytes()[i - 1].is_ascii_alphanumeric();
+                text.match_indices(&format!("{m}(")).any(|(i, _)| after_word(i))
+            })
+            .map(|m| m.to_string())
+            .collect()
+    };
+    let mut routes = Vec::new();
+    for rest in app.split(".route(\"").skip(1) {
+        let (path, after) = rest.split_once('"').unwrap();
+        let handler = after.lines().next().unwrap().trim_start_matches(',').trim();
+        let mut methods = methods_in(handler);
+        if methods.is_empty() {
+            let name = handler.split(')').next().unwrap().trim();
+            let binding =
+                app.split(&format!("let {name} = ")).nth(1).unwrap_or_else(|| panic!("no `let {name}` in src/app.rs"));
+            methods = methods_in(binding.lines().next().unwrap());
+        }
+        assert!(!methods.is_empty(), "no method found for {path}: {handler}");
+        routes.push((path.to_string(), methods));
+    }
+    assert!(routes.len() >= 10, "found the routes in src/app.rs: {routes:?}");
+    routes
+}
+
 /// API.md names every path the server routes.
 #[test]
 fn api_md_documents_every_endpoint() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let app = std::fs::read_to_string(root.join("src/app.rs")).unwrap();
     let doc = std::fs::read_to_string(root.join("API.md")).unwrap();
-    let paths: Vec<&str> = app.split(".route(\"").skip(1).map(|rest| rest.split('"').next().unwrap()).collect();
-    assert!(paths.len() >= 10, "found the routes in src/app.rs: {paths:?}");
-    let missing: Vec<&&str> = paths.iter().filter(|p| !doc.contains(&format!(" {p}"))).collect();
+    let missing: Vec<String> =
+        routed().into_iter().map(|(p, _)| p).filter(|p| !doc.contains(&format!(" {p}"))).collect();
     assert!(missing.is_empty(), "API.md does not document {missing:?}");
+}
+
+/// The OpenAPI description served at `/api/openapi.json` names exactly the paths and
+/// methods the server routes.
+#[test]
+fn openapi_describes_exactly_the_routed_endpoints() {
+    let doc: Value = serde_json::from_str(inlet::admin::openapi::OPENAPI).expect("openapi.json is JSON");
+    assert_eq!(doc["openapi"], "3.1.0");
+    let mut described: Vec<(String, String)> = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in item.as_object().unwrap().keys() {
+            described.push((path.clone(), method.clone()));
+        }
+    }
+    let mut routed: Vec<(String, String)> =
+        routed().into_iter().flat_map(|(p, ms)| ms.into_iter().map(move |m| (p.clone(), m))).collect();
+    described.sort();
+    routed.sort();
+    let undescribed: Vec<_> = routed.iter().filter(|r| !described.contains(r)).collect();
+    let unrouted: Vec<_> = described.iter().filter(|d| !routed.contains(d)).collect();
+    assert!(
+        undescribed.is_empty() && unrouted.is_empty(),
+        "routed but not in openapi.json: {undescribed:?}; in openapi.json but not routed: {unrouted:?}"
+    );
+    // Every operation says what it answers, and every `$ref` resolves.
+    let text = inlet::admin::openapi::OPENAPI;
+    for piece in text.split("\"$ref\": \"#/components/").skip(1) {
+        let target = piece.split('"').next().unwrap();
+        let mut node = &doc["components"];
+        for part in target.split('/') {
+            node = &node[part];
+        }
+        assert!(!node.is_null(), "$ref #/components/{target} resolves to nothing");
+    }
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            assert!(op["responses"].as_object().is_some_and(|r| !r.is_empty()), "{method} {path} has no responses");
+        }
+    }
 }

@@ -67,6 +67,7 @@ async fn a_lost_answer_is_retried_and_zeebe_deduplicates_by_message_id() {
     let data = br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
     let res = reqwest::Client::new()
         .post(format!("http://{}/push/zeebe", running.addr))
+        .header("content-type", "application/json")
         .body(push_envelope(data, &[("eventId", "evt-42")], "m-1").to_string())
         .send()
         .await

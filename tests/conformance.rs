@@ -71,6 +71,8 @@ conformance!(
     ignore_discards_a_parked_entry_with_a_record_and_frees_its_key,
     list_newest_first_and_count,
     a_paused_route_is_not_claimed_until_resumed,
+    blocked_keys_are_parked_heads_and_entries_waiting_behind_older_ones,
+    list_filters_by_error_and_throughput_counts_deliveries_per_minute,
     a_settle_batch_commits_each_settle_and_fences_a_lost_lease_alone,
 );
 
@@ -500,6 +502,147 @@ async fn a_paused_route_is_not_claimed_until_resumed(store: Arc<dyn Store>) {
     assert!(!store.resume_route("r").await.unwrap(), "resumed already");
     assert_eq!(store.paused_routes(None).await.unwrap(), vec![]);
     assert_eq!(ids(&store.claim(&req("r", "w", T0, 10)).await.unwrap()), vec![a1, b1, later]);
+}
+
+async fn insert_at(store: &Arc<dyn Store>, e: NewEntry, at: Millis) -> i64 {
+    match store.insert(&e, at).await.expect("insert") {
+        InsertOutcome::Inserted { id } => id,
+        other => panic!("expected a new entry, got {other:?}"),
+    }
+}
+
+async fn blocked_keys_are_parked_heads_and_entries_waiting_behind_older_ones(store: Arc<dyn Store>) {
+    // Heads: a (retrying), b (retrying, alone), c (parked, alone), d (parked), e (done).
+    let a1 = insert_at(&store, entry("r", "a", "a1", "a1"), T0 + 1).await;
+    let b1 = insert_at(&store, entry("r", "b", "b1", "b1"), T0 + 2).await;
+    let c1 = insert_at(&store, entry("r", "c", "c1", "c1"), T0 + 3).await;
+    let d1 = insert_at(&store, entry("r", "d", "d1", "d1"), T0 + 4).await;
+    let e1 = insert_at(&store, entry("r", "e", "e1", "e1"), T0 + 5).await;
+    let claimed = store.claim(&req("r", "w", T0 + 10, 10)).await.unwrap();
+    assert_eq!(ids(&claimed), vec![a1, b1, c1, d1, e1]);
+    let later = T0 + 3_600_000;
+    for c in &claimed {
+        let settlement = match c.entry.id {
+            id if id == c1 || id == d1 => Settlement::Parked { error: "refused".into() },
+            id if id == e1 => Settlement::Done,
+            _ => Settlement::Retry { at: later, error: "503".into(), not_yet_since: None },
+        };
+        store.settle(c.entry.id, &c.lease, T0 + 10, &settlement).await.unwrap();
+    }
+    // Entries behind a, d and e; another route's key `a` and an undecodable entry
+    // (no key) count for nothing.
+    insert_at(&store, entry("r", "a", "a2", "a2"), T0 + 20).await;
+    insert_at(&store, entry("r", "d", "d2", "d2"), T0 + 21).await;
+    insert_at(&store, entry("r", "e", "e2", "e2"), T0 + 22).await;
+    insert_at(&store, entry("s", "a", "s1", "s1"), T0).await;
+    insert_at(&store, entry("s", "a", "s2", "s2"), T0).await;
+    insert_at(&store, undecodable("r", "x1", b"zz"), T0).await;
+
+    let blocked = |keys, oldest| inbox::BlockedKeys { keys, oldest_head_received_at: oldest };
+    // Under block-key: a (a2 waits), c and d (parked heads).
+    assert_eq!(store.blocked_keys("r", true).await.unwrap(), blocked(3, Some(T0 + 1)));
+    // Parked entries let later ones pass: only a.
+    assert_eq!(store.blocked_keys("r", false).await.unwrap(), blocked(1, Some(T0 + 1)));
+    assert_eq!(store.blocked_keys("s", true).await.unwrap(), blocked(1, Some(T0)));
+    assert_eq!(store.blocked_keys("none", true).await.unwrap(), blocked(0, None));
+
+    // a's head delivered at last: a2 is a head alone, so only the parked heads remain.
+    let a = store.claim(&req("r", "w", later, 10)).await.unwrap();
+    let a1_claim = a.iter().find(|c| c.entry.id == a1).expect("a1 is due again");
+    store.settle(a1, &a1_claim.lease, later, &Settlement::Done).await.unwrap();
+    for c in a.iter().filter(|c| c.entry.id != a1) {
+        store
+            .settle(
+                c.entry.id,
+                &c.lease,
+                later,
+                &Settlement::Retry { at: later * 2, error: "503".into(), not_yet_since: None },
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.blocked_keys("r", true).await.unwrap(), blocked(2, Some(T0 + 3)));
+    assert_eq!(store.blocked_keys("r", false).await.unwrap(), blocked(0, None));
+}
+
+/// Two instances on one inbox: on PostgreSQL one holds the gauge lease, the other
+/// does not until the holder goes away; on SQLite (one instance per file) every
+/// store holds it.
+mod gauge_lease {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_postgres_one_instance_holds_it_until_it_goes_away() {
+        let pg = common::TestPg::new().await;
+        let first = inbox::open(&pg.url, 2).await.expect("open postgres");
+        let second = inbox::open(&pg.url, 2).await.expect("open postgres");
+        assert!(first.gauge_lease().await.unwrap(), "the first to ask takes the lease");
+        assert!(!second.gauge_lease().await.unwrap(), "the second does not while the first holds it");
+        assert!(first.gauge_lease().await.unwrap(), "asking again keeps it");
+        assert!(!second.gauge_lease().await.unwrap());
+        drop(first);
+        common::wait_until("the second store to take the gauge lease", std::time::Duration::from_secs(30), || {
+            let second = Arc::clone(&second);
+            async move { second.gauge_lease().await.unwrap() }
+        })
+        .await;
+        assert!(second.gauge_lease().await.unwrap(), "and keeps it");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_sqlite_every_store_holds_it() {
+        let (first, guard) = super::sqlite().await;
+        let Guard::Sqlite(dir) = &guard else { unreachable!() };
+        let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+        let second = inbox::open(&url, 2).await.expect("open sqlite");
+        assert!(first.gauge_lease().await.unwrap());
+        assert!(second.gauge_lease().await.unwrap());
+    }
+}
+
+async fn list_filters_by_error_and_throughput_counts_deliveries_per_minute(store: Arc<dyn Store>) {
+    let parked = |dedup: &str, error: &str| NewEntry {
+        status: Status::Parked,
+        last_error: Some(error.into()),
+        ..entry("r", dedup, dedup, "x")
+    };
+    let busy1 = insert(&store, parked("1", "target answered 503: node 7 busy")).await;
+    let busy2 = insert(&store, parked("2", "target answered 503: node 12 busy")).await;
+    let odd = insert(&store, parked("3", "wildcards 100% literal_ here")).await;
+    insert(&store, entry("r", "k", "4", "open, no error")).await;
+    let fingerprint = inlet::inbox::failures::fingerprint("target answered 503: node 7 busy");
+    let listed = |f: ListFilter| {
+        let store = Arc::clone(&store);
+        async move { store.list(&f).await.unwrap().iter().map(|e| e.id).collect::<Vec<_>>() }
+    };
+    let group = ListFilter { fingerprint: Some(fingerprint), limit: 10, ..Default::default() };
+    assert_eq!(listed(group.clone()).await, vec![busy1, busy2], "one failure group");
+    assert_eq!(store.count(&group).await.unwrap(), 2);
+    assert_eq!(listed(ListFilter { newest_first: true, ..group.clone() }).await, vec![busy2, busy1]);
+    let text = |t: &str| ListFilter { error_text: Some(t.into()), limit: 10, ..Default::default() };
+    assert_eq!(listed(text("node 12")).await, vec![busy2]);
+    assert_eq!(store.count(&text("busy")).await.unwrap(), 2);
+    assert_eq!(listed(text("100% literal_")).await, vec![odd], "wildcards in the text are taken literally");
+    assert_eq!(listed(text("1_0")).await, Vec::<i64>::new(), "`_` is not a wildcard");
+    assert_eq!(listed(text("0%")).await, vec![odd]);
+
+    // Entries finished DONE per route and minute since T0; IGNORED and older ones do not count.
+    let done = |route: &str, dedup: &str| NewEntry { status: Status::Done, ..entry(route, "k", dedup, "d") };
+    let finished = [
+        ("r", "d1", T0),
+        ("r", "d2", T0 + 30_000),
+        ("r", "d3", T0 + 90_000),
+        ("r2", "d4", T0 + 59_999),
+        ("r", "old", T0 - 1),
+    ];
+    for (route, dedup, at) in finished {
+        store.insert(&done(route, dedup), at).await.unwrap();
+    }
+    let ignored = NewEntry { status: Status::Ignored, last_error: Some("no".into()), ..entry("r", "k", "i1", "i") };
+    store.insert(&ignored, T0).await.unwrap();
+    let buckets: Vec<(String, i64, i64)> =
+        store.throughput(T0, 60_000).await.unwrap().into_iter().map(|t| (t.route, t.bucket, t.done)).collect();
+    assert_eq!(buckets, vec![("r".into(), 0, 2), ("r".into(), 1, 1), ("r2".into(), 0, 1)]);
 }
 
 fn attempt_record(status: &str) -> inbox::failures::Attempt {

@@ -118,6 +118,7 @@ async fn zero_executions_is_not_yet_one_is_triggered_two_are_parked() {
             format!(r#"{{"workOrderId":"{key}","completedItems":7,"completionTimestamp":"2026-08-01T10:00:00Z"}}"#);
         let res = http
             .post(format!("http://{}/push/flowable", running.addr))
+            .header("content-type", "application/json")
             .body(push_envelope(data.as_bytes(), &[], &format!("m-{key}")).to_string())
             .send()
             .await

@@ -19,6 +19,7 @@ async fn push(http: &reqwest::Client, base: &str, route: &str, data: &[u8], id: 
     let started = Instant::now();
     let res = http
         .post(format!("{base}/push/{route}"))
+        .header("content-type", "application/json")
         .body(push_envelope(data, &[], id).to_string())
         .send()
         .await

@@ -124,6 +124,7 @@ impl Setup {
         let mut req = self
             .http
             .post(format!("{}/push/orders", self.instance.base()))
+            .header("content-type", "application/json")
             .body(push_envelope(data, &[], &id).to_string());
         if let Some(t) = token {
             req = req.bearer_auth(t);

@@ -184,7 +184,7 @@ async fn pushed_message_is_delivered_once_and_done(backend: Backend) {
     let routes = route("wo", &url, "")
         .replace(&format!("target = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}"), &target);
     let inlet = Inlet::start(backend, &routes, None).await;
-    let not_an_envelope = inlet.http.post(format!("{}/push/wo", inlet.base)).body("{\"nope\":1}").send().await.unwrap();
+    let not_an_envelope = inlet.http.post(format!("{}/push/wo", inlet.base)).header("content-type", "application/json").body("{\"nope\":1}").send().await.unwrap();
     assert_eq!(not_an_envelope.status().as_u16(), 400, "a body that is not a push envelope");
     assert_eq!(inlet.push("no-such-route", b"x", "m-0").await, 404);
     assert_eq!(inlet.push("wo", &work_order(3, "4711"), "m-1").await, 200);
@@ -696,6 +696,7 @@ async fn shutdown_abandons_deliveries_still_running_after_the_grace_period() {
     let inlet = common::start_on_sqlite(&route, |o| o.grace = Duration::from_millis(300)).await;
     let r = reqwest::Client::new()
         .post(format!("{}/push/wo", inlet.base()))
+        .header("content-type", "application/json")
         .body(push_envelope(&work_order(1, "WO-1"), &[], "m-1").to_string())
         .send()
         .await

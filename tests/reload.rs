@@ -64,7 +64,7 @@ async fn replacing_a_plugin_while_messages_flow_loses_nothing_and_refuses_a_corr
                 }
                 let data = format!(r#"{{"workOrderId":"p{p}","completedItems":{n},"completionTimestamp":"t"}}"#);
                 let envelope = push_envelope(data.as_bytes(), &[], &format!("m-{p}-{n}"));
-                let res = http.post(format!("{base}/push/r")).body(envelope.to_string()).send().await.unwrap();
+                let res = http.post(format!("{base}/push/r")).header("content-type", "application/json").body(envelope.to_string()).send().await.unwrap();
                 assert_eq!(res.status().as_u16(), 200);
                 let body: serde_json::Value = serde_json::from_str(&res.text().await.unwrap()).unwrap();
                 ids.push(body["entry"].as_i64().unwrap());
@@ -149,6 +149,7 @@ async fn a_changed_routing_file_is_applied_per_route_and_a_broken_one_is_refused
     let push = |route: &str, seq: u32| {
         let data = format!(r#"{{"workOrderId":"k","completedItems":{seq},"completionTimestamp":"t"}}"#);
         http.post(format!("{base}/push/{route}"))
+            .header("content-type", "application/json")
             .body(push_envelope(data.as_bytes(), &[], &format!("{route}-{seq}")).to_string())
             .send()
     };

@@ -29,6 +29,7 @@ async fn hostile_plugins_are_contained_while_a_good_route_keeps_delivering() {
         async move {
             let res = http
                 .post(format!("{base}/push/{route}"))
+                .header("content-type", "application/json")
                 .body(push_envelope(&data, &[], &id).to_string())
                 .send()
                 .await

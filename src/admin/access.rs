@@ -96,24 +96,35 @@ impl Caller {
         self.routes.is_none()
     }
 
+    /// Whether the caller's role (and routes) allow `action`: what the web console asks
+    /// to decide which buttons to show. The check itself is [`Caller::require`].
+    pub fn may(&self, action: Action) -> bool {
+        self.refusal(action).is_none()
+    }
+
     /// Ok when the caller's role allows `action`; otherwise the 403 answer, logged
     /// (refusals are not stored: they change nothing).
     pub fn require(&self, action: Action) -> Result<(), Forbidden> {
-        let why = if self.role < action.role() {
-            format!(
+        let Some(why) = self.refusal(action) else { return Ok(()) };
+        tracing::warn!(caller = %self.name, action = action.as_str(), %why, "admin request refused");
+        Err(Forbidden(why))
+    }
+
+    /// Why the caller may not do `action`, or `None` when it may.
+    fn refusal(&self, action: Action) -> Option<String> {
+        if self.role < action.role() {
+            Some(format!(
                 "`{}` needs the {} role; token `{}` is {}",
                 action.as_str(),
                 action.role().as_str(),
                 self.name,
                 self.role.as_str()
-            )
+            ))
         } else if action.global() && self.routes.is_some() {
-            format!("`{}` acts on every route; token `{}` is limited to some routes", action.as_str(), self.name)
+            Some(format!("`{}` acts on every route; token `{}` is limited to some routes", action.as_str(), self.name))
         } else {
-            return Ok(());
-        };
-        tracing::warn!(caller = %self.name, action = action.as_str(), %why, "admin request refused");
-        Err(Forbidden(why))
+            None
+        }
     }
 }
 
@@ -208,7 +219,8 @@ fn caller(admin: &AdminConfig, headers: &HeaderMap, peer: Option<SocketAddr>) ->
 
 /// Compares the presented token with every configured one in constant time (over
 /// SHA-256 digests, so lengths do not leak either) and without stopping at a match.
-fn find_token(admin: &AdminConfig, presented: &str) -> Option<Caller> {
+/// The web console signs its sessions in with it too (`crate::console`).
+pub(crate) fn find_token(admin: &AdminConfig, presented: &str) -> Option<Caller> {
     let presented = Sha256::digest(presented.as_bytes());
     let mut found = None;
     for t in &admin.tokens {

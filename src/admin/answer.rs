@@ -57,8 +57,12 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, format!("no entry {id}")).entry(id)
     }
 
-    /// 503 when the inbox is unreachable (try again), 500 otherwise.
+    /// 503 when the inbox is unreachable (try again), 400 when it refused a value
+    /// of the request for what it holds (the same request fails again), 500 otherwise.
     pub fn store(e: StoreError) -> ApiError {
+        if e.refuses_row() {
+            return ApiError::bad_request(format!("the inbox cannot take a value of this request: {e}"));
+        }
         let code = if e.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::INTERNAL_SERVER_ERROR };
         ApiError::new(code, e.to_string())
     }
@@ -93,17 +97,42 @@ impl IntoResponse for ApiError {
 
 /// A JSON request body (`Content-Type: application/json`); one that is missing,
 /// malformed, of another type or over the size limit is answered as an [`ApiError`]
-/// with axum's status (400, 413, 415, 422) and its explanation.
+/// with axum's status (400, 413, 415, 422) and its explanation. A string holding a NUL
+/// character is refused (400, naming the field): PostgreSQL cannot store one, and
+/// both inboxes must answer alike.
 pub struct Body<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(Body(v)),
-            Err(r) => Err(ApiError::new(r.status(), r.body_text())),
+        let refused = |r: axum::extract::rejection::JsonRejection| ApiError::new(r.status(), r.body_text());
+        let (parts, body) = req.into_parts();
+        let bytes = match axum::body::Bytes::from_request(Request::from_parts(parts.clone(), body), state).await {
+            Ok(b) => b,
+            Err(r) => return Err(ApiError::new(r.status(), r.body_text())),
+        };
+        let again = Request::from_parts(parts, axum::body::Body::from(bytes.clone()));
+        let Json(v) = Json::<T>::from_request(again, state).await.map_err(refused)?;
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes)
+            && let Some(field) = nul_in(&value, "")
+        {
+            return Err(ApiError::bad_request(format!("`{field}` holds a NUL character, which the inbox cannot store")));
         }
+        Ok(Body(v))
+    }
+}
+
+/// The path of the first key or string in `value` that holds a NUL character.
+fn nul_in(value: &serde_json::Value, path: &str) -> Option<String> {
+    let at = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+    match value {
+        serde_json::Value::String(s) if s.contains('\0') => Some(if path.is_empty() { "body".into() } else { path.into() }),
+        serde_json::Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| nul_in(v, &at(&i.to_string()))),
+        serde_json::Value::Object(map) => map.iter().find_map(|(k, v)| {
+            if k.contains('\0') { Some(at(&k.escape_debug().to_string())) } else { nul_in(v, &at(k)) }
+        }),
+        _ => None,
     }
 }
 
@@ -121,17 +150,25 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Id<T> {
     }
 }
 
-/// The query string.
+/// The query string. A parameter holding a NUL character is refused (400, naming
+/// it), as in [`Body`].
 pub struct Params<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Params<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match Query::<T>::from_request_parts(parts, state).await {
-            Ok(Query(v)) => Ok(Params(v)),
-            Err(r) => Err(ApiError::new(r.status(), r.body_text())),
+        let v = match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(v)) => v,
+            Err(r) => return Err(ApiError::new(r.status(), r.body_text())),
+        };
+        if let Ok(Query(pairs)) = Query::<Vec<(String, String)>>::try_from_uri(&parts.uri)
+            && let Some((name, _)) = pairs.iter().find(|(k, v)| k.contains('\0') || v.contains('\0'))
+        {
+            let name = name.escape_debug();
+            return Err(ApiError::bad_request(format!("query parameter `{name}` holds a NUL character")));
         }
+        Ok(Params(v))
     }
 }
 

@@ -17,6 +17,7 @@
 //!   route's entries until `POST /api/routes/{name}/resume`; ingest goes on
 //! - `POST /api/purge` — body `{"older_than": "7d"}`: delete finished entries
 //! - `GET  /api/audit?after=&limit=` — the audit log
+//! - `GET  /api/openapi.json` — the OpenAPI 3.1 description ([`openapi`])
 //! - `GET  /metrics`, `GET /healthz` (process up), `GET /readyz` (inbox reachable)
 //!
 //! API.md documents each request and answer. Every answer is a typed body
@@ -35,6 +36,7 @@
 pub mod access;
 pub mod answer;
 pub mod audit;
+pub mod openapi;
 pub mod repairs;
 
 use std::sync::Arc;
@@ -59,6 +61,10 @@ pub struct ListQuery {
     pub route: Option<String>,
     pub status: Option<String>,
     pub key: Option<String>,
+    /// Exactly this error fingerprint (a failure group).
+    pub fingerprint: Option<String>,
+    /// The last error contains this text.
+    pub text: Option<String>,
     pub after: Option<i64>,
     pub limit: Option<u32>,
 }
@@ -108,6 +114,8 @@ pub async fn list(
         route: q.route,
         status,
         correlation_key: q.key,
+        fingerprint: q.fingerprint,
+        error_text: q.text,
         after_id: q.after,
         limit: page_limit(q.limit),
         newest_first: false,
@@ -194,8 +202,8 @@ pub async fn requeue(
 ) -> Result<Json<Repaired>, ApiError> {
     let entry = entry_for(&s, &caller, Action::Requeue, id).await?;
     let result = s.store.requeue(id, s.clock.now()).await;
-    if let (Ok(true), Some(route)) = (&result, s.routes().get(&entry.route)) {
-        route.stored.notify_one();
+    if let Ok(true) = &result {
+        s.wake(&entry.route);
     }
     let answer = Repair { action: Action::Requeue, becomes: Status::Open, applies_to: "PARKED or OPEN", detail: None };
     answer.finish(&s, &caller, &entry, result).await
@@ -244,8 +252,8 @@ pub async fn ignore(
     let reason = b.reason()?;
     let entry = entry_for(&s, &caller, Action::Ignore, id).await?;
     let result = s.store.ignore(id, &format!("ignored by hand: {reason}"), s.clock.now()).await;
-    if let (Ok(true), Some(route)) = (&result, s.routes().get(&entry.route)) {
-        route.stored.notify_one();
+    if let Ok(true) = &result {
+        s.wake(&entry.route);
     }
     let answer =
         Repair { action: Action::Ignore, becomes: Status::Ignored, applies_to: "PARKED", detail: Some(reason) };
@@ -502,9 +510,7 @@ pub async fn resume_route(
     if !result? {
         return Err(ApiError::new(StatusCode::CONFLICT, format!("route `{name}` is not paused")).route(name));
     }
-    if let Some(route) = s.routes().get(&name) {
-        route.stored.notify_one();
-    }
+    s.wake(&name);
     Ok(Json(RoutePaused { route: name, paused: None }))
 }
 

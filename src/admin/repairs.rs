@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::access::{Action, Caller};
+use super::answer::{Body, Params};
 use super::store_error;
 use crate::app::Shared;
 use crate::inbox::NewAudit;
@@ -45,7 +46,7 @@ fn bad_request(error: String) -> Response {
 pub async fn create(
     State(s): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
-    Json(req): Json<RepairRequest>,
+    Body(req): Body<RepairRequest>,
 ) -> Response {
     let action = match req.action {
         RepairAction::Requeue => Action::Requeue,
@@ -109,6 +110,7 @@ pub async fn create(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JobsQuery {
     pub limit: Option<u32>,
 }
@@ -116,7 +118,7 @@ pub struct JobsQuery {
 pub async fn list(
     State(s): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
-    Query(q): Query<JobsQuery>,
+    Params(q): Params<JobsQuery>,
 ) -> Response {
     if let Err(r) = caller.require(Action::Read) {
         return r.into_response();

@@ -38,9 +38,9 @@ pub fn load_store(path: &Path) -> Result<StoreConfig, ConfigErrors> {
         let text = read(file)?;
         // A single file is the shared file whatever it holds; in a directory it is
         // the one with `[store]`.
-        let holds_store = !path.is_dir() || raw::outline(&text).is_some_and(|o| o.store.is_some());
+        let holds_store = !path.is_dir() || raw::outline(text.readable()).is_some_and(|o| o.store.is_some());
         if holds_store {
-            declaring = Some((file.clone(), text));
+            declaring = Some((file.clone(), text.utf8(file)?));
             break;
         }
     }
@@ -57,7 +57,7 @@ pub fn route_names(path: &Path) -> Result<Vec<String>, ConfigErrors> {
     let files = routing_files(path).map_err(|e| read_error(path, &e))?;
     let mut names = Vec::new();
     for file in &files {
-        let outline = raw::outline(&read(file)?);
+        let outline = raw::outline(read(file)?.readable());
         names.extend(outline.into_iter().flat_map(|o| o.route).filter_map(|r| r.name));
     }
     Ok(names)
@@ -67,8 +67,47 @@ fn read_error(path: &Path, e: &std::io::Error) -> ConfigErrors {
     ConfigErrors::single(ConfigError::whole_file(path, ConfigErrorKind::Read(e.to_string())))
 }
 
-fn read(file: &Path) -> Result<String, ConfigErrors> {
-    std::fs::read_to_string(file).map_err(|e| read_error(file, &e))
+fn read(file: &Path) -> Result<Text, ConfigErrors> {
+    let bytes = std::fs::read(file).map_err(|e| read_error(file, &e))?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(text) => Text::Utf8(text),
+        Err(e) => {
+            let valid_up_to = e.utf8_error().valid_up_to();
+            Text::NotUtf8 { lossy: String::from_utf8_lossy(e.as_bytes()).into_owned(), valid_up_to }
+        }
+    })
+}
+
+/// A routing file's contents: text, or bytes that are not UTF-8. The latter are read
+/// with replacement characters only to find what the file declares (its route names,
+/// whether it holds the shared settings), so that a team's broken file refuses only
+/// that team's routes.
+enum Text {
+    Utf8(String),
+    NotUtf8 { lossy: String, valid_up_to: usize },
+}
+
+impl Text {
+    /// The text, with replacement characters where it is not UTF-8.
+    fn readable(&self) -> &str {
+        match self {
+            Text::Utf8(t) | Text::NotUtf8 { lossy: t, .. } => t,
+        }
+    }
+
+    /// The text, or the error naming the first byte that is not UTF-8.
+    fn utf8(self, file: &Path) -> Result<String, ConfigErrors> {
+        match self {
+            Text::Utf8(t) => Ok(t),
+            Text::NotUtf8 { lossy, valid_up_to } => Err(ConfigErrors::single(not_utf8(file, &lossy, valid_up_to))),
+        }
+    }
+}
+
+fn not_utf8(file: &Path, lossy: &str, valid_up_to: usize) -> ConfigError {
+    // Up to the first bad byte the lossy text and the file agree, so the position holds.
+    let kind = ConfigErrorKind::Parse("the file is not UTF-8 text (a routing file must be UTF-8)".into());
+    ConfigError::at(file, lossy, valid_up_to..valid_up_to, "", kind)
 }
 
 /// One file's text checked, or the reason it could not be.
@@ -87,18 +126,32 @@ struct Checked {
 }
 
 fn check_file(file: PathBuf, text: String, env: &dyn Fn(&str) -> Option<String>) -> Checked {
+    let outcome = raw::parse(&file, &text).map(|raw| validate::validate_file(&file, &text, raw, env));
+    outlined(file, text, outcome)
+}
+
+/// A checked file with what its outline declares: where the shared tables are, and
+/// the route names of a file that did not parse.
+fn outlined(file: PathBuf, text: String, outcome: Result<FileOutcome, ConfigErrors>) -> Checked {
     let outline: Option<Outline> = raw::outline(&text);
     let store_at = outline.as_ref().and_then(|o| o.store.as_ref()).map(|s| s.span().start);
     let server_at = outline.as_ref().and_then(|o| o.server.as_ref()).map(|s| s.span().start);
     let plugins_at = outline.as_ref().and_then(|o| o.plugins.as_ref()).map(|s| s.span().start);
     let admin_at = outline.as_ref().and_then(|o| o.admin.as_ref()).map(|s| s.span().start);
     let push_at = outline.as_ref().and_then(|o| o.push.as_ref()).map(|s| s.span().start);
-    let outcome = raw::parse(&file, &text).map(|raw| validate::validate_file(&file, &text, raw, env));
     let outline_names = match (&outcome, outline) {
         (Err(_), Some(o)) => o.route.into_iter().filter_map(|r| RouteName::try_from(r.name?).ok()).collect(),
         _ => Vec::new(),
     };
     Checked { file, text, outcome, store_at, server_at, plugins_at, admin_at, push_at, outline_names }
+}
+
+/// A file that is not UTF-8: refused with an error at its first bad byte; what it
+/// declares is read from its text with replacement characters, so it refuses only its
+/// own routes, unless it is the file with the shared settings.
+fn not_utf8_file(file: PathBuf, lossy: String, valid_up_to: usize) -> Checked {
+    let error = not_utf8(&file, &lossy, valid_up_to);
+    outlined(file, lossy, Err(ConfigErrors::single(error)))
 }
 
 pub(super) fn from_text(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
@@ -111,8 +164,10 @@ pub(super) fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<
     let files = routing_files(path).map_err(|e| read_error(path, &e))?;
     let mut checked = Vec::new();
     for file in files {
-        let text = read(&file)?;
-        checked.push(check_file(file, text, env));
+        checked.push(match read(&file)? {
+            Text::Utf8(text) => check_file(file, text, env),
+            Text::NotUtf8 { lossy, valid_up_to } => not_utf8_file(file, lossy, valid_up_to),
+        });
     }
     assemble(path, checked, is_dir)
 }

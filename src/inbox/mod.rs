@@ -255,6 +255,10 @@ pub struct ListFilter {
     pub route: Option<String>,
     pub status: Option<Status>,
     pub correlation_key: Option<String>,
+    /// Exactly this error fingerprint (a failure group).
+    pub fingerprint: Option<String>,
+    /// The last error contains this text.
+    pub error_text: Option<String>,
     /// Entries with an id greater than this (for paging).
     pub after_id: Option<i64>,
     pub limit: u32,
@@ -270,6 +274,35 @@ pub struct RouteStatusCount {
     pub count: i64,
     /// `received_at` of the oldest entry in this state.
     pub oldest_received_at: Option<Millis>,
+}
+
+/// Keys of a route that are held up: the head (oldest unresolved entry) of the key is
+/// PARKED and the route blocks on parked entries, or an entry of the key waits behind
+/// an older unresolved one. A busy key shows here for a moment between deliveries; a
+/// stuck key stays, and its head gets older.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BlockedKeys {
+    pub keys: i64,
+    /// `received_at` of the oldest head among them.
+    pub oldest_head_received_at: Option<Millis>,
+}
+
+/// Entries of a route finished DONE in one bucket of time (`GET /console`'s
+/// throughput sparkline).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Throughput {
+    pub route: String,
+    /// Which bucket: 0 for `[since, since + bucket)`, 1 for the next, …
+    pub bucket: i64,
+    pub done: i64,
+}
+
+/// `text` as a LIKE pattern that finds it anywhere (`%`, `_` and `\` in it taken
+/// literally, `\` the escape).
+pub fn contains_pattern(text: &str) -> String {
+    let escaped: String =
+        text.chars().flat_map(|c| if matches!(c, '%' | '_' | '\\') { vec!['\\', c] } else { vec![c] }).collect();
+    format!("%{escaped}%")
 }
 
 /// A paused route: no instance claims its entries until it is resumed; ingest goes on.
@@ -433,6 +466,17 @@ pub trait Store: Send + Sync + 'static {
     /// `sqlite` or `postgres`.
     fn backend(&self) -> &'static str;
 
+    /// Tells every instance on this inbox that these routes have entries to claim
+    /// now (PostgreSQL: `NOTIFY`), so they need not wait for their poll interval.
+    /// Where only one instance can run (SQLite) there is nobody to tell.
+    async fn announce(&self, routes: &[String]) -> Result<(), StoreError>;
+
+    /// The routes any instance announced, as they come (PostgreSQL: `LISTEN`, on a
+    /// connection of its own, reconnected after a loss; announcements made while it
+    /// was away are missed, the poll interval covers them). `None` where there are
+    /// none (SQLite).
+    fn announcements(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>>;
+
     /// Stores a message exactly once per `(route, dedup_key)`; see [`InsertOutcome`].
     async fn insert(&self, entry: &NewEntry, now: Millis) -> Result<InsertOutcome, StoreError>;
 
@@ -555,6 +599,21 @@ pub trait Store: Send + Sync + 'static {
     async fn purge_finished(&self, before: Millis, limit: u32) -> Result<u64, StoreError>;
 
     async fn counts(&self) -> Result<Vec<RouteStatusCount>, StoreError>;
+
+    /// The keys of `route` that are held up (see [`BlockedKeys`]); `parked_blocks`: the
+    /// route's parked entries hold back later entries of their key (`block-key`).
+    async fn blocked_keys(&self, route: &str, parked_blocks: bool) -> Result<BlockedKeys, StoreError>;
+
+    /// Whether this store holds the inbox's gauge lease: the one instance that
+    /// publishes the gauges computed from the shared inbox (`inlet_inbox_*`), so they
+    /// are not multiplied by the number of replicas. SQLite: always (one instance).
+    /// PostgreSQL: a session advisory lock on a connection of its own, kept while that
+    /// connection lives; an instance that dies or loses the connection loses it, and
+    /// the next caller elsewhere takes it. Called again to keep it (every few seconds).
+    async fn gauge_lease(&self) -> Result<bool, StoreError>;
+    /// Entries finished DONE at or after `since`, per route, counted in buckets of
+    /// `bucket_ms` (buckets with none are left out).
+    async fn throughput(&self, since: Millis, bucket_ms: i64) -> Result<Vec<Throughput>, StoreError>;
 
     /// The database's clock.
     async fn db_now(&self) -> Result<Millis, StoreError>;

@@ -34,13 +34,21 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("sql/postgres_0004_route_pause.sql")),
     (5, include_str!("sql/postgres_0005_attempts.sql")),
     (6, include_str!("sql/postgres_0006_repair_jobs.sql")),
+    (7, include_str!("sql/postgres_0007_key_in_progress.sql")),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII).
 const MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock(452824163700)";
 
+/// The session advisory lock whose holder publishes the inbox gauges (the migration
+/// lock's key plus one).
+const GAUGE_LOCK: i64 = 452_824_163_701;
+
 pub struct PgStore {
     pool: PgPool,
+    /// The connection the gauge lease is tried and held on (outside the pool, so
+    /// the lock lives exactly as long as it), and whether it holds the lock.
+    gauge_lease: tokio::sync::Mutex<Option<(PgConnection, bool)>>,
 }
 
 impl PgStore {
@@ -53,7 +61,7 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(3))
             .connect_with(options)
             .await?;
-        let store = PgStore { pool };
+        let store = PgStore { pool, gauge_lease: tokio::sync::Mutex::new(None) };
         store.migrate(MIGRATIONS, &[MIGRATION_LOCK]).await?;
         Ok(store)
     }
@@ -134,6 +142,25 @@ pub const INSERT_SQL: &str = concat!(
 );
 
 impl PgStore {
+    /// [`super::Store::gauge_lease`]: keeps the lock while its connection answers;
+    /// otherwise tries to take it, never waiting. A failing connection is dropped
+    /// (and with it the lock, for another instance to take).
+    async fn hold_gauge_lease(&self) -> Result<bool, StoreError> {
+        let mut lease = self.gauge_lease.lock().await;
+        let (mut conn, held) = match lease.take() {
+            Some(kept) => kept,
+            None => (self.pool.acquire().await?.detach(), false),
+        };
+        let answer = if held {
+            sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&mut conn).await.map(|_| true)
+        } else {
+            sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(GAUGE_LOCK).fetch_one(&mut conn).await
+        };
+        let held = answer?;
+        *lease = Some((conn, held));
+        Ok(held)
+    }
+
     async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<PgRow>, StoreError> {
         // `$1`–`$5` of every claim statement (the `claim_where.sql` parameters).
         macro_rules! candidates {
@@ -156,6 +183,64 @@ impl PgStore {
         let rows = claim.fetch_all(&mut *tx).await?;
         tx.commit().await?;
         Ok(rows)
+    }
+}
+
+/// The channel instances announce new work on; the payload is the route's name.
+const WAKE_CHANNEL: &str = "inlet_wake";
+
+impl PgStore {
+    async fn announce_to_others(&self, routes: &[String]) -> Result<(), StoreError> {
+        // One statement for all: NOTIFY per route, each delivered at commit.
+        sqlx::query("SELECT pg_notify($1, route) FROM unnest($2::text[]) AS route")
+            .bind(WAKE_CHANNEL)
+            .bind(routes)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    fn listen_to_others(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // A pool of one of its own, so the listener does not hold one of the store's.
+        let options = (*self.pool.connect_options()).clone();
+        let pool = PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(3)).connect_lazy_with(options);
+        tokio::spawn(listen(pool, tx));
+        Some(rx)
+    }
+}
+
+/// Forwards announcements to `tx` until its receiver is gone; reconnects after a
+/// lost connection, waiting longer each time the server cannot be reached.
+async fn listen(pool: PgPool, tx: tokio::sync::mpsc::UnboundedSender<String>) {
+    let mut wait = Duration::from_millis(500);
+    loop {
+        let result = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen(WAKE_CHANNEL).await?;
+            loop {
+                // `None`: the connection was lost (and is made again on the next call).
+                if let Some(n) = listener.try_recv().await? {
+                    if tx.send(n.payload().to_string()).is_err() {
+                        return Ok::<bool, sqlx::Error>(true);
+                    }
+                } else if tx.is_closed() {
+                    return Ok(true);
+                }
+            }
+        }
+        .await;
+        match result {
+            Ok(_) => return,
+            Err(error) => {
+                tracing::debug!(%error, "cannot listen for other instances' announcements; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(30));
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        }
     }
 }
 

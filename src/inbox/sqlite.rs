@@ -22,6 +22,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("sql/sqlite_0004_route_pause.sql")),
     (5, include_str!("sql/sqlite_0005_attempts.sql")),
     (6, include_str!("sql/sqlite_0006_repair_jobs.sql")),
+    (7, include_str!("sql/sqlite_0007_key_in_progress.sql")),
 ];
 
 /// The connection settings of the inbox file (also what the benchmark's raw-insert
@@ -73,6 +74,11 @@ pub const CLAIM_SQL: &str = concat!(
 pub const INSERT_SQL: &str = include_str!("sql/insert.sql");
 
 impl SqliteStore {
+    /// [`super::Store::gauge_lease`]: one instance per file, so always this one.
+    async fn hold_gauge_lease(&self) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
     async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<SqliteRow>, StoreError> {
         Ok(sqlx::query(CLAIM_SQL)
             .bind(req.route)
@@ -84,6 +90,17 @@ impl SqliteStore {
             .bind(req.lease_ms)
             .fetch_all(&self.pool)
             .await?)
+    }
+}
+
+impl SqliteStore {
+    /// One instance per file: nobody else to tell.
+    async fn announce_to_others(&self, _routes: &[String]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn listen_to_others(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        None
     }
 }
 

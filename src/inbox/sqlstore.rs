@@ -256,6 +256,14 @@ macro_rules! store_impl {
                 $backend
             }
 
+            async fn announce(&self, routes: &[String]) -> Result<(), $crate::inbox::StoreError> {
+                self.announce_to_others(routes).await
+            }
+
+            fn announcements(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+                self.listen_to_others()
+            }
+
             async fn insert(&self, e: &$crate::inbox::NewEntry, now: $crate::clock::Millis)
                 -> Result<$crate::inbox::InsertOutcome, $crate::inbox::StoreError>
             {
@@ -511,6 +519,8 @@ macro_rules! store_impl {
                     .bind(f.correlation_key.as_deref())
                     .bind(f.after_id.unwrap_or(0))
                     .bind(i64::from(if f.limit == 0 { 100 } else { f.limit }))
+                    .bind(f.fingerprint.as_deref())
+                    .bind(f.error_text.as_deref().map($crate::inbox::contains_pattern))
                     .fetch_all(&self.pool)
                     .await?;
                 rows.iter().map(Self::entry_from_row).collect()
@@ -522,6 +532,8 @@ macro_rules! store_impl {
                     .bind(f.status.map(|s| s.as_str()))
                     .bind(f.correlation_key.as_deref())
                     .bind(f.after_id.unwrap_or(0))
+                    .bind(f.fingerprint.as_deref())
+                    .bind(f.error_text.as_deref().map($crate::inbox::contains_pattern))
                     .fetch_one(&self.pool)
                     .await?;
                 Ok(n.max(0) as u64)
@@ -595,6 +607,43 @@ macro_rules! store_impl {
                             status: status.parse().map_err(|reason| $crate::inbox::StoreError::Corrupt { id: 0, reason })?,
                             count: row.try_get("n")?,
                             oldest_received_at: row.try_get("oldest")?,
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn blocked_keys(&self, route: &str, parked_blocks: bool)
+                -> Result<$crate::inbox::BlockedKeys, $crate::inbox::StoreError>
+            {
+                let (keys, oldest): (i64, Option<i64>) = sqlx::query_as(include_str!("sql/blocked_keys.sql"))
+                    .bind(route)
+                    .bind(parked_blocks)
+                    .fetch_one(&self.pool)
+                    .await?;
+                Ok($crate::inbox::BlockedKeys { keys, oldest_head_received_at: oldest })
+            }
+
+            async fn gauge_lease(&self) -> Result<bool, $crate::inbox::StoreError> {
+                self.hold_gauge_lease().await
+            }
+
+            async fn throughput(
+                &self,
+                since: $crate::clock::Millis,
+                bucket_ms: i64,
+            ) -> Result<Vec<$crate::inbox::Throughput>, $crate::inbox::StoreError> {
+                use sqlx::Row;
+                let rows = sqlx::query(include_str!("sql/throughput.sql"))
+                    .bind(since)
+                    .bind(bucket_ms.max(1))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter()
+                    .map(|row| {
+                        Ok($crate::inbox::Throughput {
+                            route: row.try_get("route")?,
+                            bucket: row.try_get("bucket")?,
+                            done: row.try_get("n")?,
                         })
                     })
                     .collect()

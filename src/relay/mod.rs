@@ -159,7 +159,9 @@ impl Relay {
                 tracing::warn!(route = self.route.name(), released, "took back entries whose lease expired");
             }
         }
-        self.store
+        let started = Instant::now();
+        let claimed = self
+            .store
             .claim(&ClaimRequest {
                 route: self.route.name(),
                 owner: &self.options.owner,
@@ -169,15 +171,35 @@ impl Relay {
                 ordered: cfg.ordering == Ordering::PerKey,
                 parked_blocks: cfg.parked == ParkedPolicy::BlockKey,
             })
-            .await
+            .await;
+        self.metrics
+            .claim_seconds
+            .get_or_create(&Metrics::route(self.route.name()))
+            .observe(started.elapsed().as_secs_f64());
+        claimed
     }
 
     /// [`Relay::attempt`], with a panic in it (a bug in the host) caught: logged,
     /// counted in `inlet_attempt_panics_total`, and settled like a failed attempt —
     /// retried with backoff and parked at `max_attempts` — instead of leaving the
     /// entry to its lease and a crash loop nobody sees.
+    ///
+    /// The attempt runs in an `attempt` span carrying the route, the entry id, its key
+    /// and the attempt number, so every line it logs says which entry it is about.
     async fn attempt_contained(self: Arc<Self>, c: Claimed) {
+        let span = tracing::info_span!(
+            "attempt",
+            route = self.route.name(),
+            entry = c.entry.id,
+            key = c.entry.correlation_key.as_deref().unwrap_or(""),
+            attempt = c.entry.attempts,
+        );
+        tracing::Instrument::instrument(self.attempt_caught(c), span).await
+    }
+
+    async fn attempt_caught(self: Arc<Self>, c: Claimed) {
         let (id, key, lease) = (c.entry.id, c.entry.correlation_key.clone(), c.lease.clone());
+        let received_at = c.entry.received_at;
         let (attempts, not_yet_since) = (c.entry.attempts, c.entry.not_yet_since);
         let started = (self.clock.now(), Instant::now());
         let this = Arc::clone(&self);
@@ -195,7 +217,7 @@ impl Relay {
         let settlement = self.decision(attempts, not_yet_since).settle(disposition, &mut fastrand::Rng::new());
         // What it sent before the panic is lost with it.
         let record = self.record(attempts, started, "panic", Vec::new());
-        self.finish(id, key.as_deref(), &lease, settlement, Some(record)).await;
+        self.finish(id, key.as_deref(), received_at, &lease, settlement, Some(record)).await;
     }
 
     /// The policy's view of an entry whose attempt just ended, as of now.
@@ -237,7 +259,8 @@ impl Relay {
             }
         };
         let record = self.record(c.entry.attempts, started, answer, requests);
-        self.finish(id, c.entry.correlation_key.as_deref(), &c.lease, settlement, Some(record)).await;
+        self.finish(id, c.entry.correlation_key.as_deref(), c.entry.received_at, &c.lease, settlement, Some(record))
+            .await;
     }
 
     /// The history record of an attempt that began at `started` (clock, monotonic);
@@ -257,10 +280,20 @@ impl Relay {
     }
 
     /// Stores how an attempt ended (its text made storable), parking instead when the
-    /// inbox refuses the outcome itself; logs and counts parks and lost leases.
-    async fn finish(&self, id: i64, key: Option<&str>, lease: &Lease, settlement: Settlement, record: Option<Attempt>) {
+    /// inbox refuses the outcome itself; logs and counts parks and lost leases, and
+    /// the queue time of a delivered entry (received at `received_at`).
+    async fn finish(
+        &self,
+        id: i64,
+        key: Option<&str>,
+        received_at: Millis,
+        lease: &Lease,
+        settlement: Settlement,
+        record: Option<Attempt>,
+    ) {
         let route = self.route.name();
         let settlement = self.storable(settlement);
+        let mut delivered = matches!(settlement, Settlement::Done);
         if let Settlement::Parked { error } = &settlement {
             tracing::warn!(route, id, key = key.unwrap_or(""), error, "entry parked");
             self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
@@ -276,6 +309,7 @@ impl Relay {
             tracing::warn!(route, id, %error, "the inbox refused an outcome; parking the entry");
             self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
             let parked = self.storable(Settlement::Parked { error: reason });
+            delivered = false;
             result = self.settle(id, lease, &parked, &record).await;
         }
         if let Err(error) = &result
@@ -287,7 +321,13 @@ impl Relay {
             result = self.settle(id, lease, &instead, &record).await;
         }
         match result {
-            Ok(()) => tracing::debug!(route, id, ?settlement, "entry settled"),
+            Ok(()) => {
+                if delivered {
+                    let waited = (self.clock.now() - received_at).max(0) as f64 / 1000.0;
+                    self.metrics.queue_seconds.get_or_create(&Metrics::route(route)).observe(waited);
+                }
+                tracing::debug!(route, id, ?settlement, "entry settled");
+            }
             Err(StoreError::LeaseLost { .. }) => {
                 tracing::warn!(
                     route,
@@ -350,7 +390,9 @@ impl Relay {
             // The holder went away meanwhile (purged), or a read failed: try again later.
             _ => Settlement::Retry {
                 at: self.clock.now() + 1_000,
-                error: format!("re-decoded, the plugin gave dedup key `{shown}`, held by another entry that could not be read"),
+                error: format!(
+                    "re-decoded, the plugin gave dedup key `{shown}`, held by another entry that could not be read"
+                ),
                 not_yet_since: None,
             },
         }
@@ -393,7 +435,10 @@ impl Relay {
         };
         // One version for the whole exchange, even if a reload lands meanwhile.
         let plugin = self.route.plugin();
-        let request = match plugin.render(event.clone()).await {
+        let render_started = Instant::now();
+        let rendered = plugin.render(event.clone()).await;
+        self.metrics.plugin_call(route, "render", render_started);
+        let request = match rendered {
             Ok(Ok(r)) => match self.refuse_request("render", 1, &r) {
                 Some(refused) => return refused,
                 None => r,
@@ -431,7 +476,10 @@ impl Relay {
                 .observe(started.elapsed().as_secs_f64());
             let described = crate::target::describe(&outcome);
             let described = if exchange.step > 1 { format!("step {}: {described}", exchange.step) } else { described };
-            return match plugin.classify(event.clone(), exchange.clone(), outcome).await {
+            let classify_started = Instant::now();
+            let classified = plugin.classify(event.clone(), exchange.clone(), outcome).await;
+            self.metrics.plugin_call(route, "classify", classify_started);
+            return match classified {
                 Ok(wit::Disposition::Next(next)) => {
                     if exchange.step >= max_steps {
                         return Disposition::Retry {
@@ -479,7 +527,10 @@ impl Relay {
             publish_time: c.entry.publish_time.clone(),
             delivery_attempt: c.entry.delivery_attempt.map(|a| a.max(0) as u32),
         };
-        Ok(match self.route.plugin().decode(msg).await {
+        let started = Instant::now();
+        let decoded = self.route.plugin().decode(msg).await;
+        self.metrics.plugin_call(self.route.name(), "decode", started);
+        Ok(match decoded {
             Ok(Ok(wit::Decoded::Event(ev))) if let Err(violation) = rules::check_event(&self.route.config, &ev) => {
                 count_refused(&self.metrics, self.route.name(), "decode", &violation);
                 Settlement::Parked { error: format!("decode output refused: {violation}") }

@@ -2,7 +2,8 @@
 //! ack, so it is sent only after the row is committed; 503 when the inbox is
 //! unreachable (Pub/Sub redelivers); 503 too for a route that is refused (its plugin or
 //! settings do not load), so its messages wait in Pub/Sub until it is fixed; 404 for a
-//! route no routing file names; 400 for a body that is not a push envelope.
+//! route no routing file names; 415 for a body not sent as JSON; 400 for a body that
+//! is not a push envelope ([`PushEnvelope::parse`] names the field at fault).
 //!
 //! [`limit`] stands in front of the handler and protects the process: at most
 //! `max_concurrent_pushes` requests at once (one more is shed with 503 and
@@ -14,20 +15,19 @@
 //! route with push auth checks the OIDC token first ([`super::push_auth`]): no
 //! row is written for a refused request.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -41,58 +41,231 @@ use crate::telemetry::RouteReason;
 /// its own backoff; other senders get a hint that the pressure is brief.
 const RETRY_AFTER_SECS: &str = "1";
 
-/// The push envelope. Google sends camelCase; the emulator sends both camelCase and
-/// snake_case twins and omits `deliveryAttempt`, so both spellings are accepted.
-#[derive(Debug, Deserialize)]
-pub struct PushEnvelope {
-    pub message: PushMessage,
-    #[serde(default)]
-    pub subscription: Option<String>,
-    #[serde(default, rename = "deliveryAttempt")]
-    pub delivery_attempt: Option<u32>,
-    #[serde(default, rename = "delivery_attempt")]
-    pub delivery_attempt_snake: Option<u32>,
+/// The push envelope Pub/Sub sends,
+/// `{"message": {"data", "attributes", "messageId", "publishTime"}, "subscription", "deliveryAttempt"}`.
+/// Google sends camelCase; the emulator sends both camelCase and snake_case twins and
+/// omits `deliveryAttempt`, so both spellings are accepted. Fields Inlet does not
+/// use (`orderingKey`, …) are ignored; a field it uses must have its type.
+pub struct PushEnvelope;
+
+/// Why a push body is not a usable envelope: the field at fault (`body` for the
+/// request body as a whole, else a path such as `message.data`) and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("push envelope: `{field}` {problem}")]
+pub struct EnvelopeError {
+    pub field: String,
+    pub problem: String,
 }
 
-#[derive(Debug, Deserialize)]
-pub struct PushMessage {
-    /// Base64; absent for an empty payload.
-    #[serde(default)]
-    pub data: Option<String>,
-    #[serde(default)]
-    pub attributes: Option<BTreeMap<String, String>>,
-    #[serde(default, rename = "messageId")]
-    pub message_id_camel: Option<String>,
-    #[serde(default)]
-    pub message_id: Option<String>,
-    #[serde(default, rename = "publishTime")]
-    pub publish_time_camel: Option<String>,
-    #[serde(default)]
-    pub publish_time: Option<String>,
+impl EnvelopeError {
+    fn new(field: impl Into<String>, problem: impl Into<String>) -> EnvelopeError {
+        EnvelopeError { field: field.into(), problem: problem.into() }
+    }
+}
+
+/// `data` is proto3 JSON `bytes`: standard base64 with padding as Google writes it,
+/// and, as the proto3 JSON mapping requires of readers, the URL-safe alphabet and
+/// missing padding too. Trailing bits must be zero (a canonical encoding).
+const DATA_STANDARD: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new().with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
+const DATA_URL_SAFE: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::URL_SAFE,
+    base64::engine::GeneralPurposeConfig::new().with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
+
+/// The JSON type of a value, for error messages.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// An object key as an error message shows it: escaped, and cut after 64 characters.
+fn shown_key(key: &str) -> String {
+    let escaped: String = key.escape_debug().collect();
+    match escaped.char_indices().nth(64) {
+        Some((cut, _)) => format!("{}…", &escaped[..cut]),
+        None => escaped,
+    }
+}
+
+/// An optional string field: absent and `null` are `None`.
+fn opt_str<'a>(obj: &'a Map<String, Value>, name: &str, path: &str) -> Result<Option<&'a str>, EnvelopeError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(EnvelopeError::new(path, format!("must be a string, not {}", kind(other)))),
+    }
+}
+
+/// An optional delivery attempt: a whole number from 0 to 2^32 - 1.
+fn opt_attempt(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>, EnvelopeError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| EnvelopeError::new(name, format!("must be a whole number from 0 to {}, not {n}", u32::MAX))),
+        Some(other) => Err(EnvelopeError::new(name, format!("must be a number, not {}", kind(other)))),
+    }
+}
+
+/// The first of two spellings of a string field that is present.
+fn either_str<'a>(
+    obj: &'a Map<String, Value>,
+    camel: &str,
+    snake: &str,
+    prefix: &str,
+) -> Result<Option<&'a str>, EnvelopeError> {
+    let first = opt_str(obj, camel, &format!("{prefix}{camel}"))?;
+    let second = opt_str(obj, snake, &format!("{prefix}{snake}"))?;
+    Ok(first.or(second))
+}
+
+/// JSON read into a [`Value`], but a key given twice in one object is refused (its
+/// path is kept in `twice`): a reader that takes the last and one that takes the
+/// first (a proxy, a log) would see different messages.
+struct Strict<'a> {
+    path: String,
+    twice: &'a std::cell::RefCell<Option<String>>,
+}
+
+impl Strict<'_> {
+    fn child(&self, key: &str) -> Strict<'_> {
+        let path = if self.path.is_empty() { key.to_string() } else { format!("{}.{}", self.path, key) };
+        Strict { path, twice: self.twice }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(v) = seq.next_element_seed(self.child(&items.len().to_string()))? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let v = map.next_value_seed(self.child(&key))?;
+            if out.contains_key(&key) {
+                *self.twice.borrow_mut() = Some(self.child(&shown_key(&key)).path);
+                return Err(serde::de::Error::custom("a key appears twice"));
+            }
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
 }
 
 impl PushEnvelope {
-    /// The message in Inlet's terms, or why the envelope is unusable.
-    pub fn into_incoming(self) -> Result<Incoming, String> {
-        let m = self.message;
-        let message_id = m
-            .message_id_camel
-            .or(m.message_id)
-            .filter(|id| !id.is_empty())
-            .ok_or("push envelope has no message.messageId")?;
-        let data = match m.data.as_deref() {
-            None | Some("") => Vec::new(),
-            Some(b64) => base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .map_err(|e| format!("message.data is not base64: {e}"))?,
+    /// The message of a push body in Inlet's terms, or the field that makes it
+    /// unusable. Any bytes give one or the other (serde_json bounds the nesting, so a
+    /// deeply nested body is an error, not a stack overflow).
+    pub fn parse(body: &[u8]) -> Result<Incoming, EnvelopeError> {
+        let twice = std::cell::RefCell::new(None);
+        let mut reader = serde_json::Deserializer::from_slice(body);
+        let value = serde::de::DeserializeSeed::deserialize(Strict { path: String::new(), twice: &twice }, &mut reader)
+            .and_then(|v| reader.end().map(|()| v))
+            .map_err(|e| match twice.take() {
+                Some(path) => EnvelopeError::new(path, "appears twice in one object"),
+                None => EnvelopeError::new("body", format!("is not JSON: {e}")),
+            })?;
+        let Value::Object(top) = value else {
+            return Err(EnvelopeError::new("body", format!("must be a JSON object, not {}", kind(&value))));
         };
-        Ok(Incoming {
-            data,
-            attributes: m.attributes.unwrap_or_default().into_iter().collect(),
-            message_id,
-            publish_time: m.publish_time_camel.or(m.publish_time),
-            delivery_attempt: self.delivery_attempt.or(self.delivery_attempt_snake),
-        })
+        let message = match top.get("message") {
+            Some(Value::Object(m)) => m,
+            None | Some(Value::Null) => return Err(EnvelopeError::new("message", "is missing")),
+            Some(other) => return Err(EnvelopeError::new("message", format!("must be an object, not {}", kind(other)))),
+        };
+        opt_str(&top, "subscription", "subscription")?;
+        let delivery_attempt = opt_attempt(&top, "deliveryAttempt")?.or(opt_attempt(&top, "delivery_attempt")?);
+
+        let message_id = match either_str(message, "messageId", "message_id", "message.")? {
+            Some("") => return Err(EnvelopeError::new("message.messageId", "is empty")),
+            Some(id) => id.to_string(),
+            None => return Err(EnvelopeError::new("message.messageId", "is missing")),
+        };
+        let data = match opt_str(message, "data", "message.data")? {
+            None | Some("") => Vec::new(),
+            Some(b64) => {
+                let engine = if b64.contains(['-', '_']) { &DATA_URL_SAFE } else { &DATA_STANDARD };
+                engine.decode(b64).map_err(|e| EnvelopeError::new("message.data", format!("is not base64: {e}")))?
+            }
+        };
+        let attributes = match message.get("attributes") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Object(attrs)) => {
+                let mut out = Vec::with_capacity(attrs.len());
+                for (k, v) in attrs {
+                    let Value::String(v) = v else {
+                        let field = format!("message.attributes.{}", shown_key(k));
+                        return Err(EnvelopeError::new(field, format!("must be a string, not {}", kind(v))));
+                    };
+                    out.push((k.clone(), v.clone()));
+                }
+                out
+            }
+            Some(other) => {
+                let problem = format!("must be an object of strings, not {}", kind(other));
+                return Err(EnvelopeError::new("message.attributes", problem));
+            }
+        };
+        let publish_time = either_str(message, "publishTime", "publish_time", "message.")?.map(str::to_string);
+        Ok(Incoming { data, attributes, message_id, publish_time, delivery_attempt })
     }
 }
 
@@ -118,8 +291,9 @@ impl From<Accepted> for PushAnswer {
 }
 
 /// A push that was not acked: `{"error": "…", "reason": "…"}`, the reason one of a
-/// fixed set (API.md lists them; the listener's and push auth's are also the labels
-/// of their metrics). Pub/Sub redelivers every one of them.
+/// fixed set (API.md lists them; each is the `reason` label of
+/// `inlet_push_rejected_total`, push auth's of `inlet_push_auth_refused_total`).
+/// Pub/Sub redelivers every one of them.
 #[derive(Debug)]
 pub struct PushError {
     pub status: StatusCode,
@@ -139,24 +313,51 @@ impl IntoResponse for PushError {
     }
 }
 
+/// Whether a request's `Content-Type` is JSON (`application/json`, any parameters).
+/// Pub/Sub sends exactly that. Anything else — a form, plain text, or none at all — is
+/// refused: a web page can make a browser send those cross-site without asking
+/// first, and a push route on loopback must not take messages from any page a
+/// developer opens (SECURITY.md).
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else { return false };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case("application/json")
+}
+
+/// Counts a refused push in `inlet_push_rejected_total` (by route, `-` for a name no
+/// routing file declares, and reason) and passes the refusal on.
+fn refused(shared: &Shared, route: &str, error: PushError) -> PushError {
+    let known = shared.routes().get(route).is_some() || shared.routes().refusal(route).is_some();
+    let label = RouteReason { route: if known { route } else { "-" }.to_string(), reason: error.reason };
+    shared.metrics.push_rejected.get_or_create(&label).inc();
+    error
+}
+
 pub async fn handle(
     State(shared): State<Arc<Shared>>,
-    Path(route): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<PushAnswer>, PushError> {
+    let Ok(Path(route)) = path else {
+        // Not UTF-8 once percent-decoded, or more than one segment: no route has such a name.
+        let error = PushError::new(StatusCode::NOT_FOUND, "no_route", "the path names no route");
+        return Err(refused(&shared, "-", error));
+    };
     let routes = shared.routes();
     let Some(found) = routes.get(&route) else {
         // A refused route answers 503, so Pub/Sub redelivers once it is fixed.
         if let Some(p) = routes.refusal(&route) {
             let error = format!("route `{route}` is refused: {}", p.error);
-            return Err(PushError::new(StatusCode::SERVICE_UNAVAILABLE, "route_refused", error));
+            return Err(refused(&shared, &route, PushError::new(StatusCode::SERVICE_UNAVAILABLE, "route_refused", error)));
         }
-        return Err(PushError::new(StatusCode::NOT_FOUND, "no_route", format!("no route named `{route}`")));
+        let error = PushError::new(StatusCode::NOT_FOUND, "no_route", format!("no route named `{}`", shown_key(&route)));
+        return Err(refused(&shared, &route, error));
     };
     // A pull route takes no pushes.
     let Some(route) = Some(found).filter(|r| matches!(r.config.source, SourceConfig::Push)) else {
-        return Err(PushError::new(StatusCode::NOT_FOUND, "no_route", format!("no push route named `{route}`")));
+        let error = PushError::new(StatusCode::NOT_FOUND, "no_route", format!("no push route named `{route}`"));
+        return Err(refused(&shared, &route, error));
     };
     if let Some(PushAuth::Oidc(rule)) = &route.config.push_auth
         && let Err(refused) = shared.push_verifier.verify(&headers, rule).await
@@ -167,14 +368,19 @@ pub async fn handle(
         let error = format!("push auth: {}", refused.as_str());
         return Err(PushError::new(refused.status(), refused.as_str(), error));
     }
-    let incoming = match serde_json::from_slice::<PushEnvelope>(&body)
-        .map_err(|e| format!("body is not a push envelope: {e}"))
-        .and_then(PushEnvelope::into_incoming)
-    {
+    if !is_json(&headers) {
+        let sent = headers.get(header::CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let sent = sent.map_or("none".to_string(), |v| format!("`{}`", shown_key(&v)));
+        tracing::warn!(route = route.name(), content_type = %sent, "rejected a push request that is not JSON");
+        let error = format!("a push body must be sent as `Content-Type: application/json` (this one: {sent})");
+        return Err(refused(&shared, route.name(), PushError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "not_json", error)));
+    }
+    let incoming = match PushEnvelope::parse(&body) {
         Ok(i) => i,
         Err(error) => {
-            tracing::warn!(route = route.name(), %error, "rejected a push request");
-            return Err(PushError::new(StatusCode::BAD_REQUEST, "bad_envelope", error));
+            tracing::warn!(route = route.name(), field = %error.field, %error, "rejected a push request");
+            let error = PushError::new(StatusCode::BAD_REQUEST, "bad_envelope", error.to_string());
+            return Err(refused(&shared, route.name(), error));
         }
     };
     match shared.ingest.accept(route, incoming).await {
@@ -184,7 +390,8 @@ pub async fn handle(
                 IngestError::Store(_) => "store_unavailable",
                 IngestError::PluginBusy(_) => "plugin_busy",
             };
-            Err(PushError::new(StatusCode::SERVICE_UNAVAILABLE, reason, error.to_string()))
+            let error = PushError::new(StatusCode::SERVICE_UNAVAILABLE, reason, error.to_string());
+            Err(refused(&shared, route.name(), error))
         }
     }
 }
@@ -292,7 +499,9 @@ impl Drop for InFlight<'_> {
 
 /// Middleware in front of [`handle`]: sheds, bounds the body and the time (see the
 /// module doc). The body is read here, so the handler gets it whole.
-pub async fn limit(State(limits): State<Limits>, Path(route): Path<String>, request: Request, next: Next) -> Response {
+pub async fn limit(State(limits): State<Limits>, request: Request, next: Next) -> Response {
+    // The route as the path spells it (only names of configured routes become labels).
+    let route = request.uri().path().strip_prefix("/push/").unwrap_or_default().to_string();
     let Ok(permit) = Arc::clone(&limits.permits).try_acquire_owned() else {
         return limits.reject(&route, Rejection::Shed);
     };

@@ -7,7 +7,8 @@
 //!  "headers": [["x-a", "1"]], "next": {"method": "POST", "path": "/../x", "headers": []}}
 //! ```
 //!
-//! Every field is optional. `key` (default `k`) is the correlation key and `dedup`
+//! Every field is optional. `ignore` makes `decode` answer "ignore" with that reason
+//! (padded to `ignore_bytes`). `key` (default `k`) is the correlation key and `dedup`
 //! the dedup key (none when absent); `key_bytes` / `dedup_bytes` pad them to that
 //! many bytes with letters that do not compress (a fixed pseudo-random sequence, so
 //! a database cannot squeeze a long key into an index row). `render` sends `method` (default `POST`) to `path` (default `/events`)
@@ -33,6 +34,9 @@ struct Orders {
     dedup_bytes: usize,
     #[serde(default = "default_event_type")]
     event_type: String,
+    ignore: Option<String>,
+    #[serde(default)]
+    ignore_bytes: usize,
     #[serde(flatten)]
     request: Shape,
     next: Option<Shape>,
@@ -90,6 +94,9 @@ struct Plugin;
 impl exports::inlet::plugin::handler::Guest for Plugin {
     fn decode(msg: Message) -> Result<Decoded, DecodeError> {
         let o = orders(&msg.data).map_err(|message| DecodeError { message })?;
+        if let Some(reason) = o.ignore {
+            return Ok(Decoded::Ignore(padded(reason, o.ignore_bytes)));
+        }
         Ok(Decoded::Event(Event {
             event_type: o.event_type,
             correlation_key: padded(o.key, o.key_bytes),

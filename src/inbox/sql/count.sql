@@ -3,3 +3,5 @@ WHERE ($1 IS NULL OR route = $1)
   AND ($2 IS NULL OR status = $2)
   AND ($3 IS NULL OR correlation_key = $3)
   AND id > $4
+  AND ($5 IS NULL OR error_fingerprint = $5)
+  AND ($6 IS NULL OR last_error LIKE $6 ESCAPE '\')
