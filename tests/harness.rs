@@ -270,3 +270,102 @@ async fn fake_camunda_stops_when_dropped() {
     })
     .await;
 }
+
+// ----- PgCluster ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_cluster_keeps_committed_rows_through_a_crash_and_comes_back_on_its_port() {
+    let cluster = tokio::task::block_in_place(common::PgCluster::init);
+    cluster.create_database("h").await;
+    let url = cluster.url("h");
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect to the private cluster");
+    sqlx::raw_sql("CREATE TABLE t (v INT); INSERT INTO t VALUES (1), (2)").execute(&mut conn).await.unwrap();
+
+    tokio::task::block_in_place(|| cluster.crash());
+    let broken = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM t").fetch_one(&mut conn).await;
+    assert!(broken.is_err(), "a connection does not survive the crash: {broken:?}");
+    assert!(sqlx::PgConnection::connect(&url).await.is_err(), "nothing listens while it is down");
+
+    tokio::task::block_in_place(|| cluster.start());
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect after the restart, same port");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(n, 2, "committed rows survive the crash (crash recovery ran)");
+    let log = std::fs::read_to_string(cluster.log_path()).unwrap();
+    assert!(log.contains("not properly shut down"), "the restart recovered from a crash:\n{log}");
+}
+
+// ----- RecordingTarget ------------------------------------------------------------------
+
+async fn post_recording(client: &reqwest::Client, target: &common::RecordingTarget, key: &str, idem: &str) -> u16 {
+    client
+        .post(format!("http://{}/engine-rest/message", target.addr()))
+        .header("content-type", "application/json")
+        .header("idempotency-key", idem)
+        .body(correlate_body(key, 1))
+        .send()
+        .await
+        .expect("request to the recording target")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn recording_target_takes_each_idempotency_key_once_after_its_refusals() {
+    let target = common::RecordingTarget::start().await;
+    let client = reqwest::Client::new();
+    target.refuse("e2", 2);
+    let statuses = [
+        post_recording(&client, &target, "k1", "e1").await,
+        post_recording(&client, &target, "k1", "e1").await,
+        post_recording(&client, &target, "k1", "e2").await,
+        post_recording(&client, &target, "k1", "e2").await,
+        post_recording(&client, &target, "k1", "e2").await,
+        post_recording(&client, &target, "k2", "e3").await,
+    ];
+    assert_eq!(statuses, [204, 200, 422, 422, 204, 204], "effect, replay, two refusals, effect, effect");
+    let effects = target.effects();
+    assert_eq!(effects["k1"], ["e1", "e2"], "k1's effects in order, once each");
+    assert_eq!(effects["k2"], ["e3"]);
+    let requests = target.requests();
+    assert_eq!(requests.len(), 6, "every request recorded");
+    assert!(requests.iter().all(|r| r.key.starts_with('k')), "{requests:?}");
+    assert_eq!(target.max_in_flight_per_key(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recording_target_detects_two_requests_for_one_key_in_flight() {
+    let target = Arc::new(common::RecordingTarget::start().await);
+    // Answers that take far longer than the test: both requests are surely in flight
+    // once both are recorded; the clients then go away (the handlers are dropped).
+    target.set_delay(Duration::from_secs(60), Duration::from_secs(60));
+    let client = reqwest::Client::new();
+    let mut calls = Vec::new();
+    for (n, idem) in ["e1", "e2"].into_iter().enumerate() {
+        let (client, target2) = (client.clone(), Arc::clone(&target));
+        calls.push(tokio::spawn(async move { post_recording(&client, &target2, "k", idem).await }));
+        common::wait_until("the request recorded", WAIT, || async { target.requests().len() > n }).await;
+    }
+    assert_eq!(target.max_in_flight_per_key(), 2, "both were in flight at once");
+    assert_eq!(target.overlaps(), ["k"]);
+    for call in calls {
+        call.abort();
+    }
+}
+
+#[test]
+fn free_restartable_port_is_bindable_and_below_the_ephemeral_range() {
+    let port = common::free_restartable_port();
+    let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Only where the range leaves room below it (it does on Linux's default, 32768);
+    // elsewhere the helper falls back to any free port.
+    if low > 12_000 {
+        assert!(port < low, "port {port} is in the ephemeral range (from {low})");
+    }
+    std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port binds");
+}

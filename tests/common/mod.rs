@@ -225,6 +225,27 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind 127.0.0.1:0").port()
 }
 
+/// A TCP port that was free a moment ago on 127.0.0.1 and lies below the kernel's
+/// ephemeral range, for a service that is restarted on the same port (an emulator, a
+/// PostgreSQL cluster, a killed `inlet`): while it is down, no client connection can
+/// be given that port as its own and keep it from listening again. Falls back to
+/// [`free_port`] if no such port binds.
+pub fn free_restartable_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    if low > 12_000 {
+        for _ in 0..100 {
+            let port = fastrand::u16(10_000..low);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
+    free_port()
+}
+
 /// A Google Pub/Sub push envelope, as POSTed by a push subscription. Both the camelCase
 /// and the snake_case spellings of the message fields are present, as Google sends them.
 pub fn push_envelope(data: &[u8], attributes: &[(&str, &str)], message_id: &str) -> serde_json::Value {
@@ -433,9 +454,13 @@ struct CamundaState {
     delay: Option<Duration>,
     deliveries: Vec<Delivery>,
     attempts: HashMap<String, usize>,
-    in_flight: HashMap<String, usize>,
-    max_in_flight_per_key: usize,
-    overlaps: Vec<String>,
+    keys: KeysInFlight,
+}
+
+impl HasKeysInFlight for CamundaState {
+    fn keys(&mut self) -> &mut KeysInFlight {
+        &mut self.keys
+    }
 }
 
 type Shared = Arc<Mutex<CamundaState>>;
@@ -467,9 +492,7 @@ impl FakeCamunda {
             delay: None,
             deliveries: Vec::new(),
             attempts: HashMap::new(),
-            in_flight: HashMap::new(),
-            max_in_flight_per_key: 0,
-            overlaps: Vec::new(),
+            keys: KeysInFlight::default(),
         }));
         let app =
             axum::Router::new().route("/engine-rest/message", axum::routing::post(correlate)).with_state(state.clone());
@@ -539,12 +562,12 @@ impl FakeCamunda {
     /// The most requests ever in flight at once for one key (1 means per-key order held;
     /// 0 means no request yet).
     pub fn max_in_flight_per_key(&self) -> usize {
-        self.lock().max_in_flight_per_key
+        self.lock().keys.max
     }
 
     /// Keys that had a second request arrive while one was in flight (one per overlap).
     pub fn overlaps(&self) -> Vec<String> {
-        self.lock().overlaps.clone()
+        self.lock().keys.overlaps.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CamundaState> {
@@ -558,20 +581,52 @@ impl Drop for FakeCamunda {
     }
 }
 
+/// Requests in flight per key at a fake, and what that showed: shared by
+/// [`FakeCamunda`] and [`RecordingTarget`].
+#[derive(Default)]
+struct KeysInFlight {
+    now: HashMap<String, usize>,
+    /// The most ever in flight at once for one key.
+    max: usize,
+    /// Keys that had a second request arrive while one was in flight (one per overlap).
+    overlaps: Vec<String>,
+}
+
+/// A fake's state that holds a [`KeysInFlight`].
+trait HasKeysInFlight: Send + 'static {
+    fn keys(&mut self) -> &mut KeysInFlight;
+}
+
 /// Marks a request in flight for its key until dropped (also when the client goes away
 /// and the handler is cancelled).
-struct InFlight {
-    state: Shared,
+struct InFlight<S: HasKeysInFlight> {
+    state: Arc<Mutex<S>>,
     key: String,
 }
 
-impl Drop for InFlight {
+impl<S: HasKeysInFlight> InFlight<S> {
+    /// Counts a request for `key` in, with `st` the locked `state`.
+    fn enter(state: &Arc<Mutex<S>>, st: &mut S, key: &str) -> InFlight<S> {
+        let keys = st.keys();
+        let n = keys.now.entry(key.to_owned()).or_insert(0);
+        *n += 1;
+        let n = *n;
+        if n > 1 {
+            keys.overlaps.push(key.to_owned());
+        }
+        keys.max = keys.max.max(n);
+        InFlight { state: Arc::clone(state), key: key.to_owned() }
+    }
+}
+
+impl<S: HasKeysInFlight> Drop for InFlight<S> {
     fn drop(&mut self) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = st.in_flight.get_mut(&self.key) {
+        let keys = st.keys();
+        if let Some(n) = keys.now.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                st.in_flight.remove(&self.key);
+                keys.now.remove(&self.key);
             }
         }
     }
@@ -598,14 +653,7 @@ async fn correlate(State(state): State<Shared>, headers: HeaderMap, body: Bytes)
 
     let (reply, delay, index, _guard) = {
         let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-        let in_flight = st.in_flight.entry(key.clone()).or_insert(0);
-        *in_flight += 1;
-        let now_in_flight = *in_flight;
-        if now_in_flight > 1 {
-            st.overlaps.push(key.clone());
-        }
-        st.max_in_flight_per_key = st.max_in_flight_per_key.max(now_in_flight);
-        let guard = InFlight { state: state.clone(), key: key.clone() };
+        let guard = InFlight::enter(&state, &mut st, &key);
 
         let attempt = {
             let n = st.attempts.entry(key.clone()).or_insert(0);
@@ -709,7 +757,7 @@ pub struct PubSubEmulator {
 impl PubSubEmulator {
     /// Starts an emulator for `project` on a free port and waits until it answers.
     pub async fn start(project: &str) -> PubSubEmulator {
-        let port = free_port();
+        let port = free_restartable_port();
         let log = std::env::temp_dir().join(format!("inlet-pubsub-emulator-{port}.log"));
         // A fresh log: the port may have served an earlier run.
         std::fs::File::create(&log).unwrap_or_else(|e| panic!("emulator log file {}: {e}", log.display()));
@@ -722,6 +770,18 @@ impl PubSubEmulator {
         };
         emulator.spawn_and_wait().await;
         emulator
+    }
+
+    /// A handle to an emulator that another value runs on `host` (for a task that only
+    /// publishes or pulls): it owns no process, so dropping it stops nothing.
+    pub fn attach(host: &str, project: &str) -> PubSubEmulator {
+        PubSubEmulator {
+            host: host.to_owned(),
+            project: project.to_owned(),
+            child: None,
+            log: PathBuf::new(),
+            http: reqwest::Client::new(),
+        }
     }
 
     /// Kills the emulator (the whole process group, SIGKILL: it keeps nothing worth a
@@ -1303,5 +1363,325 @@ impl TcpProxy {
 impl Drop for TcpProxy {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A private PostgreSQL cluster (for crashing it)
+// ---------------------------------------------------------------------------------------
+
+/// How long `pg_ctl start` may take (crash recovery included) before the test fails.
+const PG_CLUSTER_START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A PostgreSQL cluster of the test's own: `initdb` into a temp dir, `pg_ctl` on a free
+/// port of 127.0.0.1 (trust auth, superuser `postgres`), so a test can crash it
+/// ([`PgCluster::crash`]: `pg_ctl stop -m immediate`, the postmaster and every backend
+/// killed without a checkpoint) and bring it back on the same port and data
+/// ([`PgCluster::start`], which runs crash recovery). Run as root, the tools run as the
+/// `postgres` user (`runuser`), since PostgreSQL refuses to run as root. The binaries
+/// come from `INLET_PG_BIN` if set, else the newest `/usr/lib/postgresql/*/bin`, else
+/// `PATH`. Stopped (immediately) and removed on drop.
+///
+/// `fsync` is off: a crash here is a process crash, not a power cut, so what was
+/// written to the kernel survives it (and the test stays fast on a loaded machine).
+pub struct PgCluster {
+    pub port: u16,
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl PgCluster {
+    /// `initdb` and a first start; panics loudly (with the server log) if either fails.
+    pub fn init() -> PgCluster {
+        let bin = pg_bin_dir();
+        let dir = tempfile::Builder::new().prefix("inlet-pg-cluster-").tempdir().expect("tempdir for a cluster");
+        if running_as_root() {
+            let status = std::process::Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir.path())
+                .status()
+                .expect("run chown");
+            assert!(status.success(), "chown {} to postgres: {status}", dir.path().display());
+        }
+        let cluster = PgCluster { port: free_restartable_port(), bin, dir };
+        let out = cluster
+            .tool("initdb")
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions", "-D"])
+            .arg(cluster.data())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run initdb: {e}"));
+        assert!(
+            out.status.success(),
+            "initdb failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster.start();
+        cluster
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/DATABASE`
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Creates a database (call while the cluster runs).
+    pub async fn create_database(&self, name: &str) {
+        let mut admin = connect_admin(&self.url("postgres")).await;
+        sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut admin)
+            .await
+            .unwrap_or_else(|e| panic!("create database {name} on the private cluster: {e}"));
+        let _ = admin.close().await;
+    }
+
+    /// Starts the cluster (again) on its port and data and waits until it accepts
+    /// connections; after a [`crash`](Self::crash) that includes crash recovery.
+    pub fn start(&self) {
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off -c full_page_writes=off -c max_connections=300",
+            self.port,
+            self.dir.path().display()
+        );
+        let out = self
+            .tool("pg_ctl")
+            .args(["start", "-w", "-t", &PG_CLUSTER_START_TIMEOUT.as_secs().to_string(), "-D"])
+            .arg(self.data())
+            .arg("-l")
+            .arg(self.log_path())
+            .args(["-o", &options])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run pg_ctl start: {e}"));
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed ({}): {}{}\n--- server log ---\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        );
+    }
+
+    /// Crashes the cluster: `pg_ctl stop -m immediate` (every server process gets
+    /// SIGQUIT and exits without a checkpoint; open connections break). Returns once
+    /// it is down.
+    pub fn crash(&self) {
+        let out = self
+            .tool("pg_ctl")
+            .args(["stop", "-m", "immediate", "-w", "-D"])
+            .arg(self.data())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run pg_ctl stop: {e}"));
+        assert!(
+            out.status.success(),
+            "pg_ctl stop -m immediate failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The server log (every start appends to it).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// A command for one of the cluster's tools, as `postgres` when we are root.
+    fn tool(&self, name: &str) -> std::process::Command {
+        let path = self.bin.join(name);
+        let mut cmd = if running_as_root() {
+            let mut cmd = std::process::Command::new("runuser");
+            cmd.args(["-u", "postgres", "--"]).arg(path);
+            cmd
+        } else {
+            std::process::Command::new(path)
+        };
+        cmd.stdin(std::process::Stdio::null());
+        cmd
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let _ = self.tool("pg_ctl").args(["stop", "-m", "immediate", "-D"]).arg(self.data()).output();
+    }
+}
+
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+}
+
+/// Where `initdb` and `pg_ctl` are: `INLET_PG_BIN`, else the newest
+/// `/usr/lib/postgresql/*/bin`, else whatever `PATH` finds (an empty path).
+fn pg_bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("INLET_PG_BIN").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
+        .filter(|(_, bin)| bin.join("initdb").is_file())
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin).unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------
+// A recording, idempotent HTTP target
+// ---------------------------------------------------------------------------------------
+
+/// One request received by [`RecordingTarget`].
+#[derive(Clone, Debug)]
+pub struct TargetRequest {
+    /// The correlation key of the body (as [`Delivery::key`]).
+    pub key: String,
+    /// The `Idempotency-Key` header (empty if there was none).
+    pub idempotency_key: String,
+    pub arrived: Instant,
+    /// What it was answered: 204 took effect, 200 a replay of an effect already taken,
+    /// 422 a scripted refusal.
+    pub status: u16,
+}
+
+#[derive(Default)]
+struct TargetState {
+    requests: Vec<TargetRequest>,
+    /// Idempotency keys whose effect was taken, per correlation key, in effect order.
+    effects: HashMap<String, Vec<String>>,
+    taken: std::collections::HashSet<String>,
+    /// Idempotency key → refusals (422) still to answer before it may take effect.
+    refusals: HashMap<String, usize>,
+    keys: KeysInFlight,
+    /// Response delay: uniform in [min, max] ms, after the effect is taken.
+    delay_ms: (u64, u64),
+}
+
+/// A real HTTP server on 127.0.0.1 that plays an idempotent engine for the chaos test:
+/// every `POST` (any path) with a JSON body naming a correlation key (Camunda's
+/// `correlationKeys` shape, as the work-order plugin renders it) is recorded; the first
+/// request of an `Idempotency-Key` takes effect (204) and later ones are replays (200,
+/// no effect), so *each key took effect once* is what the recording shows, and the
+/// effect order per correlation key is the order the engine acted in. Keys given to
+/// [`refuse`](Self::refuse) are answered 422 (a permanent refusal: the plugin parks)
+/// that many times first. Watches per-key concurrency like [`FakeCamunda`]. It can be
+/// made slow ([`set_delay`](Self::set_delay)); to make it unreachable, put a
+/// [`TcpProxy`] in front.
+pub struct RecordingTarget {
+    addr: std::net::SocketAddr,
+    state: Arc<Mutex<TargetState>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl RecordingTarget {
+    pub async fn start() -> RecordingTarget {
+        let state: Arc<Mutex<TargetState>> = Arc::default();
+        let app = axum::Router::new().fallback(axum::routing::post(record)).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the recording target");
+        let addr = listener.local_addr().expect("recording target address");
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("recording target server");
+        });
+        RecordingTarget { addr, state, server }
+    }
+
+    /// `127.0.0.1:PORT`
+    pub fn addr(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Answer `idempotency_key` with 422 the next `times` times it arrives.
+    pub fn refuse(&self, idempotency_key: &str, times: usize) {
+        self.lock().refusals.insert(idempotency_key.to_owned(), times);
+    }
+
+    /// Delays every answer by a uniform random time in `[min, max]` from now on
+    /// (`ZERO, ZERO` for none).
+    pub fn set_delay(&self, min: Duration, max: Duration) {
+        self.lock().delay_ms = (min.as_millis() as u64, max.as_millis().max(min.as_millis()) as u64);
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn requests(&self) -> Vec<TargetRequest> {
+        self.lock().requests.clone()
+    }
+
+    /// Idempotency keys that took effect, per correlation key, in effect order.
+    pub fn effects(&self) -> HashMap<String, Vec<String>> {
+        self.lock().effects.clone()
+    }
+
+    /// The most requests ever in flight at once for one correlation key.
+    pub fn max_in_flight_per_key(&self) -> usize {
+        self.lock().keys.max
+    }
+
+    /// Correlation keys that had a second request arrive while one was in flight.
+    pub fn overlaps(&self) -> Vec<String> {
+        self.lock().keys.overlaps.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TargetState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for RecordingTarget {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl HasKeysInFlight for TargetState {
+    fn keys(&mut self) -> &mut KeysInFlight {
+        &mut self.keys
+    }
+}
+
+async fn record(State(state): State<Arc<Mutex<TargetState>>>, headers: HeaderMap, body: Bytes) -> Response {
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    let key = correlation_key(&body);
+    let idempotency_key =
+        headers.get("idempotency-key").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).unwrap_or_default();
+    let (status, delay, _guard) = {
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = InFlight::enter(&state, &mut st, &key);
+        let refused = st.refusals.get_mut(&idempotency_key).is_some_and(|left| {
+            let refuse = *left > 0;
+            *left = left.saturating_sub(1);
+            refuse
+        });
+        let status = if refused {
+            422
+        } else if st.taken.contains(&idempotency_key) {
+            200
+        } else {
+            st.taken.insert(idempotency_key.clone());
+            st.effects.entry(key.clone()).or_default().push(idempotency_key.clone());
+            204
+        };
+        st.requests.push(TargetRequest { key, idempotency_key, arrived: Instant::now(), status });
+        let (min, max) = st.delay_ms;
+        let delay = if max > 0 { Duration::from_millis(fastrand::u64(min..=max)) } else { Duration::ZERO };
+        (status, delay, guard)
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    match status {
+        422 => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            [(header::CONTENT_TYPE, "application/json")],
+            r#"{"type":"RestException","message":"recording target: refused on purpose (chaos scenario)"}"#,
+        )
+            .into_response(),
+        code => StatusCode::from_u16(code).expect("valid status").into_response(),
     }
 }
