@@ -40,6 +40,17 @@ async fn an_announcement_reaches_every_listener_on_the_inbox() {
     sqlite.announce(&["wo".to_string()]).await.expect("a no-op on SQLite");
 }
 
+/// Claims the relay of route `wo` has made (`inlet_claim_duration_seconds_count`).
+async fn claims(http: &reqwest::Client, base: &str) -> u64 {
+    let metrics = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    metrics
+        .lines()
+        .find(|l| l.starts_with("inlet_claim_duration_seconds_count{route=\"wo\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A running instance polling every five minutes delivers an entry requeued by a
 /// CLI process (another process, no relay of its own) within seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,10 +84,14 @@ async fn a_requeue_from_the_cli_wakes_a_running_instance_at_once() {
         entries.into_iter().find(|e| e.status == Status::Parked).map(|e| e.id)
     })
     .await;
-    // Let the relay go idle: after the attempt it claims once more, finds nothing and
-    // waits for its (five-minute) poll. Nothing to poll for here; if this pause were too
-    // short the test would pass without a wake-up, never fail.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The relay goes idle after the attempt: it claims once more, finds nothing and
+    // waits for its (five-minute) poll. Its claims are counted: at start, on the push,
+    // after the attempt. Should a later claim still be on its way, the test would pass
+    // without a wake-up, never fail.
+    wait_until("the relay's claim after the attempt", WITHIN, || async {
+        claims(&http, &inlet.base).await >= 3
+    })
+    .await;
 
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"))
         .args(["inbox", "requeue", &id.to_string(), "--config"])

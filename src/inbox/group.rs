@@ -74,6 +74,9 @@ impl<W: BatchWrite> Group<W> {
     /// batch gather while another commits). The tasks end when the `Group` is dropped
     /// and the queue is empty.
     pub fn start(write: W, writers: usize) -> Group<W> {
+        // Unbounded, because what can queue is bounded upstream: a caller waits for its
+        // answer, and callers are bounded by the listener's push limit and the routes'
+        // concurrency.
         let (tx, rx) = mpsc::unbounded_channel();
         let rx = Arc::new(Mutex::new(rx));
         let write = Arc::new(write);

@@ -218,6 +218,7 @@ async fn listen(pool: PgPool, tx: tokio::sync::mpsc::UnboundedSender<String>) {
         let result = async {
             let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
             listener.listen(WAKE_CHANNEL).await?;
+            wait = Duration::from_millis(500);
             loop {
                 // `None`: the connection was lost (and is made again on the next call).
                 if let Some(n) = listener.try_recv().await? {
