@@ -74,6 +74,7 @@ conformance!(
     blocked_keys_are_parked_heads_and_entries_waiting_behind_older_ones,
     list_filters_by_error_and_throughput_counts_deliveries_per_minute,
     a_settle_batch_commits_each_settle_and_fences_a_lost_lease_alone,
+    a_batch_insert_answers_and_orders_as_one_by_one,
 );
 
 fn entry(route: &str, key: &str, dedup: &str, payload: &str) -> NewEntry {
@@ -158,6 +159,68 @@ async fn insert_is_idempotent_and_conflicts_are_kept(store: Arc<dyn Store>) {
         store.insert_batch(&[entry("r", "k2", "evt-2", "x"), entry("r", "k", "evt-1", "payload")], T0).await.unwrap();
     assert!(matches!(batch[0], InsertOutcome::Inserted { .. }));
     assert_eq!(batch[1], InsertOutcome::Duplicate { id });
+}
+
+/// A batch mixing new rows, redeliveries (of an older row and of a row earlier in the
+/// batch), dedup-key conflicts and rows parked or ignored at decode: each outcome is
+/// what inserting the rows one by one gives, and the rows' ids follow the batch's
+/// order (PostgreSQL inserts the new rows in one statement, then the rest; a conflict
+/// with new rows behind it makes it redo the batch one by one).
+async fn a_batch_insert_answers_and_orders_as_one_by_one(store: Arc<dyn Store>) {
+    let old = insert(&store, entry("r", "k", "old", "old payload")).await;
+    let ignored = NewEntry { status: Status::Ignored, last_error: Some("not for us".into()), ..entry("r", "k", "i1", "i") };
+    let batch = [
+        entry("r", "k", "a1", "a1"),
+        entry("r", "k", "old", "old payload"),
+        entry("r", "j", "a2", "a2"),
+        entry("r", "k", "a1", "a1"),
+        undecodable("r", "bad", b"\xff garbage"),
+        ignored,
+        entry("r", "j", "a3", "a3"),
+    ];
+    let out = store.insert_batch(&batch, T0).await.unwrap();
+    let new_id = |i: usize| match out[i] {
+        InsertOutcome::Inserted { id } => id,
+        other => panic!("entry {i}: {other:?}"),
+    };
+    assert_eq!(out[1], InsertOutcome::Duplicate { id: old }, "a redelivery of an older row");
+    assert_eq!(out[3], InsertOutcome::Duplicate { id: new_id(0) }, "a redelivery of a row earlier in the batch");
+    let ids: Vec<i64> = [0, 2, 4, 5, 6].iter().map(|&i| new_id(i)).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids follow the batch's order: {ids:?}");
+    assert!(ids[0] > old);
+    let bad = store.get(new_id(4)).await.unwrap().unwrap();
+    assert_eq!((bad.status, bad.correlation_key, bad.raw_data), (Status::Parked, None, b"\xff garbage".to_vec()));
+    assert_eq!(bad.last_error.as_deref(), Some("decode failed: garbage"));
+    let ign = store.get(new_id(5)).await.unwrap().unwrap();
+    assert_eq!((ign.status, ign.finished_at), (Status::Ignored, Some(T0)));
+    let a2 = store.get(new_id(2)).await.unwrap().unwrap();
+    assert_eq!((a2.correlation_key.as_deref(), a2.body.as_deref(), a2.received_at), (Some("j"), Some(&b"a2"[..]), T0));
+    assert_eq!(a2.attributes, vec![("a".to_string(), "1".to_string())]);
+
+    // A conflict (a known dedup key, another payload) with new rows behind it: its
+    // parked row takes its place in the order.
+    let batch = [
+        entry("r", "k", "b1", "b1"),
+        entry("r", "k", "old", "another payload"),
+        entry("r", "k", "b2", "b2"),
+        entry("r", "k", "b1", "b1 again, changed"),
+    ];
+    let out = store.insert_batch(&batch, T0 + 1).await.unwrap();
+    let InsertOutcome::Inserted { id: b1 } = out[0] else { panic!("b1: {:?}", out[0]) };
+    let InsertOutcome::Conflict { existing, entry: c_old, first: true } = out[1] else { panic!("conflict: {:?}", out[1]) };
+    assert_eq!(existing, old);
+    let InsertOutcome::Inserted { id: b2 } = out[2] else { panic!("b2: {:?}", out[2]) };
+    let InsertOutcome::Conflict { existing, entry: c_b1, first: true } = out[3] else { panic!("conflict: {:?}", out[3]) };
+    assert_eq!(existing, b1, "a conflict with a row earlier in the batch");
+    assert!(b1 < c_old && c_old < b2 && b2 < c_b1, "ids in the batch's order: {b1} {c_old} {b2} {c_b1}");
+    assert_eq!(store.get(c_old).await.unwrap().unwrap().status, Status::Parked);
+
+    // Nothing but redeliveries: no row is added.
+    let before = store.count(&ListFilter { route: Some("r".into()), ..Default::default() }).await.unwrap();
+    let again = store.insert_batch(&[entry("r", "k", "a1", "a1"), entry("r", "j", "a2", "a2")], T0 + 2).await.unwrap();
+    assert_eq!(again, vec![InsertOutcome::Duplicate { id: ids[0] }, InsertOutcome::Duplicate { id: ids[1] }]);
+    let after = store.count(&ListFilter { route: Some("r".into()), ..Default::default() }).await.unwrap();
+    assert_eq!(before, after);
 }
 
 async fn claim_takes_one_entry_per_key_in_order(store: Arc<dyn Store>) {

@@ -123,23 +123,122 @@ pub const CLAIM_HELD_SQL: &str = concat!(
     "RETURNING inbox_entry.*"
 );
 
-/// The insert: the shared key lock is taken in the scan that feeds the row, so before
-/// the row's id is drawn, and held until the insert's transaction commits.
+/// The insert without its `RETURNING`: the shared key lock is taken in the scan that
+/// feeds the row, so before the row's id is drawn, and held until the insert's
+/// transaction commits.
+macro_rules! insert_body {
+    () => {
+        concat!(
+            "INSERT INTO inbox_entry (\n",
+            "    route, dedup_key, correlation_key, event_type, schema_version, body, raw_data, attributes,\n",
+            "    message_id, publish_time, delivery_attempt, payload_digest, conflict_of, status, attempts,\n",
+            "    next_attempt_at, last_error, received_at, updated_at, finished_at, error_fingerprint)\n",
+            "SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::bytea, $7::bytea, $8::text,\n",
+            "    $9::text, $10::text, $11::integer, $12::text, $13::bigint, $14::text, 0,\n",
+            "    $15::bigint, $16::text, $15::bigint, $15::bigint, $17::bigint, $18::text\n",
+            "FROM (SELECT pg_advisory_xact_lock_shared(",
+            key_lock!("COALESCE($3::text, '')"),
+            ")) AS key_guard\n",
+            "ON CONFLICT (route, dedup_key) DO NOTHING\n"
+        )
+    };
+}
+
+/// The insert: the new row's id, and no digest.
 #[doc(hidden)]
-pub const INSERT_SQL: &str = concat!(
-    "INSERT INTO inbox_entry (\n",
-    "    route, dedup_key, correlation_key, event_type, schema_version, body, raw_data, attributes,\n",
-    "    message_id, publish_time, delivery_attempt, payload_digest, conflict_of, status, attempts,\n",
-    "    next_attempt_at, last_error, received_at, updated_at, finished_at, error_fingerprint)\n",
-    "SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::bytea, $7::bytea, $8::text,\n",
-    "    $9::text, $10::text, $11::integer, $12::text, $13::bigint, $14::text, 0,\n",
-    "    $15::bigint, $16::text, $15::bigint, $15::bigint, $17::bigint, $18::text\n",
-    "FROM (SELECT pg_advisory_xact_lock_shared(",
-    key_lock!("COALESCE($3::text, '')"),
-    ")) AS key_guard\n",
-    "ON CONFLICT (route, dedup_key) DO NOTHING\n",
-    "RETURNING id"
+pub const INSERT_SQL: &str = concat!(insert_body!(), "RETURNING id, NULL::text AS payload_digest");
+
+/// The first insert of a message, answered in one statement whether it is new or a
+/// redelivery: the new row's id and no digest, or the existing row's id and digest.
+/// Nothing comes back when the row it conflicts with was committed after this
+/// statement's snapshot was taken (a concurrent insert of the same key): the caller
+/// then reads it in a statement of its own.
+#[doc(hidden)]
+pub const INSERT_OR_EXISTING_SQL: &str = concat!(
+    "WITH new AS (\n",
+    insert_body!(),
+    "RETURNING id)\n",
+    "SELECT id, NULL::text AS payload_digest FROM new\n",
+    "UNION ALL\n",
+    "SELECT id, payload_digest FROM inbox_entry\n",
+    "WHERE route = $1 AND dedup_key = $2 AND NOT EXISTS (SELECT 1 FROM new)"
 );
+
+/// Many new rows in one statement (the batch insert's fast path): the same columns as
+/// [`INSERT_SQL`], one array per column, ids drawn in array order. Each row takes its
+/// key's shared lock in the scan that feeds it, as the single insert does (same lock
+/// key: route, `:`, correlation key). Returns `(id, dedup key)` of the rows inserted;
+/// a row whose dedup key is taken (by an older row, or by an earlier row of the same
+/// batch) is skipped, for the caller to settle one by one.
+const INSERT_MANY_SQL: &str = "\
+INSERT INTO inbox_entry (
+    route, dedup_key, correlation_key, event_type, schema_version, body, raw_data, attributes,
+    message_id, publish_time, delivery_attempt, payload_digest, status, attempts,
+    next_attempt_at, last_error, received_at, updated_at, finished_at, error_fingerprint)
+SELECT r.route, r.dedup_key, r.correlation_key, r.event_type, r.schema_version, r.body, r.raw_data,
+    r.attributes, r.message_id, r.publish_time, r.delivery_attempt, r.payload_digest, r.status, 0,
+    $17::bigint, r.last_error, $17::bigint, $17::bigint, r.finished_at, r.error_fingerprint
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[],
+        $8::text[], $9::text[], $10::text[], $11::integer[], $12::text[], $13::text[], $14::text[],
+        $15::bigint[], $16::text[])
+    WITH ORDINALITY AS r(route, dedup_key, correlation_key, event_type, schema_version, body, raw_data,
+        attributes, message_id, publish_time, delivery_attempt, payload_digest, status, last_error,
+        finished_at, error_fingerprint, ord)
+CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock_shared(
+    hashtextextended(r.route || ':' || COALESCE(r.correlation_key, ''), 0))) AS key_guard
+ORDER BY r.ord
+ON CONFLICT (route, dedup_key) DO NOTHING
+RETURNING id, dedup_key";
+
+impl PgStore {
+    /// The batch insert's fast path: every entry that is new, in one statement. The
+    /// id of each entry inserted, `None` for the others (a redelivery, a dedup-key
+    /// conflict, a second entry of the batch with an earlier one's dedup key), which
+    /// the caller inserts one by one in the same transaction.
+    async fn insert_new_rows(
+        conn: &mut PgConnection,
+        entries: &[super::NewEntry],
+        now: crate::clock::Millis,
+    ) -> Result<Option<Vec<Option<i64>>>, StoreError> {
+        use super::Status;
+        let col = |f: fn(&super::NewEntry) -> Option<&str>| entries.iter().map(f).collect::<Vec<_>>();
+        let body: Vec<Option<&[u8]>> = entries.iter().map(|e| e.decoded.as_ref().map(|d| d.body.as_slice())).collect();
+        let raw_data: Vec<&[u8]> = entries.iter().map(|e| e.raw_data.as_slice()).collect();
+        let attributes: Vec<String> =
+            entries.iter().map(|e| serde_json::to_string(&e.attributes).expect("string pairs serialize")).collect();
+        let delivery_attempt: Vec<Option<i32>> = entries.iter().map(|e| e.delivery_attempt).collect();
+        let digest: Vec<String> = entries.iter().map(super::NewEntry::payload_digest).collect();
+        let finished: Vec<Option<i64>> =
+            entries.iter().map(|e| matches!(e.status, Status::Done | Status::Ignored).then_some(now)).collect();
+        let fingerprint: Vec<Option<String>> =
+            entries.iter().map(|e| e.last_error.as_deref().map(super::failures::fingerprint)).collect();
+        let inserted: Vec<(i64, String)> = sqlx::query_as(INSERT_MANY_SQL)
+            .bind(col(|e| Some(e.route.as_str())))
+            .bind(col(|e| Some(e.dedup_key.as_str())))
+            .bind(col(|e| e.decoded.as_ref().map(|d| d.correlation_key.as_str())))
+            .bind(col(|e| e.decoded.as_ref().map(|d| d.event_type.as_str())))
+            .bind(col(|e| e.decoded.as_ref().and_then(|d| d.schema_version.as_deref())))
+            .bind(body)
+            .bind(raw_data)
+            .bind(attributes)
+            .bind(col(|e| Some(e.message_id.as_str())))
+            .bind(col(|e| e.publish_time.as_deref()))
+            .bind(delivery_attempt)
+            .bind(digest)
+            .bind(col(|e| Some(e.status.as_str())))
+            .bind(col(|e| e.last_error.as_deref()))
+            .bind(finished)
+            .bind(fingerprint)
+            .bind(now)
+            .fetch_all(&mut *conn)
+            .await?;
+        // A dedup key inserted belongs to the first entry of the batch that has it
+        // (rows go in array order); a later one with the same key goes one by one.
+        let mut by_key: std::collections::HashMap<&str, i64> =
+            inserted.iter().map(|(id, key)| (key.as_str(), *id)).collect();
+        Ok(Some(entries.iter().map(|e| by_key.remove(e.dedup_key.as_str())).collect()))
+    }
+}
 
 impl PgStore {
     /// [`super::Store::gauge_lease`]: keeps the lock while its connection answers;
@@ -252,5 +351,6 @@ store_impl! {
     conn: PgConnection,
     row: PgRow,
     insert_sql: INSERT_SQL,
+    insert_or_existing_sql: Some(INSERT_OR_EXISTING_SQL),
     now_sql: "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT",
 }

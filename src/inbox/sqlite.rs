@@ -94,6 +94,18 @@ impl SqliteStore {
 }
 
 impl SqliteStore {
+    /// No batch statement: the rows of a batch go one by one (in-process, a statement
+    /// costs no round trip).
+    async fn insert_new_rows(
+        _conn: &mut SqliteConnection,
+        _entries: &[super::NewEntry],
+        _now: crate::clock::Millis,
+    ) -> Result<Option<Vec<Option<i64>>>, StoreError> {
+        Ok(None)
+    }
+}
+
+impl SqliteStore {
     /// One instance per file: nobody else to tell.
     async fn announce_to_others(&self, _routes: &[String]) -> Result<(), StoreError> {
         Ok(())
@@ -111,5 +123,7 @@ store_impl! {
     conn: SqliteConnection,
     row: SqliteRow,
     insert_sql: INSERT_SQL,
+    // SQLite has no data-modifying CTE; its second statement costs no round trip.
+    insert_or_existing_sql: None::<&str>,
     now_sql: "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)",
 }

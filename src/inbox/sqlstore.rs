@@ -12,6 +12,7 @@ macro_rules! store_impl {
         conn: $conn:ty,
         row: $row:ty,
         insert_sql: $insert_sql:expr,
+        insert_or_existing_sql: $insert_or_existing_sql:expr,
         now_sql: $now_sql:expr,
     ) => {
         impl $store {
@@ -115,15 +116,20 @@ macro_rules! store_impl {
             {
                 use $crate::inbox::{InsertOutcome, Status};
                 let digest = e.payload_digest();
-                if let Some(id) = Self::insert_row(conn, e, &e.dedup_key, &digest, None, e.status, e.last_error.as_deref(), now).await? {
-                    return Ok(InsertOutcome::Inserted { id });
-                }
-                let (existing, existing_digest): (i64, String) =
-                    sqlx::query_as("SELECT id, payload_digest FROM inbox_entry WHERE route = $1 AND dedup_key = $2")
+                // A redelivery is answered by the insert's own statement where the
+                // backend can (PostgreSQL); else, or if the row it met was committed
+                // after that statement began, by a second one.
+                let sql = $insert_or_existing_sql.unwrap_or($insert_sql);
+                let first = Self::insert_row(conn, sql, e, &e.dedup_key, &digest, None, e.status, e.last_error.as_deref(), now).await?;
+                let (existing, existing_digest): (i64, String) = match first {
+                    Some((id, None)) => return Ok(InsertOutcome::Inserted { id }),
+                    Some((id, Some(existing_digest))) => (id, existing_digest),
+                    None => sqlx::query_as("SELECT id, payload_digest FROM inbox_entry WHERE route = $1 AND dedup_key = $2")
                         .bind(&e.route)
                         .bind(&e.dedup_key)
                         .fetch_one(&mut *conn)
-                        .await?;
+                        .await?,
+                };
                 if existing_digest == digest {
                     return Ok(InsertOutcome::Duplicate { id: existing });
                 }
@@ -132,8 +138,9 @@ macro_rules! store_impl {
                     "dedup key `{}` already belongs to entry {} with a different payload; kept here for a person to judge (requeue delivers it; ignore discards it, and retention then deletes it)",
                     e.dedup_key, existing
                 );
-                let (entry, first) = match Self::insert_row(conn, e, &key, &digest, Some(existing), Status::Parked, Some(&reason), now).await? {
-                    Some(id) => (id, true),
+                let parked = Self::insert_row(conn, $insert_sql, e, &key, &digest, Some(existing), Status::Parked, Some(&reason), now).await?;
+                let (entry, first) = match parked {
+                    Some((id, _)) => (id, true),
                     None => ( sqlx::query_scalar("SELECT id FROM inbox_entry WHERE route = $1 AND dedup_key = $2")
                         .bind(&e.route)
                         .bind(&key)
@@ -143,9 +150,12 @@ macro_rules! store_impl {
                 Ok(InsertOutcome::Conflict { existing, entry, first })
             }
 
+            /// Runs an insert statement (`$insert_sql`, or `$insert_or_existing_sql`)
+            /// for `e`: the row it returns, `(id, None)` for a new row.
             #[allow(clippy::too_many_arguments)]
             async fn insert_row(
                 conn: &mut $conn,
+                sql: &'static str,
                 e: &$crate::inbox::NewEntry,
                 dedup_key: &str,
                 digest: &str,
@@ -153,11 +163,11 @@ macro_rules! store_impl {
                 status: $crate::inbox::Status,
                 last_error: Option<&str>,
                 now: $crate::clock::Millis,
-            ) -> Result<Option<i64>, $crate::inbox::StoreError> {
+            ) -> Result<Option<(i64, Option<String>)>, $crate::inbox::StoreError> {
                 let d = e.decoded.as_ref();
                 let finished = matches!(status, $crate::inbox::Status::Done | $crate::inbox::Status::Ignored).then_some(now);
                 let attributes = serde_json::to_string(&e.attributes).expect("string pairs serialize");
-                Ok(sqlx::query_scalar($insert_sql)
+                Ok(sqlx::query_as(sql)
                     .bind(&e.route)
                     .bind(dedup_key)
                     .bind(d.map(|d| d.correlation_key.as_str()))
@@ -274,7 +284,36 @@ macro_rules! store_impl {
             async fn insert_batch(&self, entries: &[$crate::inbox::NewEntry], now: $crate::clock::Millis)
                 -> Result<Vec<$crate::inbox::InsertOutcome>, $crate::inbox::StoreError>
             {
+                use $crate::inbox::InsertOutcome;
                 let mut tx = self.pool.begin().await?;
+                // The new rows in one statement, where the backend has one; then what it
+                // did not insert (redeliveries, dedup-key conflicts) one by one. A
+                // conflict parks a row of its own, which must take its place in the
+                // batch's order: if rows behind it were already inserted, the batch is
+                // done again from the start, one by one.
+                if entries.len() > 1 {
+                    if let Some(ids) = Self::insert_new_rows(&mut tx, entries, now).await? {
+                        let mut out = Vec::with_capacity(entries.len());
+                        for (i, e) in entries.iter().enumerate() {
+                            let outcome = match ids[i] {
+                                Some(id) => InsertOutcome::Inserted { id },
+                                None => Self::insert_one(&mut tx, e, now).await?,
+                            };
+                            if matches!(outcome, InsertOutcome::Conflict { first: true, .. })
+                                && ids[i + 1..].iter().any(Option::is_some)
+                            {
+                                break;
+                            }
+                            out.push(outcome);
+                        }
+                        if out.len() == entries.len() {
+                            tx.commit().await?;
+                            return Ok(out);
+                        }
+                        tx.rollback().await?;
+                        tx = self.pool.begin().await?;
+                    }
+                }
                 let mut out = Vec::with_capacity(entries.len());
                 for e in entries {
                     out.push(Self::insert_one(&mut tx, e, now).await?);
