@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 
+pub mod calls;
+
 /// Connections of the baseline's pool: Inlet's default `store.max_connections`.
 pub const POOL_SIZE: u32 = 8;
 
@@ -68,13 +70,13 @@ impl Backend {
 /// A row of about an inbox row's size: the work-order payload as it arrives and as it
 /// is decoded (~100 bytes each), a SHA-256 hex digest, a few short TEXT and BIGINT columns.
 pub struct RawRow {
-    route: String,
-    dedup_key: String,
-    correlation_key: String,
-    body: Vec<u8>,
-    raw_data: Vec<u8>,
-    digest: String,
-    now: i64,
+    pub route: String,
+    pub dedup_key: String,
+    pub correlation_key: String,
+    pub body: Vec<u8>,
+    pub raw_data: Vec<u8>,
+    pub digest: String,
+    pub now: i64,
 }
 
 impl RawRow {

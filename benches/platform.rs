@@ -1,0 +1,1172 @@
+//! The one benchmark of issue 12: Inlet beside raw PostgreSQL, a plain SQLite loop and
+//! a peer job queue (graphile-worker), on one machine in one run, printed as one table.
+//!
+//! ```text
+//! scripts/bench [--rounds 3] [--quick] [--only SECTION,…]     # the README's command
+//! cargo bench --bench platform -- [the same arguments]
+//! ```
+//!
+//! Every Inlet figure comes from real `inlet run` processes (the binary of this
+//! build, so `cargo bench` measures the release profile) talking to the local
+//! PostgreSQL (a fresh database per measurement, through `INLET_TEST_PG_ADMIN_URL`) or a
+//! SQLite file, with the real `work_order` plugin, delivering over HTTP to a keep-alive
+//! target in this process that answers 204. Anchors and Inlet take turns, round by
+//! round; each figure is the median of the rounds. Sections (`--only`):
+//!
+//! - `plugin`: one decode + render + classify through the plugin beside the same logic
+//!   compiled natively.
+//! - `ingest`: raw PostgreSQL — one autocommitted `INSERT … ON CONFLICT DO NOTHING`
+//!   per row, the same rows again (every insert conflicting), and 100 rows per
+//!   transaction — from as many tasks over as many connections as Inlet's ingest
+//!   gets; then Inlet's push ingest from `--clients` concurrent HTTP clients with the
+//!   route paused (so the relay does not share the cores), and the same pushes again
+//!   (every one a duplicate). SQLite: Inlet's own insert statement in a plain loop,
+//!   one transaction per batch of `--clients` rows, beside Inlet's push ingest.
+//! - `relay`: graphile-worker processing no-op jobs spread over as many serial queues
+//!   as Inlet has keys (`benches/peer/graphile.mjs`, installed from npm by
+//!   `scripts/ensure-graphile`), beside Inlet relaying a preloaded backlog to the HTTP
+//!   target with per-key order. The relay's rate runs from its first delivery to its
+//!   last (start-up is not counted).
+//! - `latency`: push → delivered as fast as it goes (closed loop), then at half that
+//!   rate (open loop) with the p50/p99 time from sending a push to the target seeing
+//!   its delivery.
+//! - `backlog`: one instance at 10k / 100k / 1M entries of backlog: its rate, its mean
+//!   claim time (`inlet_claim_duration_seconds`), its peak RSS (VmHWM); at the largest,
+//!   the rate in its first 5 s beside the rate after 60 s.
+//! - `instances`: 1, 2 and 4 instances on one database draining one backlog.
+//!
+//! Benchmarks print figures; they assert no timing. A run that does not finish (a push
+//! refused, deliveries missing, rows not DONE) fails loudly instead of printing.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+mod support;
+
+use common::{InletProcess, TestPg};
+use inlet::config::PluginLimits;
+use inlet::inbox::{Pause, Store};
+use inlet::plugin::Plugin;
+use support::RawRow;
+use support::calls::{native_cycle, per_call, plugin_cycle};
+
+const ROUTE: &str = "bench";
+/// Connections of every pool here: Inlet's default `store.max_connections`.
+const POOL: u32 = 8;
+const STALL_LIMIT: Duration = Duration::from_secs(600);
+
+// ---------------------------------------------------------------------------------------
+// Arguments
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone)]
+struct Args {
+    rounds: usize,
+    /// Concurrent push clients (and raw-insert tasks).
+    clients: usize,
+    /// Messages per ingest measurement.
+    messages: usize,
+    /// Correlation keys of every backlog.
+    keys: usize,
+    /// The relay section's backlog.
+    relay_backlog: usize,
+    /// Jobs the peer processes per round.
+    peer_jobs: usize,
+    peer_concurrency: usize,
+    /// The route's delivery concurrency.
+    concurrency: usize,
+    backlogs: Vec<usize>,
+    instances: Vec<usize>,
+    instances_backlog: usize,
+    /// How long the largest backlog is worked on (its rate after 60 s needs > 60 s).
+    long_window: Duration,
+    latency_window: Duration,
+    only: Option<Vec<String>>,
+}
+
+const SECTIONS: [&str; 6] = ["plugin", "ingest", "relay", "latency", "backlog", "instances"];
+
+impl Args {
+    fn full() -> Args {
+        Args {
+            rounds: 3,
+            clients: 64,
+            messages: 10_000,
+            keys: 1_000,
+            relay_backlog: 200_000,
+            peer_jobs: 20_000,
+            peer_concurrency: 32,
+            concurrency: 64,
+            backlogs: vec![10_000, 100_000, 1_000_000],
+            instances: vec![1, 2, 4],
+            instances_backlog: 100_000,
+            long_window: Duration::from_secs(66),
+            latency_window: Duration::from_secs(10),
+            only: None,
+        }
+    }
+
+    /// Everything small: to see that the command works, not to measure.
+    fn quick() -> Args {
+        Args {
+            rounds: 1,
+            messages: 1_000,
+            relay_backlog: 5_000,
+            peer_jobs: 2_000,
+            backlogs: vec![2_000, 10_000],
+            instances: vec![1, 2],
+            instances_backlog: 5_000,
+            long_window: Duration::from_secs(8),
+            latency_window: Duration::from_secs(3),
+            ..Args::full()
+        }
+    }
+
+    fn wants(&self, section: &str) -> bool {
+        self.only.as_ref().is_none_or(|o| o.iter().any(|s| s == section))
+    }
+}
+
+fn usage() -> &'static str {
+    "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,backlog,instances] \
+     [--clients N] [--messages N] [--keys N] [--relay-backlog N] [--peer-jobs N] [--peer-concurrency N] \
+     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…]"
+}
+
+fn parse_args() -> Result<Args, String> {
+    let raw: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let mut args = if raw.iter().any(|a| a == "--quick") { Args::quick() } else { Args::full() };
+    let number = |flag: &str, v: &str| -> Result<usize, String> {
+        v.replace('_', "").parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| format!("{flag}: `{v}` is not a positive number"))
+    };
+    let list = |flag: &str, v: &str| -> Result<Vec<usize>, String> { v.split(',').map(|n| number(flag, n.trim())).collect() };
+    let mut it = raw.iter();
+    while let Some(flag) = it.next() {
+        if flag == "--quick" {
+            continue;
+        }
+        if flag == "--help" || flag == "-h" {
+            println!("{}", usage());
+            std::process::exit(0);
+        }
+        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--rounds" => args.rounds = number(flag, v)?,
+            "--clients" => args.clients = number(flag, v)?,
+            "--messages" => args.messages = number(flag, v)?,
+            "--keys" => args.keys = number(flag, v)?,
+            "--relay-backlog" => args.relay_backlog = number(flag, v)?,
+            "--peer-jobs" => args.peer_jobs = number(flag, v)?,
+            "--peer-concurrency" => args.peer_concurrency = number(flag, v)?,
+            "--concurrency" => args.concurrency = number(flag, v)?,
+            "--backlogs" => args.backlogs = list(flag, v)?,
+            "--instances" => args.instances = list(flag, v)?,
+            "--only" => {
+                let names: Vec<String> = v.split(',').map(|s| s.trim().to_string()).collect();
+                if let Some(bad) = names.iter().find(|n| !SECTIONS.contains(&n.as_str())) {
+                    return Err(format!("--only: `{bad}` is not one of {}", SECTIONS.join(", ")));
+                }
+                args.only = Some(names);
+            }
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() {
+    let args = parse_args().unwrap_or_else(|e| {
+        eprintln!("platform: {e}\n{}", usage());
+        std::process::exit(2);
+    });
+    let plugin = support::work_order_plugin("platform");
+    let mut report = Report::default();
+    // Outside the runtime: it runs the plugin on a runtime of its own.
+    if args.wants("plugin") {
+        plugin_section(&plugin, &mut report);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let report = runtime.block_on(run(&args, &plugin, report));
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!();
+    println!(
+        "inlet platform benchmark: {} round(s), median shown; nproc={nproc}; {} push clients; route concurrency {}; \
+         {} keys; pools of {POOL} connections; PostgreSQL {}",
+        args.rounds,
+        args.clients,
+        args.concurrency,
+        args.keys,
+        report.pg_version
+    );
+    print!("{}", report.render());
+}
+
+async fn run(args: &Args, plugin: &Path, mut report: Report) -> Report {
+    report.pg_version = pg_version().await;
+    let target = Target::start().await;
+    if args.wants("ingest") {
+        ingest_section(args, plugin, &target, &mut report).await;
+    }
+    let mut relay_rate = None;
+    if args.wants("relay") {
+        relay_rate = Some(relay_section(args, plugin, &target, &mut report).await);
+    }
+    if args.wants("latency") {
+        latency_section(args, plugin, &target, &mut report).await;
+    }
+    if args.wants("backlog") {
+        backlog_section(args, plugin, &target, relay_rate, &mut report).await;
+    }
+    if args.wants("instances") {
+        instances_section(args, plugin, &target, &mut report).await;
+    }
+    report
+}
+
+async fn pg_version() -> String {
+    let pg = TestPg::new().await;
+    let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect to PostgreSQL");
+    let v: String = sqlx::query_scalar("SHOW server_version").fetch_one(&pool).await.expect("server_version");
+    pool.close().await;
+    v
+}
+
+// ---------------------------------------------------------------------------------------
+// Plugin
+// ---------------------------------------------------------------------------------------
+
+fn plugin_section(path: &Path, report: &mut Report) {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let plugin = Plugin::load(path, PluginLimits::default(), Some(cache.path())).expect("load the plugin");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+    let n = 20_000;
+    let native = per_call(n, native_cycle);
+    let warm = per_call(n, || rt.block_on(plugin_cycle(&plugin)));
+    report.row(
+        "plugin",
+        "decode + render + classify, warm instance",
+        format!("{:.1} µs", warm.as_secs_f64() * 1e6),
+        format!("native {:.1} µs", native.as_secs_f64() * 1e6),
+        ratio(warm.as_secs_f64(), native.as_secs_f64()),
+        None,
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Ingest
+// ---------------------------------------------------------------------------------------
+
+async fn ingest_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {
+    let n = args.messages;
+    let c = args.clients;
+    let rows = RawRow::many(ROUTE, n, args.keys);
+    let bodies = Arc::new(push_bodies(n, args.keys));
+    let (mut one, mut conflict, mut batched, mut pushed, mut dup) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut wal, mut sqlite_pushed) = (vec![], vec![]);
+    for round in 1..=args.rounds {
+        // PostgreSQL: the anchors on a fresh database…
+        let pg = TestPg::new().await;
+        let pool = pg_pool(&pg.url).await;
+        sqlx::raw_sql(RAW_TABLE).execute(&pool).await.expect("create the raw table");
+        one.push(rate(n, raw_pg_one_per_tx(&pool, &rows, c).await));
+        conflict.push(rate(n, raw_pg_one_per_tx(&pool, &rows, c).await));
+        sqlx::raw_sql("TRUNCATE bench_raw").execute(&pool).await.expect("truncate");
+        batched.push(rate(n, raw_pg_batched(&pool, &rows, 100, c).await));
+        pool.close().await;
+        drop(pg);
+        // …then Inlet on another.
+        let pg = TestPg::new().await;
+        let (first, again) = inlet_ingest(&pg.url, plugin, target, &bodies, args.keys, c).await;
+        pushed.push(rate(n, first));
+        dup.push(rate(n, again));
+        drop(pg);
+        // SQLite: the plain loop, then Inlet.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("raw.db").display());
+        wal.push(rate(n, raw_sqlite_loop(&url, &rows, c).await));
+        let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+        let (first, _) = inlet_ingest(&url, plugin, target, &bodies, args.keys, c).await;
+        sqlite_pushed.push(rate(n, first));
+        eprintln!(
+            "ingest round {round}: pg raw 1/tx {:.0}, conflicting {:.0}, 100/tx {:.0}; inlet {:.0}, duplicates {:.0}; \
+             sqlite loop {:.0}, inlet {:.0} /s",
+            one[round - 1],
+            conflict[round - 1],
+            batched[round - 1],
+            pushed[round - 1],
+            dup[round - 1],
+            wal[round - 1],
+            sqlite_pushed[round - 1]
+        );
+    }
+    let (one, conflict, batched, pushed, dup) = (median(one), median(conflict), median(batched), median(pushed), median(dup));
+    let (wal, sqlite_pushed) = (median(wal), median(sqlite_pushed));
+    report.row("ingest pg", "raw INSERT … ON CONFLICT DO NOTHING, 1 row/tx", per_s(one, "rows"), String::new(), None, None);
+    report.row("ingest pg", "raw INSERT, 100 rows/tx", per_s(batched, "rows"), String::new(), None, None);
+    report.row(
+        "ingest pg",
+        "inlet push ingest (route paused)",
+        per_s(pushed, "msg"),
+        format!("raw 100/tx {}", per_s(batched, "rows")),
+        ratio(pushed, batched),
+        Some(Goal::at_least(0.75, pushed / batched)),
+    );
+    report.row(
+        "ingest pg",
+        "inlet push ingest vs raw 1 row/tx",
+        per_s(pushed, "msg"),
+        format!("raw 1/tx {}", per_s(one, "rows")),
+        ratio(pushed, one),
+        None,
+    );
+    // Cost per duplicate: the inverse of the rates.
+    report.row(
+        "ingest pg",
+        "cost of a redelivered duplicate (time each)",
+        format!("{:.0} µs", 1e6 / dup),
+        format!("raw conflicting insert {:.0} µs", 1e6 / conflict),
+        ratio(conflict, dup),
+        Some(Goal::at_most(1.33, conflict / dup)),
+    );
+    report.row(
+        "ingest sqlite",
+        "inlet push ingest",
+        per_s(sqlite_pushed, "msg"),
+        format!("plain WAL loop, {c}/tx {}", per_s(wal, "rows")),
+        ratio(sqlite_pushed, wal),
+        Some(Goal::at_least(1.0, sqlite_pushed / wal)),
+    );
+}
+
+const RAW_TABLE: &str = "CREATE TABLE bench_raw (id BIGSERIAL PRIMARY KEY, route TEXT NOT NULL, \
+     dedup_key TEXT NOT NULL, correlation_key TEXT, body BYTEA, raw_data BYTEA NOT NULL, \
+     payload_digest TEXT NOT NULL, status TEXT NOT NULL, received_at BIGINT NOT NULL, \
+     updated_at BIGINT NOT NULL, UNIQUE (route, dedup_key))";
+
+const RAW_INSERT: &str = "INSERT INTO bench_raw (route, dedup_key, correlation_key, body, raw_data, payload_digest, \
+     status, received_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, 'OPEN', $7, $7) \
+     ON CONFLICT (route, dedup_key) DO NOTHING";
+
+macro_rules! bind_raw {
+    ($row:expr) => {
+        sqlx::query(RAW_INSERT)
+            .bind(&$row.route)
+            .bind(&$row.dedup_key)
+            .bind(&$row.correlation_key)
+            .bind($row.body.as_slice())
+            .bind($row.raw_data.as_slice())
+            .bind(&$row.digest)
+            .bind($row.now)
+    };
+}
+
+async fn pg_pool(url: &str) -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(POOL)
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+}
+
+/// Every row in its own autocommitted statement, from `tasks` tasks.
+async fn raw_pg_one_per_tx(pool: &sqlx::PgPool, rows: &Arc<Vec<RawRow>>, tasks: usize) -> Duration {
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for t in 0..tasks {
+        let (pool, rows) = (pool.clone(), Arc::clone(rows));
+        set.spawn(async move {
+            for row in rows.iter().skip(t).step_by(tasks) {
+                bind_raw!(row).execute(&pool).await.expect("raw insert");
+            }
+        });
+    }
+    join_all(set).await;
+    start.elapsed()
+}
+
+/// `batch` rows per transaction (one statement each), batches shared out over `tasks`.
+async fn raw_pg_batched(pool: &sqlx::PgPool, rows: &Arc<Vec<RawRow>>, batch: usize, tasks: usize) -> Duration {
+    let batches = rows.len().div_ceil(batch);
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for t in 0..tasks.min(batches) {
+        let (pool, rows) = (pool.clone(), Arc::clone(rows));
+        set.spawn(async move {
+            for b in (t..batches).step_by(tasks) {
+                let mut tx = pool.begin().await.expect("begin");
+                for row in &rows[b * batch..((b + 1) * batch).min(rows.len())] {
+                    bind_raw!(row).execute(&mut *tx).await.expect("raw insert");
+                }
+                tx.commit().await.expect("commit");
+            }
+        });
+    }
+    join_all(set).await;
+    start.elapsed()
+}
+
+/// Inlet's own insert statement into Inlet's own schema, in one plain loop with
+/// Inlet's pragmas: one transaction per `batch` rows.
+async fn raw_sqlite_loop(url: &str, rows: &Arc<Vec<RawRow>>, batch: usize) -> Duration {
+    drop(inlet::inbox::open(url, 1).await.expect("create the schema"));
+    let options = inlet::inbox::sqlite::connect_options(url).expect("sqlite url");
+    let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await.expect("open");
+    let start = Instant::now();
+    for chunk in rows.chunks(batch) {
+        let mut tx = pool.begin().await.expect("begin");
+        for r in chunk {
+            let id: Option<i64> = sqlx::query_scalar(inlet::inbox::sqlite::INSERT_SQL)
+                .bind(&r.route)
+                .bind(&r.dedup_key)
+                .bind(&r.correlation_key)
+                .bind("work-order-completed")
+                .bind("1")
+                .bind(r.body.as_slice())
+                .bind(r.raw_data.as_slice())
+                .bind("{}")
+                .bind(&r.dedup_key)
+                .bind(None::<&str>)
+                .bind(None::<i64>)
+                .bind(&r.digest)
+                .bind(None::<i64>)
+                .bind("OPEN")
+                .bind(r.now)
+                .bind(None::<&str>)
+                .bind(None::<i64>)
+                .bind(None::<&str>)
+                .fetch_optional(&mut *tx)
+                .await
+                .expect("insert");
+            assert!(id.is_some(), "the plain loop's row was not inserted");
+        }
+        tx.commit().await.expect("commit");
+    }
+    let took = start.elapsed();
+    pool.close().await;
+    took
+}
+
+/// Inlet with its route paused: `bodies` pushed from `clients` clients (a key's
+/// messages in order from one client), then the same again. The two push times.
+async fn inlet_ingest(
+    url: &str,
+    plugin: &Path,
+    target: &Target,
+    bodies: &Arc<Vec<(usize, String)>>,
+    keys: usize,
+    clients: usize,
+) -> (Duration, Duration) {
+    let store = inlet::inbox::open(url, 2).await.expect("open the store");
+    pause(&store).await;
+    let inlet = Instance::start(url, plugin, target, 8, "ingest").await;
+    warm_up(&inlet).await;
+    let first = push_all(&inlet.push_url(), bodies, keys, clients, "inserted").await;
+    let again = push_all(&inlet.push_url(), bodies, keys, clients, "duplicate").await;
+    let stored = count_entries(&store).await;
+    assert_eq!(stored, bodies.len() as u64 + 1, "inlet stored {stored} rows for {} pushes and a warm-up", bodies.len());
+    inlet.stop();
+    drop(store);
+    (first, again)
+}
+
+/// One push through the paused route: connections, the plugin and the store warm.
+async fn warm_up(inlet: &Instance) {
+    let data = br#"{"workOrderId":"warmup","completedItems":1,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
+    let status = common::post_push(&reqwest::Client::new(), &inlet.base(), ROUTE, &common::push_envelope(data, &[], "warmup")).await;
+    assert_eq!(status, 200, "the warm-up push was answered {status}");
+}
+
+/// Message `i` of key `key-{i % keys}` as a push envelope; its seq is `i / keys + 1`.
+fn push_bodies(n: usize, keys: usize) -> Vec<(usize, String)> {
+    (0..n)
+        .map(|i| {
+            let data = format!(
+                r#"{{"workOrderId":"key-{}","completedItems":{},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#,
+                i % keys,
+                i / keys + 1
+            );
+            (i, common::push_envelope(data.as_bytes(), &[], &format!("bench-{i}")).to_string())
+        })
+        .collect()
+}
+
+/// Pushes every body from `clients` clients, each owning whole keys; panics unless
+/// every answer is 200 with the `outcome` expected. The time until the last answer.
+async fn push_all(
+    url: &str,
+    bodies: &Arc<Vec<(usize, String)>>,
+    keys: usize,
+    clients: usize,
+    outcome: &'static str,
+) -> Duration {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(clients).build().expect("http client");
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for lane in 0..clients {
+        let (http, url, bodies) = (http.clone(), url.to_string(), Arc::clone(bodies));
+        set.spawn(async move {
+            for (i, body) in bodies.iter().filter(|(i, _)| (i % keys) % clients == lane) {
+                let answer = http.post(&url).header("content-type", "application/json").body(body.clone()).send().await;
+                let answer = answer.unwrap_or_else(|e| panic!("push {i}: {e}"));
+                let status = answer.status().as_u16();
+                let text = answer.text().await.unwrap_or_default();
+                assert!(status == 200 && text.contains(outcome), "push {i}: {status} {text} (wanted outcome {outcome})");
+            }
+        });
+    }
+    join_all(set).await;
+    start.elapsed()
+}
+
+// ---------------------------------------------------------------------------------------
+// Relay beside the peer
+// ---------------------------------------------------------------------------------------
+
+async fn relay_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) -> f64 {
+    let peer = Peer::install();
+    let (mut relay, mut peers) = (vec![], vec![]);
+    let mut version = String::new();
+    for round in 1..=args.rounds {
+        let run = peer.run(args.peer_jobs, args.keys, args.peer_concurrency).await;
+        let p = run.jobs_per_s;
+        version = run.version;
+        let r = relay_drain(args, plugin, target, args.relay_backlog, 1).await.rate;
+        eprintln!("relay round {round}: graphile-worker {p:.0} jobs/s, inlet relay {r:.0} deliveries/s");
+        peers.push(p);
+        relay.push(r);
+    }
+    let (relay, peer_rate) = (median(relay), median(peers));
+    report.row(
+        "relay pg",
+        &format!("inlet relay, {} backlog over {} keys, per-key order, HTTP", args.relay_backlog, args.keys),
+        per_s(relay, "deliveries"),
+        format!(
+            "graphile-worker {} no-op, {} jobs over {} queues, concurrency {}: {}",
+            version,
+            args.peer_jobs,
+            args.keys,
+            args.peer_concurrency,
+            per_s(peer_rate, "jobs")
+        ),
+        ratio(relay, peer_rate),
+        Some(Goal::at_least(1.0, relay / peer_rate)),
+    );
+    relay
+}
+
+/// What one drain measured.
+struct Drain {
+    /// Deliveries per second from the first delivery to the last (or to the window's end).
+    rate: f64,
+    /// Deliveries in the first 5 s and in the 5 s after 60 s, per second (if it lasted).
+    first_5s: Option<f64>,
+    after_60s: Option<f64>,
+    claim_ms: Option<f64>,
+    peak_rss_mib: Option<f64>,
+}
+
+/// A fresh database with `backlog` OPEN entries, `instances` processes working it off
+/// into the target, until all are delivered and DONE (or until `window` passes, if
+/// given: then the rate is over the window).
+async fn relay_drain(args: &Args, plugin: &Path, target: &Target, backlog: usize, instances: usize) -> Drain {
+    relay_drain_for(args, plugin, target, backlog, instances, None).await
+}
+
+async fn relay_drain_for(
+    args: &Args,
+    plugin: &Path,
+    target: &Target,
+    backlog: usize,
+    instances: usize,
+    window: Option<Duration>,
+) -> Drain {
+    let pg = TestPg::new().await;
+    let store = inlet::inbox::open(&pg.url, 2).await.expect("open the store");
+    let pool = pg_pool(&pg.url).await;
+    let loading = Instant::now();
+    preload(&pool, backlog, args.keys).await;
+    eprintln!("  backlog of {backlog} loaded in {:.1} s", loading.elapsed().as_secs_f64());
+    pause(&store).await;
+    let mut running = Vec::new();
+    for i in 0..instances {
+        running.push(Instance::start(&pg.url, plugin, target, args.concurrency, &format!("relay-{i}")).await);
+    }
+    let claims_before = sum_metric(&running, "inlet_claim_duration_seconds").await;
+    target.reset();
+    store.resume_route(ROUTE).await.expect("resume");
+    store.announce(&[ROUTE.to_string()]).await.expect("announce");
+
+    let mut samples: Vec<(Instant, u64)> = Vec::new();
+    let mut peak_kib = 0u64;
+    let mut ticks = tokio::time::interval(Duration::from_millis(100));
+    let began = Instant::now();
+    loop {
+        ticks.tick().await;
+        let n = target.count();
+        if let Some(first) = target.first() {
+            samples.push((Instant::now(), n));
+            if window.is_some_and(|w| first.elapsed() >= w) {
+                break;
+            }
+        }
+        for inlet in &mut running {
+            inlet.process.assert_running();
+            peak_kib = peak_kib.max(inlet.hwm_kib());
+        }
+        if n >= backlog as u64 {
+            break;
+        }
+        assert!(began.elapsed() < STALL_LIMIT, "only {n} of {backlog} delivered after {STALL_LIMIT:?}");
+    }
+    let claims_after = sum_metric(&running, "inlet_claim_duration_seconds").await;
+    let first = target.first().expect("a first delivery");
+    let (rate, drained) = if target.count() >= backlog as u64 {
+        let last = target.last().expect("a last delivery");
+        ((backlog as f64 - 1.0) / (last - first).as_secs_f64(), true)
+    } else {
+        let (at, n) = *samples.last().expect("samples");
+        (n as f64 / (at - first).as_secs_f64(), false)
+    };
+    let at = |secs: u64| -> Option<u64> {
+        let t = first + Duration::from_secs(secs);
+        samples.iter().find(|(when, _)| *when >= t).map(|(_, n)| *n)
+    };
+    let first_5s = at(5).map(|n| n as f64 / 5.0);
+    let after_60s = at(60).zip(at(65)).map(|(a, b)| (b - a) as f64 / 5.0);
+    let claim_ms = match (claims_before, claims_after) {
+        (Some((s0, c0)), Some((s1, c1))) if c1 > c0 => Some((s1 - s0) * 1e3 / (c1 - c0)),
+        _ => None,
+    };
+    if drained {
+        // Delivered is not settled: wait for every row to be DONE.
+        let want = backlog as u64;
+        common::wait_until("every delivered entry to be DONE", Duration::from_secs(120), || {
+            let store = Arc::clone(&store);
+            async move { done_count(&store).await >= want }
+        })
+        .await;
+        let seen = target.count();
+        if seen != want {
+            eprintln!("  WARNING: the target saw {seen} requests for {want} entries (redeliveries after a lost settle?)");
+        }
+    }
+    for inlet in running {
+        inlet.stop();
+    }
+    pool.close().await;
+    drop(store);
+    drop(pg);
+    Drain { rate, first_5s, after_60s, claim_ms, peak_rss_mib: Some(peak_kib as f64 / 1024.0) }
+}
+
+/// `n` OPEN entries as the work-order plugin decodes them, entry `i` of key
+/// `key-{i % keys}` with seq `i / keys + 1`, ids in order.
+async fn preload(pool: &sqlx::PgPool, n: usize, keys: usize) {
+    const CHUNK: usize = 200_000;
+    for from in (0..n).step_by(CHUNK) {
+        let to = (from + CHUNK).min(n);
+        sqlx::query(
+            "INSERT INTO inbox_entry (route, dedup_key, correlation_key, event_type, schema_version, body, raw_data,
+                 attributes, message_id, payload_digest, status, attempts, next_attempt_at, received_at, updated_at)
+             SELECT $1, 'bench-' || i, 'key-' || (i % $4), 'work-order-completed', '1', b, b, '{}', 'bench-' || i,
+                 md5(i::text), 'OPEN', 0, 0, 0, 0
+             FROM generate_series($2::bigint, $3::bigint - 1) AS i,
+                 LATERAL convert_to('{\"workOrderId\":\"key-' || (i % $4) || '\",\"completedItems\":' || (i / $4 + 1)
+                     || ',\"completionTimestamp\":\"2026-08-01T10:00:00Z\"}', 'UTF8') AS b
+             ORDER BY i",
+        )
+        .bind(ROUTE)
+        .bind(from as i64)
+        .bind(to as i64)
+        .bind(keys as i64)
+        .execute(pool)
+        .await
+        .expect("preload the backlog");
+    }
+    sqlx::query("VACUUM ANALYZE inbox_entry").execute(pool).await.expect("vacuum analyze");
+}
+
+// ---------------------------------------------------------------------------------------
+// Latency
+// ---------------------------------------------------------------------------------------
+
+async fn latency_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {
+    let n = args.messages;
+    let bodies = Arc::new(push_bodies(n, args.keys));
+    let mut closed = vec![];
+    for round in 1..=args.rounds {
+        let pg = TestPg::new().await;
+        let store = inlet::inbox::open(&pg.url, 2).await.expect("open the store");
+        let inlet = Instance::start(&pg.url, plugin, target, args.concurrency, "latency").await;
+        warm_up(&inlet).await;
+        wait_delivered(target, 1).await;
+        target.reset();
+        let start = Instant::now();
+        push_all(&inlet.push_url(), &bodies, args.keys, args.clients, "inserted").await;
+        wait_delivered(target, n as u64).await;
+        let took = start.elapsed();
+        closed.push(rate(n, took));
+        eprintln!("latency round {round}: push -> delivered {:.0} msg/s", rate(n, took));
+        inlet.stop();
+        drop(store);
+        drop(pg);
+    }
+    let closed = median(closed);
+    report.row("latency pg", "push -> delivered, closed loop", per_s(closed, "msg"), String::new(), None, None);
+
+    // Half that rate, open loop, on a fresh database.
+    let half = closed / 2.0;
+    let total = (half * args.latency_window.as_secs_f64()) as usize;
+    let bodies = push_bodies(total, args.keys);
+    let pg = TestPg::new().await;
+    let inlet = Instance::start(&pg.url, plugin, target, args.concurrency, "latency").await;
+    warm_up(&inlet).await;
+    wait_delivered(target, 1).await;
+    target.reset();
+    target.record(true);
+    let http = reqwest::Client::builder().pool_max_idle_per_host(args.clients).build().expect("http client");
+    let sent: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; total]));
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for (i, body) in bodies {
+        let at = start + Duration::from_secs_f64(i as f64 / half);
+        let (http, url, sent) = (http.clone(), inlet.push_url(), Arc::clone(&sent));
+        tokio::time::sleep_until(at.into()).await;
+        set.spawn(async move {
+            let now = Instant::now();
+            sent.lock().unwrap()[i] = Some(now);
+            let answer = http.post(&url).header("content-type", "application/json").body(body).send().await;
+            let status = answer.map(|a| a.status().as_u16()).unwrap_or(0);
+            assert_eq!(status, 200, "paced push {i} was answered {status}");
+        });
+    }
+    join_all(set).await;
+    wait_delivered(target, total as u64).await;
+    target.record(false);
+    let keys = args.keys;
+    let sent = sent.lock().unwrap().clone();
+    let mut latencies: Vec<Duration> = target
+        .recorded()
+        .into_iter()
+        .filter_map(|(key, seq, at)| {
+            let i = key + (seq as usize - 1) * keys;
+            sent.get(i).copied().flatten().map(|s| at.saturating_duration_since(s))
+        })
+        .collect();
+    assert_eq!(latencies.len(), total, "deliveries recorded for {} of {total} paced pushes", latencies.len());
+    latencies.sort();
+    let pct = |q: f64| latencies[((latencies.len() as f64 * q).ceil() as usize).clamp(1, latencies.len()) - 1];
+    report.row(
+        "latency pg",
+        &format!("push -> delivery at {half:.0} msg/s (half), p50 / p99"),
+        format!("{:.1} ms / {:.1} ms", ms(pct(0.5)), ms(pct(0.99))),
+        format!("{total} pushes over {:.0} s", args.latency_window.as_secs_f64()),
+        None,
+        None,
+    );
+    inlet.stop();
+    drop(pg);
+}
+
+async fn wait_delivered(target: &Target, n: u64) {
+    let what = format!("{n} deliveries at the target");
+    common::wait_until(&what, STALL_LIMIT, || async move { target.count() >= n }).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Backlog size and instances
+// ---------------------------------------------------------------------------------------
+
+async fn backlog_section(args: &Args, plugin: &Path, target: &Target, relay_rate: Option<f64>, report: &mut Report) {
+    let _ = relay_rate;
+    let largest = *args.backlogs.iter().max().expect("a backlog");
+    let mut smallest_rate = None;
+    for &backlog in &args.backlogs {
+        let window = (backlog == largest).then_some(args.long_window);
+        let d = relay_drain_for(args, plugin, target, backlog, 1, window).await;
+        eprintln!("backlog {backlog}: {:.0} deliveries/s, claim {:?} ms, peak RSS {:?} MiB", d.rate, d.claim_ms, d.peak_rss_mib);
+        let base = *smallest_rate.get_or_insert(d.rate);
+        let claim = d.claim_ms.map_or("n/a".to_string(), |c| format!("{c:.2} ms per claim"));
+        report.row(
+            "backlog pg",
+            &format!("1 instance, {backlog} backlog{}", window.map_or(String::new(), |w| format!(" ({} s)", w.as_secs()))),
+            per_s(d.rate, "deliveries"),
+            claim,
+            ratio(d.rate, base),
+            (backlog == largest && backlog != args.backlogs[0]).then(|| Goal::at_least(0.9, d.rate / base)),
+        );
+        if backlog == largest {
+            if let (Some(first), Some(later)) = (d.first_5s, d.after_60s) {
+                report.row(
+                    "backlog pg",
+                    &format!("{backlog} backlog: 60-65 s beside the first 5 s"),
+                    per_s(later, "deliveries"),
+                    format!("first 5 s {}", per_s(first, "deliveries")),
+                    ratio(later, first),
+                    Some(Goal::at_least(0.7, later / first)),
+                );
+            }
+            if let Some(rss) = d.peak_rss_mib {
+                report.row(
+                    "backlog pg",
+                    &format!("peak RSS, {backlog} backlog (VmHWM)"),
+                    format!("{rss:.0} MiB"),
+                    String::new(),
+                    None,
+                    Some(Goal { text: "< 300 MB".into(), met: rss * 1.048_576 < 300.0 }),
+                );
+            }
+        }
+    }
+}
+
+async fn instances_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {
+    let mut one = None;
+    for &k in &args.instances {
+        let d = relay_drain(args, plugin, target, args.instances_backlog, k).await;
+        eprintln!("instances {k}: {:.0} deliveries/s", d.rate);
+        let base = *one.get_or_insert(d.rate);
+        report.row(
+            "instances pg",
+            &format!("{k} instance(s), {} backlog", args.instances_backlog),
+            per_s(d.rate, "deliveries"),
+            String::new(),
+            ratio(d.rate, base),
+            None,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Inlet processes
+// ---------------------------------------------------------------------------------------
+
+struct Instance {
+    process: InletProcess,
+    _dir: tempfile::TempDir,
+}
+
+impl Instance {
+    /// `inlet run` on `url` with one push route into the target, healthy.
+    async fn start(url: &str, plugin: &Path, target: &Target, concurrency: usize, name: &str) -> Instance {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = common::free_port();
+        let config = dir.path().join("inlet.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[store]\nurl = \"{url}\"\nmax_connections = {POOL}\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\n\
+                 [admin]\nauth = \"none-loopback\"\n\n\
+                 [[route]]\nname = \"{ROUTE}\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\n\
+                 target = {{ kind = \"http\", url = \"{}\", timeout = \"10s\" }}\nordering = \"per-key\"\nconcurrency = {concurrency}\n",
+                plugin.display(),
+                target.url
+            ),
+        )
+        .expect("write the routing file");
+        let instance = format!("{name}-{port}");
+        let mut process = InletProcess::spawn(&config, &[("RUST_LOG", "warn"), ("INLET_INSTANCE", instance.as_str())]);
+        process.wait_healthy(Duration::from_secs(120)).await;
+        Instance { process, _dir: dir }
+    }
+
+    fn base(&self) -> String {
+        self.process.base.clone()
+    }
+
+    fn push_url(&self) -> String {
+        format!("{}/push/{ROUTE}", self.process.base)
+    }
+
+    fn hwm_kib(&self) -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid())).unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn stop(mut self) {
+        let status = self.process.sigterm_and_wait(Duration::from_secs(60));
+        assert!(status.success(), "inlet exited with {status}\n{}", self.process.log());
+    }
+}
+
+/// The sum and count of a histogram over the instances' `/metrics`.
+async fn sum_metric(instances: &[Instance], name: &str) -> Option<(f64, f64)> {
+    let http = reqwest::Client::new();
+    let (mut sum, mut count) = (0.0, 0.0);
+    for i in instances {
+        let text = http.get(format!("{}/metrics", i.base())).send().await.ok()?.text().await.ok()?;
+        let value = |series: String| -> f64 {
+            text.lines()
+                .filter(|l| l.split(['{', ' ']).next() == Some(series.as_str()))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        sum += value(format!("{name}_sum"));
+        count += value(format!("{name}_count"));
+    }
+    Some((sum, count))
+}
+
+async fn pause(store: &Arc<dyn Store>) {
+    let pause = Pause { route: ROUTE.into(), paused_at: 0, paused_by: "bench".into(), reason: "preloading".into() };
+    store.pause_route(&pause).await.expect("pause the route");
+}
+
+async fn count_entries(store: &Arc<dyn Store>) -> u64 {
+    let filter = inlet::inbox::ListFilter { route: Some(ROUTE.into()), ..Default::default() };
+    store.count(&filter).await.expect("count entries")
+}
+
+async fn done_count(store: &Arc<dyn Store>) -> u64 {
+    let filter = inlet::inbox::ListFilter { route: Some(ROUTE.into()), status: Some(inlet::inbox::Status::Done), ..Default::default() };
+    store.count(&filter).await.expect("count DONE")
+}
+
+// ---------------------------------------------------------------------------------------
+// The target
+// ---------------------------------------------------------------------------------------
+
+/// A keep-alive HTTP server answering 204 to `POST /engine-rest/message`: counts, notes
+/// the first and last arrival, and, while recording, each delivery's key and seq.
+struct Target {
+    url: String,
+    state: Arc<TargetState>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct TargetState {
+    count: AtomicU64,
+    times: Mutex<(Option<Instant>, Option<Instant>)>,
+    recording: AtomicBool,
+    recorded: Mutex<Vec<(usize, u64, Instant)>>,
+}
+
+impl Target {
+    async fn start() -> Target {
+        let state = Arc::new(TargetState::default());
+        let app = axum::Router::new()
+            .route("/engine-rest/message", axum::routing::post(deliver))
+            .with_state(Arc::clone(&state));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the target");
+        let url = format!("http://{}", listener.local_addr().expect("target address"));
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("target server");
+        });
+        Target { url, state, server }
+    }
+
+    fn reset(&self) {
+        self.state.count.store(0, Ordering::SeqCst);
+        *self.state.times.lock().unwrap() = (None, None);
+        self.state.recorded.lock().unwrap().clear();
+    }
+
+    fn count(&self) -> u64 {
+        self.state.count.load(Ordering::SeqCst)
+    }
+
+    fn first(&self) -> Option<Instant> {
+        self.state.times.lock().unwrap().0
+    }
+
+    fn last(&self) -> Option<Instant> {
+        self.state.times.lock().unwrap().1
+    }
+
+    fn record(&self, on: bool) {
+        self.state.recording.store(on, Ordering::SeqCst);
+    }
+
+    fn recorded(&self) -> Vec<(usize, u64, Instant)> {
+        self.state.recorded.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn deliver(
+    axum::extract::State(state): axum::extract::State<Arc<TargetState>>,
+    body: axum::body::Bytes,
+) -> axum::http::StatusCode {
+    let now = Instant::now();
+    if state.recording.load(Ordering::SeqCst) {
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let key = v["correlationKeys"]["workOrderId"]["value"].as_str().and_then(|k| k.strip_prefix("key-"));
+        let seq = v["processVariables"]["completedItems"]["value"].as_u64();
+        if let (Some(key), Some(seq)) = (key.and_then(|k| k.parse().ok()), seq) {
+            state.recorded.lock().unwrap().push((key, seq, now));
+        }
+    }
+    {
+        let mut times = state.times.lock().unwrap();
+        times.0.get_or_insert(now);
+        times.1 = Some(now);
+    }
+    state.count.fetch_add(1, Ordering::SeqCst);
+    axum::http::StatusCode::NO_CONTENT
+}
+
+// ---------------------------------------------------------------------------------------
+// The peer: graphile-worker
+// ---------------------------------------------------------------------------------------
+
+struct Peer {
+    node: PathBuf,
+    modules: PathBuf,
+    script: PathBuf,
+}
+
+/// One run of the peer.
+struct PeerRun {
+    jobs_per_s: f64,
+    version: String,
+}
+
+impl Peer {
+    /// Installs graphile-worker from npm (once; cached under the build directory).
+    fn install() -> Peer {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = std::process::Command::new(repo.join("scripts/ensure-graphile"))
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run scripts/ensure-graphile");
+        assert!(out.status.success(), "scripts/ensure-graphile failed ({})", out.status);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout.lines().last().expect("ensure-graphile printed nothing");
+        let (node, modules) = last.split_once('\t').unwrap_or_else(|| panic!("ensure-graphile's last line: `{last}`"));
+        Peer {
+            node: node.into(),
+            modules: modules.into(),
+            script: repo.join("benches/peer/graphile.mjs"),
+        }
+    }
+
+    /// One run on a fresh database: its jobs per second.
+    async fn run(&self, jobs: usize, queues: usize, concurrency: usize) -> PeerRun {
+        let pg = TestPg::new().await;
+        let out = tokio::process::Command::new(&self.node)
+            .arg(&self.script)
+            .args(["--db", &pg.url, "--jobs", &jobs.to_string(), "--keys", &queues.to_string()])
+            .args(["--concurrency", &concurrency.to_string(), "--batch"])
+            .env("INLET_PEER_MODULES", &self.modules)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .await
+            .expect("run the graphile-worker runner");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "graphile-worker runner failed ({}): {stdout}", out.status);
+        let line = stdout.lines().last().unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("runner printed `{line}`: {e}"));
+        assert_eq!(v["jobs"].as_u64(), Some(jobs as u64), "runner: {line}");
+        drop(pg);
+        PeerRun {
+            jobs_per_s: v["jobs_per_s"].as_f64().unwrap_or_else(|| panic!("runner: no jobs_per_s in {line}")),
+            version: v["version"].as_str().unwrap_or("?").to_string(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Figures and the table
+// ---------------------------------------------------------------------------------------
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn per_s(v: f64, unit: &str) -> String {
+    format!("{v:.0} {unit}/s")
+}
+
+async fn join_all(mut set: tokio::task::JoinSet<()>) {
+    while let Some(r) = set.join_next().await {
+        r.expect("task");
+    }
+}
+
+fn ratio(a: f64, b: f64) -> Option<f64> {
+    Some(a / b)
+}
+
+struct Goal {
+    text: String,
+    met: bool,
+}
+
+impl Goal {
+    fn at_least(want: f64, got: f64) -> Goal {
+        Goal { text: format!("≥ {want:.2}×"), met: got >= want }
+    }
+
+    fn at_most(want: f64, got: f64) -> Goal {
+        Goal { text: format!("≤ {want:.2}×"), met: got <= want }
+    }
+}
+
+struct Row {
+    section: String,
+    what: String,
+    value: String,
+    beside: String,
+    ratio: Option<f64>,
+    goal: Option<Goal>,
+}
+
+#[derive(Default)]
+struct Report {
+    pg_version: String,
+    rows: Vec<Row>,
+}
+
+impl Report {
+    fn row(&mut self, section: &str, what: &str, value: String, beside: String, ratio: Option<f64>, goal: Option<Goal>) {
+        self.rows.push(Row { section: section.into(), what: what.into(), value, beside, ratio, goal });
+    }
+
+    fn render(&self) -> String {
+        let header = ["section", "what", "inlet", "beside", "ratio", "goal"].map(String::from);
+        let cells: Vec<[String; 6]> = std::iter::once(header)
+            .chain(self.rows.iter().map(|r| {
+                [
+                    r.section.clone(),
+                    r.what.clone(),
+                    r.value.clone(),
+                    r.beside.clone(),
+                    r.ratio.map_or(String::new(), |x| format!("{x:.2}×")),
+                    r.goal.as_ref().map_or(String::new(), |g| format!("{} {}", g.text, if g.met { "met" } else { "NOT MET" })),
+                ]
+            }))
+            .collect();
+        let width = |i: usize| cells.iter().map(|c| c[i].chars().count()).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..6).map(width).collect();
+        let mut out = String::new();
+        for c in &cells {
+            let line: Vec<String> =
+                c.iter().zip(&widths).map(|(s, w)| format!("{s}{}", " ".repeat(w - s.chars().count()))).collect();
+            out.push_str(line.join("  ").trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
