@@ -75,6 +75,7 @@ conformance!(
     list_filters_by_error_and_throughput_counts_deliveries_per_minute,
     a_settle_batch_commits_each_settle_and_fences_a_lost_lease_alone,
     a_batch_insert_answers_and_orders_as_one_by_one,
+    a_settle_batch_writes_what_settles_one_by_one_write,
 );
 
 fn entry(route: &str, key: &str, dedup: &str, payload: &str) -> NewEntry {
@@ -719,6 +720,96 @@ fn attempt_record(status: &str) -> inbox::failures::Attempt {
         reason: None,
         requests: vec![],
         plugin: None,
+    }
+}
+
+/// Every kind of settlement, with and without an attempt record, settled one by one
+/// on some entries and in one batch on others: the rows and the records come out the
+/// same (PostgreSQL settles a batch in one statement).
+async fn a_settle_batch_writes_what_settles_one_by_one_write(store: Arc<dyn Store>) {
+    let decoded = Decoded {
+        event_type: "redecoded".into(),
+        correlation_key: "new-key".into(),
+        schema_version: Some("2".into()),
+        body: b"new body".to_vec(),
+    };
+    let settlements = [
+        Settlement::Done,
+        Settlement::Ignored { reason: "not for this engine".into() },
+        Settlement::Retry { at: T0 + 5_000, error: "answered 503 after 12 ms".into(), not_yet_since: None },
+        Settlement::Retry { at: T0 + 9_000, error: "not yet: no instance waits".into(), not_yet_since: Some(T0 + 7) },
+        Settlement::Parked { error: "answered 400".into() },
+        Settlement::Decoded { decoded, dedup_key: Some("batch-dedup".into()) },
+    ];
+    let record = |i: usize| {
+        (i % 2 == 0).then(|| inbox::failures::Attempt {
+            attempt: i as i32 + 1,
+            owner: "w".into(),
+            started_at: T0 + i as i64,
+            duration_ms: 3 + i as i64,
+            answer: format!("answer-{i}"),
+            status: "OPEN".into(),
+            reason: (i == 2).then(|| "answered 503".to_string()),
+            requests: vec![],
+            plugin: Some(format!("digest-{i}")),
+        })
+    };
+    let mut rows = Vec::new();
+    for (round, by_batch) in [(0, false), (1, true)] {
+        let mut inserted = Vec::new();
+        for i in 0..settlements.len() {
+            inserted.push(insert(&store, entry("s", &format!("k{round}-{i}"), &format!("d{round}-{i}"), "p")).await);
+        }
+        let claimed = store.claim(&req("s", "w", T0, 100)).await.unwrap();
+        assert_eq!(ids(&claimed), inserted);
+        let requests: Vec<SettleRequest> = claimed
+            .iter()
+            .zip(&settlements)
+            .enumerate()
+            .map(|(i, (c, s))| {
+                let settlement = match s {
+                    Settlement::Decoded { decoded, .. } => {
+                        Settlement::Decoded { decoded: decoded.clone(), dedup_key: Some(format!("redecoded-{round}")) }
+                    }
+                    other => other.clone(),
+                };
+                SettleRequest { id: c.entry.id, lease: c.lease.clone(), now: T0 + 10, settlement, attempt: record(i) }
+            })
+            .collect();
+        if by_batch {
+            let results = store.settle_batch(&requests).await.unwrap();
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        } else {
+            for r in &requests {
+                store.settle_recorded(r.id, &r.lease, r.now, &r.settlement, r.attempt.as_ref()).await.unwrap();
+            }
+        }
+        let mut these = Vec::new();
+        for id in inserted {
+            let e = store.get(id).await.unwrap().unwrap();
+            let dedup = e.dedup_key.replace(&format!("d{round}-"), "d-").replace(&format!("redecoded-{round}"), "redecoded");
+            let key = e.correlation_key.clone().map(|k| k.replace(&format!("k{round}-"), "k-"));
+            let attempts = store.attempts(id).await.unwrap();
+            these.push(format!(
+                "{:?} {} {:?} {:?} {:?} {:?} {:?} {:?} {} {:?} {dedup} {key:?} {:?} {:?}",
+                e.status,
+                e.next_attempt_at,
+                e.last_error,
+                e.finished_at,
+                e.event_type,
+                e.schema_version,
+                e.body,
+                e.not_yet_since,
+                e.attempts,
+                e.lease_owner,
+                e.updated_at,
+                attempts
+            ));
+        }
+        rows.push(these);
+    }
+    for (one, batch) in rows[0].iter().zip(&rows[1]) {
+        assert_eq!(one, batch, "one by one, then in a batch");
     }
 }
 

@@ -250,6 +250,47 @@ pub enum Settlement {
     Decoded { decoded: Decoded, dedup_key: Option<String> },
 }
 
+/// The columns a settle writes, as both settle statements (one entry, or a batch)
+/// bind them; `None` keeps what the row holds.
+pub(crate) struct SettleColumns<'a> {
+    pub status: Status,
+    pub next_attempt_at: Option<Millis>,
+    pub error: Option<&'a str>,
+    pub finished_at: Option<Millis>,
+    pub decoded: Option<&'a Decoded>,
+    /// Attempts start over (a requeued entry decoded again).
+    pub reset: bool,
+    pub not_yet_since: Option<Millis>,
+    pub dedup_key: Option<&'a str>,
+}
+
+impl Settlement {
+    pub(crate) fn columns(&self, now: Millis) -> SettleColumns<'_> {
+        let mut c = SettleColumns {
+            status: Status::Open,
+            next_attempt_at: None,
+            error: None,
+            finished_at: None,
+            decoded: None,
+            reset: false,
+            not_yet_since: None,
+            dedup_key: None,
+        };
+        match self {
+            Settlement::Done => (c.status, c.finished_at) = (Status::Done, Some(now)),
+            Settlement::Ignored { reason } => (c.status, c.error, c.finished_at) = (Status::Ignored, Some(reason.as_str()), Some(now)),
+            Settlement::Retry { at, error, not_yet_since } => {
+                (c.next_attempt_at, c.error, c.not_yet_since) = (Some(*at), Some(error.as_str()), *not_yet_since)
+            }
+            Settlement::Parked { error } => (c.status, c.error) = (Status::Parked, Some(error.as_str())),
+            Settlement::Decoded { decoded, dedup_key } => {
+                (c.next_attempt_at, c.decoded, c.reset, c.dedup_key) = (Some(now), Some(decoded), true, dedup_key.as_deref())
+            }
+        }
+        c
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     pub route: Option<String>,

@@ -240,6 +240,95 @@ impl PgStore {
     }
 }
 
+/// A batch of settles in one statement: the same changes as `settle.sql` for every
+/// entry whose lease still holds, and the attempt records of those, in the same
+/// statement. Returns the ids settled.
+const SETTLE_MANY_SQL: &str = "\
+WITH v AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[],
+            $7::text[], $8::bigint[], $9::text[], $10::text[], $11::text[], $12::bytea[], $13::boolean[],
+            $14::bigint[], $15::text[], $16::text[])
+        AS v(id, owner, token, status, now, next, error, finished, ck, et, sv, body, reset, nys, dedup, fp)
+), settled AS (
+    UPDATE inbox_entry e SET
+        status = v.status,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = v.now,
+        next_attempt_at = COALESCE(v.next, e.next_attempt_at),
+        last_error = COALESCE(v.error, e.last_error),
+        finished_at = v.finished,
+        correlation_key = COALESCE(v.ck, e.correlation_key),
+        event_type = COALESCE(v.et, e.event_type),
+        schema_version = COALESCE(v.sv, e.schema_version),
+        body = COALESCE(v.body, e.body),
+        attempts = CASE WHEN v.reset THEN 0 ELSE e.attempts END,
+        not_yet_since = COALESCE(e.not_yet_since, v.nys),
+        dedup_key = COALESCE(v.dedup, e.dedup_key),
+        error_fingerprint = COALESCE(v.fp, e.error_fingerprint)
+    FROM v
+    WHERE e.id = v.id AND e.status = 'IN_PROGRESS' AND e.lease_owner = v.owner AND e.lease_token = v.token
+    RETURNING e.id
+), recorded AS (
+    INSERT INTO inbox_attempt (entry_id, attempt, owner, started_at, duration_ms, answer, status, reason, requests, plugin)
+    SELECT a.* FROM unnest($17::bigint[], $18::integer[], $19::text[], $20::bigint[], $21::bigint[], $22::text[],
+            $23::text[], $24::text[], $25::text[], $26::text[])
+        AS a(entry_id, attempt, owner, started_at, duration_ms, answer, status, reason, requests, plugin)
+    WHERE a.entry_id IN (SELECT id FROM settled)
+)
+SELECT id FROM settled";
+
+impl PgStore {
+    /// [`super::Store::settle_batch`] in one statement: whether each item settled
+    /// (`false`: its lease is gone, nothing of it was written). `None` (done one by
+    /// one instead) if an entry appears twice.
+    async fn settle_many(conn: &mut PgConnection, items: &[super::SettleRequest]) -> Result<Option<Vec<bool>>, StoreError> {
+        let mut seen = std::collections::HashSet::with_capacity(items.len());
+        if !items.iter().all(|i| seen.insert(i.id)) {
+            return Ok(None);
+        }
+        let cols: Vec<super::SettleColumns<'_>> = items.iter().map(|i| i.settlement.columns(i.now)).collect();
+        let decoded = |f: fn(&super::Decoded) -> Option<&str>| cols.iter().map(|c| c.decoded.and_then(f)).collect::<Vec<_>>();
+        let attempts: Vec<(i64, &super::failures::Attempt)> =
+            items.iter().filter_map(|i| i.attempt.as_ref().map(|a| (i.id, a))).collect();
+        let requests: Vec<String> = attempts
+            .iter()
+            .map(|(_, a)| serde_json::to_string(&a.requests).expect("request records serialize"))
+            .collect();
+        let settled: Vec<i64> = sqlx::query_scalar(SETTLE_MANY_SQL)
+            .bind(items.iter().map(|i| i.id).collect::<Vec<_>>())
+            .bind(items.iter().map(|i| i.lease.owner.as_str()).collect::<Vec<_>>())
+            .bind(items.iter().map(|i| i.lease.token).collect::<Vec<_>>())
+            .bind(cols.iter().map(|c| c.status.as_str()).collect::<Vec<_>>())
+            .bind(items.iter().map(|i| i.now).collect::<Vec<_>>())
+            .bind(cols.iter().map(|c| c.next_attempt_at).collect::<Vec<_>>())
+            .bind(cols.iter().map(|c| c.error).collect::<Vec<_>>())
+            .bind(cols.iter().map(|c| c.finished_at).collect::<Vec<_>>())
+            .bind(decoded(|d| Some(d.correlation_key.as_str())))
+            .bind(decoded(|d| Some(d.event_type.as_str())))
+            .bind(decoded(|d| d.schema_version.as_deref()))
+            .bind(cols.iter().map(|c| c.decoded.map(|d| d.body.as_slice())).collect::<Vec<_>>())
+            .bind(cols.iter().map(|c| c.reset).collect::<Vec<_>>())
+            .bind(cols.iter().map(|c| c.not_yet_since).collect::<Vec<_>>())
+            .bind(cols.iter().map(|c| c.dedup_key).collect::<Vec<_>>())
+            .bind(cols.iter().map(|c| c.error.map(super::failures::fingerprint)).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|(_, a)| a.attempt).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|(_, a)| a.owner.as_str()).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|(_, a)| a.started_at).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|(_, a)| a.duration_ms).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|(_, a)| a.answer.as_str()).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|(_, a)| a.status.as_str()).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|(_, a)| a.reason.as_deref()).collect::<Vec<_>>())
+            .bind(requests)
+            .bind(attempts.iter().map(|(_, a)| a.plugin.as_deref()).collect::<Vec<_>>())
+            .fetch_all(&mut *conn)
+            .await?;
+        let settled: std::collections::HashSet<i64> = settled.into_iter().collect();
+        Ok(Some(items.iter().map(|i| settled.contains(&i.id)).collect()))
+    }
+}
+
 impl PgStore {
     /// [`super::Store::gauge_lease`]: keeps the lock while its connection answers;
     /// otherwise tries to take it, never waiting. A failing connection is dropped
@@ -277,6 +366,12 @@ impl PgStore {
             return Ok(claim.fetch_all(&self.pool).await?);
         }
         let mut tx = self.pool.begin().await?;
+        // A claim's commit need not wait for its WAL to reach the disk: a claim lost
+        // in a server crash leaves its entries OPEN under their old lease token, so the
+        // attempt's settle is refused (lease lost) and the entry is delivered again —
+        // at least once, as after any crash, and never ahead of an older entry of its
+        // key. Settles and inserts keep waiting for the disk.
+        sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await?;
         let held: Vec<String> = candidates!(sqlx::query_scalar(CLAIM_KEYS_SQL)).fetch_all(&mut *tx).await?;
         let claim = candidates!(sqlx::query(CLAIM_HELD_SQL)).bind(req.owner).bind(req.lease_ms).bind(&held);
         let rows = claim.fetch_all(&mut *tx).await?;

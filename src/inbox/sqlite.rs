@@ -103,6 +103,14 @@ impl SqliteStore {
     ) -> Result<Option<Vec<Option<i64>>>, StoreError> {
         Ok(None)
     }
+
+    /// No batch statement: the settles of a batch go one by one.
+    async fn settle_many(
+        _conn: &mut SqliteConnection,
+        _items: &[super::SettleRequest],
+    ) -> Result<Option<Vec<bool>>, StoreError> {
+        Ok(None)
+    }
 }
 
 impl SqliteStore {

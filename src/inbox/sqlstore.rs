@@ -56,40 +56,25 @@ macro_rules! store_impl {
                 s: &$crate::inbox::Settlement,
                 attempt: Option<&$crate::inbox::failures::Attempt>,
             ) -> Result<bool, $crate::inbox::StoreError> {
-                use $crate::inbox::{Settlement, Status};
-                let none = None::<&str>;
-                let (status, next, error, finished, decoded, reset) = match s {
-                    Settlement::Done => (Status::Done, None, none, Some(now), None, false),
-                    Settlement::Ignored { reason } => (Status::Ignored, None, Some(reason.as_str()), Some(now), None, false),
-                    Settlement::Retry { at, error, .. } => (Status::Open, Some(*at), Some(error.as_str()), None, None, false),
-                    Settlement::Parked { error } => (Status::Parked, None, Some(error.as_str()), None, None, false),
-                    Settlement::Decoded { decoded, .. } => (Status::Open, Some(now), none, None, Some(decoded), true),
-                };
-                let not_yet_since = match s {
-                    Settlement::Retry { not_yet_since, .. } => *not_yet_since,
-                    _ => None,
-                };
-                let dedup_key = match s {
-                    Settlement::Decoded { dedup_key, .. } => dedup_key.as_deref(),
-                    _ => None,
-                };
+                let c = s.columns(now);
+                let decoded = c.decoded;
                 let settle = sqlx::query(include_str!("sql/settle.sql"))
                     .bind(id)
                     .bind(&lease.owner)
                     .bind(lease.token)
-                    .bind(status.as_str())
+                    .bind(c.status.as_str())
                     .bind(now)
-                    .bind(next)
-                    .bind(error)
-                    .bind(finished)
+                    .bind(c.next_attempt_at)
+                    .bind(c.error)
+                    .bind(c.finished_at)
                     .bind(decoded.map(|d| d.correlation_key.as_str()))
                     .bind(decoded.map(|d| d.event_type.as_str()))
                     .bind(decoded.and_then(|d| d.schema_version.as_deref()))
                     .bind(decoded.map(|d| d.body.as_slice()))
-                    .bind(reset)
-                    .bind(not_yet_since)
-                    .bind(dedup_key)
-                    .bind(error.map($crate::inbox::failures::fingerprint));
+                    .bind(c.reset)
+                    .bind(c.not_yet_since)
+                    .bind(c.dedup_key)
+                    .bind(c.error.map($crate::inbox::failures::fingerprint));
                 if settle.execute(&mut *conn).await?.rows_affected() == 0 {
                     return Ok(false);
                 }
@@ -369,6 +354,17 @@ macro_rules! store_impl {
                 items: &[$crate::inbox::SettleRequest],
             ) -> Result<Vec<Result<(), $crate::inbox::StoreError>>, $crate::inbox::StoreError> {
                 let mut tx = self.pool.begin().await?;
+                // One statement for the whole batch where the backend has one.
+                if items.len() > 1 {
+                    if let Some(settled) = Self::settle_many(&mut tx, items).await? {
+                        tx.commit().await?;
+                        return Ok(settled
+                            .into_iter()
+                            .zip(items)
+                            .map(|(ok, i)| if ok { Ok(()) } else { Err($crate::inbox::StoreError::LeaseLost { id: i.id }) })
+                            .collect());
+                    }
+                }
                 let mut out = Vec::with_capacity(items.len());
                 for i in items {
                     let settled = Self::settle_in(&mut tx, i.id, &i.lease, i.now, &i.settlement, i.attempt.as_ref()).await?;
