@@ -443,7 +443,8 @@ const GROUP_COMMIT_WRITERS: usize = 2;
 /// Rows one retention statement deletes at most.
 const PURGE_BATCH: u32 = 1_000;
 
-/// Refreshes the backlog gauges and purges finished entries past their retention.
+/// Refreshes the backlog gauges, keeps the inbox table vacuumed (PostgreSQL) and
+/// purges finished entries past their retention.
 async fn housekeeping(shared: Arc<Shared>, retention: Duration, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     let mut since_purge = Duration::ZERO;
@@ -454,6 +455,14 @@ async fn housekeeping(shared: Arc<Shared>, retention: Duration, mut shutdown: wa
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
         refresh_gauges(&shared, &mut published).await;
+        // One instance keeps the shared table quick to claim from.
+        if shared.store.gauge_lease().await.unwrap_or(false) {
+            match shared.store.maintain().await {
+                Ok(Some(done)) => tracing::info!(%done, "inbox maintenance"),
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, "inbox maintenance failed; will try again"),
+            }
+        }
         since_purge += Duration::from_secs(5);
         if since_purge >= Duration::from_secs(60) {
             since_purge = Duration::ZERO;

@@ -723,6 +723,52 @@ fn attempt_record(status: &str) -> inbox::failures::Attempt {
     }
 }
 
+/// PostgreSQL: claims leave dead row versions; once enough have died, `maintain`
+/// vacuums and analyzes the inbox table, and then has nothing to do. (Autovacuum is
+/// off for this table here, so that it cannot clean up first.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_vacuums_the_inbox_once_enough_rows_died() {
+    let pg = common::TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let mut conn = pg.connect().await;
+    sqlx::raw_sql("ALTER TABLE inbox_entry SET (autovacuum_enabled = false)").execute(&mut conn).await.unwrap();
+    assert_eq!(store.maintain().await.unwrap(), None, "a fresh inbox needs nothing");
+    let rows: Vec<NewEntry> = (0..12_000).map(|i| entry("m", &format!("k{i}"), &format!("d{i}"), "p")).collect();
+    for chunk in rows.chunks(256) {
+        store.insert_batch(chunk, T0).await.unwrap();
+    }
+    let mut claimed = 0;
+    while claimed < rows.len() {
+        let batch = store.claim(&ClaimRequest { ordered: false, ..req("m", "w", T0, 2_000) }).await.unwrap();
+        assert!(!batch.is_empty(), "only {claimed} of {} claimed", rows.len());
+        claimed += batch.len();
+    }
+    // The server's statistics arrive a moment after the transactions that changed the
+    // rows (and the 12,000 inserts alone may first make it analyze).
+    let done = common::wait_for("maintenance to vacuum the inbox", std::time::Duration::from_secs(30), || {
+        let store = Arc::clone(&store);
+        async move { store.maintain().await.unwrap().filter(|d| d.starts_with("vacuumed")) }
+    })
+    .await;
+    assert!(done.contains("dead rows"), "{done}");
+    let vacuumed: Option<i64> = sqlx::query_scalar(
+        "SELECT CAST(vacuum_count AS BIGINT) FROM pg_stat_user_tables WHERE relid = 'inbox_entry'::regclass",
+    )
+    .fetch_optional(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(vacuumed, Some(1), "one manual vacuum: {done}");
+    assert_eq!(store.maintain().await.unwrap(), None, "nothing left to do after the vacuum: {done}");
+}
+
+#[tokio::test]
+async fn maintenance_has_nothing_to_do_on_sqlite() {
+    let (store, _guard) = sqlite().await;
+    let rows: Vec<NewEntry> = (0..300).map(|i| entry("m", &format!("k{i}"), &format!("d{i}"), "p")).collect();
+    store.insert_batch(&rows, T0).await.unwrap();
+    assert_eq!(store.maintain().await.unwrap(), None);
+}
+
 /// Every kind of settlement, with and without an attempt record, settled one by one
 /// on some entries and in one batch on others: the rows and the records come out the
 /// same (PostgreSQL settles a batch in one statement).

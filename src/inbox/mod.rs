@@ -659,6 +659,12 @@ pub trait Store: Send + Sync + 'static {
     /// The database's clock.
     async fn db_now(&self) -> Result<Millis, StoreError>;
 
+    /// Keeps the inbox table quick to claim from under a stream of settles: where the
+    /// backend needs it (PostgreSQL), vacuums and analyzes `inbox_entry` once enough
+    /// rows died or changed since the last time. What it did, if anything. Called every
+    /// few seconds by the instance that publishes the inbox gauges.
+    async fn maintain(&self) -> Result<Option<String>, StoreError>;
+
     /// Appends a line to the audit log; returns its id.
     async fn record_audit(&self, a: &NewAudit, now: Millis) -> Result<i64, StoreError>;
 

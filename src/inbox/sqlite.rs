@@ -104,6 +104,12 @@ impl SqliteStore {
         Ok(None)
     }
 
+    /// Nothing to do: SQLite reuses freed pages by itself, and its claim does not
+    /// walk dead rows.
+    async fn maintain_tables(&self) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
+
     /// No batch statement: the settles of a batch go one by one.
     async fn settle_many(
         _conn: &mut SqliteConnection,

@@ -662,6 +662,10 @@ macro_rules! store_impl {
                 self.hold_gauge_lease().await
             }
 
+            async fn maintain(&self) -> Result<Option<String>, $crate::inbox::StoreError> {
+                self.maintain_tables().await
+            }
+
             async fn throughput(
                 &self,
                 since: $crate::clock::Millis,
