@@ -8,7 +8,7 @@
 // The database must exist and should be empty (the caller makes a fresh one): this runs
 // graphile-worker's migrations in it, enqueues N jobs of the task `noop` (not timed),
 // then times one worker (run() with concurrency C) from its start until every job is
-// done, and stops it. With --keys K > 0 job i goes to graphile-worker's serial queue
+// done (graphile-worker deletes a job once it completed), and stops it. With --keys K > 0 job i goes to graphile-worker's serial queue
 // `key-(i % K)` (at most one job of a queue runs at a time: its analogue of Inlet's
 // per-key order); K = 0 puts the jobs in no queue.
 //
@@ -129,8 +129,8 @@ try {
     const require = createRequire(join(modules, "inlet-peer-resolve.cjs"));
     const entry = require.resolve("graphile-worker");
     gw = await import(pathToFileURL(entry).href);
-    // The package's "exports" hides package.json from require; read the file instead.
-    version = JSON.parse(readFileSync(join(modules, "graphile-worker", "package.json"), "utf8")).version;
+    // The package's "exports" hides package.json from require; read the file (next to dist/).
+    version = JSON.parse(readFileSync(join(dirname(entry), "..", "package.json"), "utf8")).version;
 } catch (e) {
     fail(`cannot load graphile-worker from ${modules} (run scripts/ensure-graphile; pass its node_modules folder with --modules or INLET_PEER_MODULES): ${e.message}`);
 }
@@ -157,7 +157,8 @@ try {
 }
 
 async function main() {
-    // Migrations, then the jobs. makeWorkerUtils migrates already; migrate() says so here.
+    // Migrations, then the jobs. makeWorkerUtils runs the migrations already; the explicit
+    // migrate() keeps that step visible.
     utils = await gw.makeWorkerUtils(settings);
     await utils.migrate();
     const queued = await count();
