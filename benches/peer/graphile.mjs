@@ -33,7 +33,7 @@ import { parseArgs } from "node:util";
 
 const usage = `usage: node graphile.mjs --db URL --jobs N [--keys K] [--concurrency C] [--batch]
   [--modules DIR] [--timeout SECONDS] [--poll-interval MS] [--pool N]
-  [--local-queue N] [--complete-delay MS] [--chunk N] [--verbose]
+  [--local-queue N] [--complete-delay MS] [--chunk N] [--fifo] [--verbose]
 
   --db URL             PostgreSQL connection string of a fresh, empty database
   --jobs N             number of no-op jobs to enqueue and process
@@ -42,12 +42,14 @@ const usage = `usage: node graphile.mjs --db URL --jobs N [--keys K] [--concurre
   --batch              fetch jobs in batches (localQueue) and complete them in batches
                        (completeJobBatchDelay, failJobBatchDelay)
   --local-queue N      localQueue.size with --batch (default: 2000 without keys,
-                       else K / 4 within 250 .. 2000; at least C)
+                       else K / 4 up to 2000; at least C)
   --complete-delay MS  completeJobBatchDelay and failJobBatchDelay with --batch (default 0)
   --poll-interval MS   how long an idle worker (or local queue) waits before asking
                        again (pollInterval; default 10 with --batch, else 100)
   --pool N             maxPoolSize (default: max(10, C + 2), as graphile-worker advises)
   --chunk N            jobs per addJobs call when enqueueing (default 10000)
+  --fifo               give job i run_at = (a past instant) + i ms, so that a serial queue
+                       runs its jobs in enqueue order (see below)
   --modules DIR        node_modules folder holding graphile-worker (or INLET_PEER_MODULES)
   --timeout SECONDS    give up when the jobs are not all done this long after the start (default 300)
   --verbose            graphile-worker's info and debug logs too (stderr)`;
@@ -71,6 +73,7 @@ try {
             "poll-interval": { type: "string" },
             pool: { type: "string" },
             chunk: { type: "string", default: "10000" },
+            fifo: { type: "boolean", default: false },
             modules: { type: "string" },
             timeout: { type: "string", default: "300" },
             verbose: { type: "boolean", default: false },
@@ -115,7 +118,7 @@ const maxPoolSize = parsed.pool === undefined ? Math.max(10, concurrency + 2) : 
 // then sleeps pollInterval; about K / 4 kept it fed.
 const localQueueSize =
     parsed["local-queue"] === undefined
-        ? Math.max(concurrency, keys === 0 ? 2000 : Math.min(2000, Math.max(250, Math.floor(keys / 4))))
+        ? Math.max(concurrency, keys === 0 ? 2000 : Math.min(2000, Math.floor(keys / 4)))
         : integer("local-queue", 2);
 const completeDelay = integer("complete-delay", 0);
 const schema = "graphile_worker";
@@ -170,10 +173,17 @@ async function main() {
     if (queued !== 0) fail(`the database already holds ${queued} graphile-worker jobs; give a fresh database`);
 
     const enqueueStart = performance.now();
+    // graphile-worker picks jobs by (priority, run_at) only: jobs of one add_jobs call share
+    // run_at = now(), so a serial queue runs them one at a time but not necessarily in
+    // enqueue order. --fifo makes run_at distinct and increasing (all in the past).
+    const runAtBase = Date.now() - jobs - 60_000;
     for (let first = 0; first < jobs; first += chunk) {
         const specs = [];
         for (let i = first; i < Math.min(first + chunk, jobs); i++) {
-            specs.push(keys > 0 ? { identifier: "noop", payload: {}, queueName: `key-${i % keys}` } : { identifier: "noop", payload: {} });
+            const spec = { identifier: "noop", payload: {} };
+            if (keys > 0) spec.queueName = `key-${i % keys}`;
+            if (parsed.fifo) spec.runAt = new Date(runAtBase + i);
+            specs.push(spec);
         }
         // One add_jobs() statement per chunk.
         await utils.addJobs(specs);
@@ -233,7 +243,9 @@ async function main() {
         fetches++;
         if (jobs.length === 0) emptyFetches++;
     });
-    worker.events.on("worker:getJob:empty", () => emptyFetches++);
+    // Without the local queue each worker fetches for itself. (With it, this event only
+    // comes as the workers stop.)
+    if (!batch) worker.events.on("worker:getJob:empty", () => emptyFetches++);
     worker.events.on("job:complete", ({ job, error }) => {
         if (job.job_queue_id != null && running.get(job.job_queue_id) === job.id) running.delete(job.job_queue_id);
         if (error) {
