@@ -173,9 +173,10 @@ async function main() {
     if (queued !== 0) fail(`the database already holds ${queued} graphile-worker jobs; give a fresh database`);
 
     const enqueueStart = performance.now();
-    // graphile-worker picks jobs by (priority, run_at) only: jobs of one add_jobs call share
-    // run_at = now(), so a serial queue runs them one at a time but not necessarily in
-    // enqueue order. --fifo makes run_at distinct and increasing (all in the past).
+    // graphile-worker's fetch orders jobs by (priority, run_at) only (dist/sql/getJobs.js;
+    // the batched fetch then keeps one job per queue without an id tie-break). Jobs of one
+    // add_jobs call share run_at = now(), so a serial queue runs them one at a time but not
+    // always in enqueue order. --fifo makes run_at distinct and increasing (all in the past).
     const runAtBase = Date.now() - jobs - 60_000;
     for (let first = 0; first < jobs; first += chunk) {
         const specs = [];
