@@ -98,7 +98,7 @@ impl Args {
             messages: 10_000,
             keys: 1_000,
             relay_backlog: 200_000,
-            peer_jobs: 20_000,
+            peer_jobs: 50_000,
             peer_concurrency: 32,
             concurrency: 64,
             backlogs: vec![10_000, 100_000, 1_000_000],
@@ -116,7 +116,7 @@ impl Args {
             rounds: 1,
             messages: 1_000,
             relay_backlog: 5_000,
-            peer_jobs: 2_000,
+            peer_jobs: 5_000,
             backlogs: vec![2_000, 10_000],
             instances: vec![1, 2],
             instances_backlog: 5_000,
@@ -1066,8 +1066,11 @@ impl Peer {
         let out = tokio::process::Command::new(&self.node)
             .arg(&self.script)
             .args(["--db", &pg.url, "--jobs", &jobs.to_string(), "--keys", &queues.to_string()])
-            .args(["--concurrency", &concurrency.to_string(), "--batch"])
+            // Batched fetch and completion (its fastest settings), and jobs of a queue in
+            // the order they were added (`--fifo`), as Inlet keeps a key's order.
+            .args(["--concurrency", &concurrency.to_string(), "--batch", "--fifo"])
             .env("INLET_PEER_MODULES", &self.modules)
+            .current_dir(self.modules.parent().unwrap_or(&self.modules))
             .stderr(std::process::Stdio::inherit())
             .output()
             .await
