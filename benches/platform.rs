@@ -100,7 +100,7 @@ impl Args {
             relay_backlog: 200_000,
             peer_jobs: 50_000,
             peer_concurrency: 32,
-            concurrency: 64,
+            concurrency: 256,
             backlogs: vec![10_000, 100_000, 1_000_000],
             instances: vec![1, 2, 4],
             instances_backlog: 100_000,
