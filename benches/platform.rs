@@ -211,15 +211,14 @@ async fn run(args: &Args, plugin: &Path, mut report: Report) -> Report {
     if args.wants("ingest") {
         ingest_section(args, plugin, &target, &mut report).await;
     }
-    let mut relay_rate = None;
     if args.wants("relay") {
-        relay_rate = Some(relay_section(args, plugin, &target, &mut report).await);
+        relay_section(args, plugin, &target, &mut report).await;
     }
     if args.wants("latency") {
         latency_section(args, plugin, &target, &mut report).await;
     }
     if args.wants("backlog") {
-        backlog_section(args, plugin, &target, relay_rate, &mut report).await;
+        backlog_section(args, plugin, &target, &mut report).await;
     }
     if args.wants("instances") {
         instances_section(args, plugin, &target, &mut report).await;
@@ -351,19 +350,6 @@ const RAW_INSERT: &str = "INSERT INTO bench_raw (route, dedup_key, correlation_k
      status, received_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, 'OPEN', $7, $7) \
      ON CONFLICT (route, dedup_key) DO NOTHING";
 
-macro_rules! bind_raw {
-    ($row:expr) => {
-        sqlx::query(RAW_INSERT)
-            .bind(&$row.route)
-            .bind(&$row.dedup_key)
-            .bind(&$row.correlation_key)
-            .bind($row.body.as_slice())
-            .bind($row.raw_data.as_slice())
-            .bind(&$row.digest)
-            .bind($row.now)
-    };
-}
-
 async fn pg_pool(url: &str) -> sqlx::PgPool {
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(POOL)
@@ -380,7 +366,7 @@ async fn raw_pg_one_per_tx(pool: &sqlx::PgPool, rows: &Arc<Vec<RawRow>>, tasks: 
         let (pool, rows) = (pool.clone(), Arc::clone(rows));
         set.spawn(async move {
             for row in rows.iter().skip(t).step_by(tasks) {
-                bind_raw!(row).execute(&pool).await.expect("raw insert");
+                support::bind_row!(RAW_INSERT, row).execute(&pool).await.expect("raw insert");
             }
         });
     }
@@ -399,7 +385,7 @@ async fn raw_pg_batched(pool: &sqlx::PgPool, rows: &Arc<Vec<RawRow>>, batch: usi
             for b in (t..batches).step_by(tasks) {
                 let mut tx = pool.begin().await.expect("begin");
                 for row in &rows[b * batch..((b + 1) * batch).min(rows.len())] {
-                    bind_raw!(row).execute(&mut *tx).await.expect("raw insert");
+                    support::bind_row!(RAW_INSERT, row).execute(&mut *tx).await.expect("raw insert");
                 }
                 tx.commit().await.expect("commit");
             }
@@ -526,7 +512,7 @@ async fn push_all(
 // Relay beside the peer
 // ---------------------------------------------------------------------------------------
 
-async fn relay_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) -> f64 {
+async fn relay_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {
     let peer = Peer::install();
     let (mut relay, mut peers) = (vec![], vec![]);
     let mut version = String::new();
@@ -555,7 +541,6 @@ async fn relay_section(args: &Args, plugin: &Path, target: &Target, report: &mut
         ratio(relay, peer_rate),
         Some(Goal::at_least(1.0, relay / peer_rate)),
     );
-    relay
 }
 
 /// What one drain measured.
@@ -788,8 +773,7 @@ async fn wait_delivered(target: &Target, n: u64) {
 // Backlog size and instances
 // ---------------------------------------------------------------------------------------
 
-async fn backlog_section(args: &Args, plugin: &Path, target: &Target, relay_rate: Option<f64>, report: &mut Report) {
-    let _ = relay_rate;
+async fn backlog_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {
     let largest = *args.backlogs.iter().max().expect("a backlog");
     let mut smallest_rate = None;
     for &backlog in &args.backlogs {

@@ -161,6 +161,7 @@ pub async fn raw_insert_batched(db: &Db, rows: &Arc<Vec<RawRow>>, batch: usize, 
     start.elapsed()
 }
 
+/// Binds a [`RawRow`] to a statement written like `RAW_INSERT`.
 macro_rules! bind_row {
     ($sql:expr, $row:expr) => {
         sqlx::query($sql)
@@ -173,6 +174,8 @@ macro_rules! bind_row {
             .bind($row.now)
     };
 }
+/// `sqlx::query(SQL)` with a [`RawRow`] bound as `$1`–`$7` (the baseline's statements).
+pub(crate) use bind_row;
 
 /// The benchmark's own connection pool to the store's database.
 #[derive(Clone)]
