@@ -761,6 +761,47 @@ async fn maintenance_vacuums_the_inbox_once_enough_rows_died() {
     assert_eq!(store.maintain().await.unwrap(), None, "nothing left to do after the vacuum: {done}");
 }
 
+/// An entry whose stored row cannot be read (here: attributes that are not a list of
+/// pairs) is parked by the claim that meets it, with the reason, and the claim goes on
+/// with the others, instead of failing every claim of its route.
+async fn an_unreadable_entry_is_parked_by_the_claim(store: Arc<dyn Store>, corrupt: impl std::future::Future<Output = ()>) {
+    let good = insert(&store, entry("u", "a", "u1", "fine")).await;
+    let bad = insert(&store, entry("u", "b", "u2", "broken")).await;
+    corrupt.await;
+    let claimed = store.claim(&req("u", "w", T0, 10)).await.expect("the claim goes on");
+    assert_eq!(ids(&claimed), vec![good]);
+    let parked = store.get(bad).await;
+    // Reading it still fails; its status is what the list and count see.
+    assert!(parked.is_err(), "the row is still unreadable: {parked:?}");
+    let filter = ListFilter { route: Some("u".into()), status: Some(Status::Parked), ..Default::default() };
+    assert_eq!(store.count(&filter).await.unwrap(), 1);
+    assert!(store.claim(&req("u", "w", T0 + 1, 10)).await.unwrap().is_empty(), "parked, not claimed again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_entry_is_parked_by_the_claim_on_sqlite() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    let store = inbox::open(&url, 4).await.expect("open sqlite");
+    let corrupt = async {
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::query("UPDATE inbox_entry SET attributes = '{}' WHERE dedup_key = 'u2'").execute(&pool).await.unwrap();
+        pool.close().await;
+    };
+    an_unreadable_entry_is_parked_by_the_claim(store, corrupt).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_entry_is_parked_by_the_claim_on_postgres() {
+    let pg = common::TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let corrupt = async {
+        let mut conn = pg.connect().await;
+        sqlx::query("UPDATE inbox_entry SET attributes = '{}' WHERE dedup_key = 'u2'").execute(&mut conn).await.unwrap();
+    };
+    an_unreadable_entry_is_parked_by_the_claim(store, corrupt).await;
+}
+
 #[tokio::test]
 async fn maintenance_has_nothing_to_do_on_sqlite() {
     let (store, _guard) = sqlite().await;

@@ -310,19 +310,35 @@ macro_rules! store_impl {
             async fn claim(&self, req: &$crate::inbox::ClaimRequest<'_>)
                 -> Result<Vec<$crate::inbox::Claimed>, $crate::inbox::StoreError>
             {
+                use sqlx::Row as _;
                 let rows = self.claim_rows(req).await?;
-                let mut claimed = rows
-                    .iter()
-                    .map(|row| {
-                        let entry = Self::entry_from_row(row)?;
-                        let lease = $crate::inbox::Lease {
-                            owner: req.owner.to_string(),
-                            token: entry.lease_token,
-                            expires_at: entry.lease_expires_at.unwrap_or(req.now + req.lease_ms),
-                        };
-                        Ok($crate::inbox::Claimed { entry, lease })
-                    })
-                    .collect::<Result<Vec<_>, $crate::inbox::StoreError>>()?;
+                let mut claimed = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    let entry = match Self::entry_from_row(row) {
+                        Ok(entry) => entry,
+                        // A row that cannot be read would fail every claim that meets it
+                        // and stall its route: it is parked (under the lease just taken)
+                        // with the reason, for a person, and the others go on.
+                        Err(error @ $crate::inbox::StoreError::Corrupt { .. }) => {
+                            let id: i64 = row.try_get("id")?;
+                            let token: i64 = row.try_get("lease_token")?;
+                            let reason = format!("the stored entry cannot be read, so it was parked instead of delivered: {error}");
+                            let lease = $crate::inbox::Lease { owner: req.owner.to_string(), token, expires_at: req.now + req.lease_ms };
+                            let parked = $crate::inbox::Settlement::Parked { error: reason };
+                            let mut conn = self.pool.acquire().await?;
+                            Self::settle_in(&mut conn, id, &lease, req.now, &parked, None).await?;
+                            tracing::error!(id, %error, "a claimed entry cannot be read; parked it");
+                            continue;
+                        }
+                        Err(other) => return Err(other),
+                    };
+                    let lease = $crate::inbox::Lease {
+                        owner: req.owner.to_string(),
+                        token: entry.lease_token,
+                        expires_at: entry.lease_expires_at.unwrap_or(req.now + req.lease_ms),
+                    };
+                    claimed.push($crate::inbox::Claimed { entry, lease });
+                }
                 claimed.sort_by_key(|c| c.entry.id);
                 Ok(claimed)
             }
