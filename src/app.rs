@@ -455,8 +455,9 @@ async fn housekeeping(shared: Arc<Shared>, retention: Duration, mut shutdown: wa
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
         refresh_gauges(&shared, &mut published).await;
-        // One instance keeps the shared table quick to claim from.
-        if shared.store.gauge_lease().await.unwrap_or(false) {
+        // One instance keeps the shared table quick to claim from: the one that holds
+        // the gauge lease, as `refresh_gauges` just found.
+        if shared.metrics.gauges_publisher.get() == 1 {
             match shared.store.maintain().await {
                 Ok(Some(done)) => tracing::info!(%done, "inbox maintenance"),
                 Ok(None) => {}
