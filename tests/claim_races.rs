@@ -113,7 +113,7 @@ async fn pg_claim_held_open(conn: &mut sqlx::PgConnection, owner: &str, parked_b
     use inlet::inbox::postgres::{CLAIM_HELD_SQL, CLAIM_KEYS_SQL};
     let r = req(owner, parked_blocks);
     sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
-    let held: Vec<String> = sqlx::query_scalar(CLAIM_KEYS_SQL)
+    let candidates: Vec<(i64, Option<String>)> = sqlx::query_as(CLAIM_KEYS_SQL)
         .bind(r.route)
         .bind(r.now)
         .bind(r.ordered)
@@ -122,8 +122,10 @@ async fn pg_claim_held_open(conn: &mut sqlx::PgConnection, owner: &str, parked_b
         .fetch_all(&mut *conn)
         .await
         .unwrap();
+    let (ids, keys): (Vec<i64>, Vec<Option<String>>) = candidates.into_iter().unzip();
+    let held: Vec<String> = keys.into_iter().flatten().collect();
     let claim = CLAIM_HELD_SQL.replace("RETURNING inbox_entry.*", "RETURNING inbox_entry.id");
-    claim_by_hand!(sqlx::query_scalar(&claim), &r).bind(&held).fetch_all(&mut *conn).await.unwrap()
+    claim_by_hand!(sqlx::query_scalar(&claim), &r).bind(&ids).bind(&held).fetch_all(&mut *conn).await.unwrap()
 }
 
 async fn pg() -> (Arc<dyn Store>, common::TestPg) {

@@ -222,6 +222,11 @@ async fn a_batch_insert_answers_and_orders_as_one_by_one(store: Arc<dyn Store>) 
     assert_eq!(again, vec![InsertOutcome::Duplicate { id: ids[0] }, InsertOutcome::Duplicate { id: ids[1] }]);
     let after = store.count(&ListFilter { route: Some("r".into()), ..Default::default() }).await.unwrap();
     assert_eq!(before, after);
+
+    // A dedup key is known per route: the same key and payload on another route is new.
+    let mixed = store.insert_batch(&[entry("r", "k", "a1", "a1"), entry("r2", "k", "a1", "a1")], T0 + 3).await.unwrap();
+    assert_eq!(mixed[0], InsertOutcome::Duplicate { id: ids[0] });
+    assert!(matches!(mixed[1], InsertOutcome::Inserted { id } if id > ids[4]), "{mixed:?}");
 }
 
 async fn claim_takes_one_entry_per_key_in_order(store: Arc<dyn Store>) {

@@ -11,6 +11,22 @@
 
 pub mod failures;
 pub mod group;
+
+/// The candidates of a claim: `$1` route, `$2` now, `$3` ordered, `$4` parked blocks
+/// the key, `$5` how many; OPEN and due, oldest first, each the head of its key
+/// (`sql/claim_eligible.sql`) when the route is ordered.
+macro_rules! claim_where {
+    () => {
+        concat!(
+            "    SELECT e.id FROM inbox_entry e\n",
+            "    WHERE e.route = $1 AND e.status = 'OPEN' AND e.next_attempt_at <= $2\n",
+            include_str!("sql/claim_eligible.sql"),
+            "    ORDER BY e.id\n",
+            "    LIMIT $5\n"
+        )
+    };
+}
+
 mod sqlstore;
 
 pub mod postgres;

@@ -15,7 +15,9 @@
 //!   (route, key) before its id is drawn, and holds it until it commits;
 //! - a claim runs in a transaction: first it try-locks (exclusively, never waiting)
 //!   the keys of its candidates, then — in a new statement, so a new snapshot taken
-//!   after the locks — it claims only entries of keys it holds (or without a key).
+//!   after the locks — it claims only those candidates whose key it holds (or that
+//!   have no key), each checked again in that snapshot. Only the candidates are read
+//!   twice, not the route's backlog.
 //!   Whatever changed a key before the lock was granted has committed, and whatever
 //!   would change it now waits or is skipped, so the check sees the key as it is.
 
@@ -78,7 +80,7 @@ macro_rules! key_lock {
 /// The claim of an unordered route: one statement.
 const CLAIM_SQL: &str = concat!(
     "WITH picked AS (\n",
-    include_str!("sql/claim_where.sql"),
+    claim_where!(),
     "    FOR UPDATE SKIP LOCKED\n)\nUPDATE inbox_entry SET\n",
     include_str!("sql/claim_set.sql"),
     "FROM picked WHERE inbox_entry.id = picked.id\nRETURNING inbox_entry.*"
@@ -91,35 +93,49 @@ const CLAIM_SQL: &str = concat!(
 #[doc(hidden)]
 pub const CLAIM_SQL_UNLOCKED: &str = concat!(
     "WITH picked AS (\n",
-    include_str!("sql/claim_where.sql"),
+    claim_where!(),
     "    FOR UPDATE SKIP LOCKED\n)\nUPDATE inbox_entry SET\n",
     include_str!("sql/claim_set.sql"),
     "FROM picked WHERE inbox_entry.id = picked.id\nRETURNING inbox_entry.id, inbox_entry.lease_token"
 );
 
-/// Step one of an ordered claim: the keys of the candidates, each try-locked (never
-/// waiting); returns the keys this transaction now holds. Same parameters as the
-/// claim's `$1`–`$5`.
+/// Step one of an ordered claim: the candidates, and the keys among them each
+/// try-locked (never waiting); returns `(id, key)` of the candidates this transaction
+/// may claim: those without a key and those whose key it now holds. Same parameters
+/// as the claim's `$1`–`$5`. (`held` calls a volatile function, so PostgreSQL runs it
+/// once, as written; `candidate` is read twice, so it is materialized once.)
 #[doc(hidden)]
 pub const CLAIM_KEYS_SQL: &str = concat!(
-    "SELECT k.correlation_key FROM (\n",
-    "  SELECT DISTINCT c.correlation_key FROM inbox_entry c\n",
-    "  WHERE c.correlation_key IS NOT NULL AND c.id IN (\n",
-    include_str!("sql/claim_where.sql"),
-    ")) k\nWHERE pg_try_advisory_xact_lock(",
+    "WITH candidate AS (\n",
+    "  SELECT c.id, c.correlation_key FROM inbox_entry c WHERE c.id IN (\n",
+    claim_where!(),
+    ")), held AS (\n",
+    "  SELECT k.correlation_key FROM (\n",
+    "    SELECT DISTINCT correlation_key FROM candidate WHERE correlation_key IS NOT NULL) k\n",
+    "  WHERE pg_try_advisory_xact_lock(",
     key_lock!("k.correlation_key"),
-    ")"
+    "))\n",
+    "SELECT id, correlation_key FROM candidate\n",
+    "WHERE correlation_key IS NULL OR correlation_key IN (SELECT correlation_key FROM held)"
 );
 
-/// Step two: the claim, restricted to entries without a key or of a key held (`$8`).
+/// Step two: of step one's candidates (`$8`), those still OPEN, due and the head of
+/// their key, now that the keys are held (`$9`): the snapshot of this statement is
+/// taken after the locks, so it sees every insert and claim of those keys that
+/// committed before them. Only the candidates are read again, not the route's whole
+/// backlog. A candidate without a key that has meanwhile been decoded into a key not
+/// held is left (`$9` again, on the row as updated).
 #[doc(hidden)]
 pub const CLAIM_HELD_SQL: &str = concat!(
     "WITH picked AS (\n",
-    include_str!("sql/claim_where.sql"),
+    "    SELECT e.id FROM inbox_entry e\n",
+    "    WHERE e.id = ANY($8) AND e.route = $1 AND e.status = 'OPEN' AND e.next_attempt_at <= $2\n",
+    include_str!("sql/claim_eligible.sql"),
+    "    LIMIT $5\n",
     "    FOR UPDATE SKIP LOCKED\n)\nUPDATE inbox_entry SET\n",
     include_str!("sql/claim_set.sql"),
     "FROM picked WHERE inbox_entry.id = picked.id\n",
-    "  AND (inbox_entry.correlation_key IS NULL OR inbox_entry.correlation_key = ANY($8))\n",
+    "  AND (inbox_entry.correlation_key IS NULL OR inbox_entry.correlation_key = ANY($9))\n",
     "RETURNING inbox_entry.*"
 );
 
@@ -164,13 +180,17 @@ pub const INSERT_OR_EXISTING_SQL: &str = concat!(
     "WHERE route = $1 AND dedup_key = $2 AND NOT EXISTS (SELECT 1 FROM new)"
 );
 
-/// Many new rows in one statement (the batch insert's fast path): the same columns as
+/// Many rows in one statement (the batch insert's fast path): the same columns as
 /// [`INSERT_SQL`], one array per column, ids drawn in array order. Each row takes its
 /// key's shared lock in the scan that feeds it, as the single insert does (same lock
-/// key: route, `:`, correlation key). Returns `(id, dedup key)` of the rows inserted;
-/// a row whose dedup key is taken (by an older row, or by an earlier row of the same
-/// batch) is skipped, for the caller to settle one by one.
+/// key: route, `:`, correlation key). Returns, for every row in array order, the id
+/// it was inserted under, or else the id and digest of the row already holding its
+/// dedup key in this statement's snapshot (a redelivery, or a conflict for the caller
+/// to settle). A row with neither — its dedup key taken by an earlier row of the same
+/// batch, or by a row committed after the snapshot was taken — is left to the caller
+/// to insert one by one.
 const INSERT_MANY_SQL: &str = "\
+WITH new AS (
 INSERT INTO inbox_entry (
     route, dedup_key, correlation_key, event_type, schema_version, body, raw_data, attributes,
     message_id, publish_time, delivery_attempt, payload_digest, status, attempts,
@@ -188,19 +208,23 @@ CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock_shared(
     hashtextextended(r.route || ':' || COALESCE(r.correlation_key, ''), 0))) AS key_guard
 ORDER BY r.ord
 ON CONFLICT (route, dedup_key) DO NOTHING
-RETURNING id, dedup_key";
+RETURNING id, route, dedup_key)
+SELECT new.id, old.id, old.payload_digest
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(route, dedup_key, ord)
+LEFT JOIN new ON new.route = k.route AND new.dedup_key = k.dedup_key
+LEFT JOIN inbox_entry old ON old.route = k.route AND old.dedup_key = k.dedup_key
+ORDER BY k.ord";
 
 impl PgStore {
-    /// The batch insert's fast path: every entry that is new, in one statement. The
-    /// id of each entry inserted, `None` for the others (a redelivery, a dedup-key
-    /// conflict, a second entry of the batch with an earlier one's dedup key), which
-    /// the caller inserts one by one in the same transaction.
+    /// The batch insert's fast path, in one statement: what became of each entry
+    /// ([`INSERT_MANY_SQL`]), or `None` for those the caller inserts one by one in the
+    /// same transaction.
     async fn insert_new_rows(
         conn: &mut PgConnection,
         entries: &[super::NewEntry],
         now: crate::clock::Millis,
-    ) -> Result<Option<Vec<Option<i64>>>, StoreError> {
-        use super::Status;
+    ) -> Result<Option<Vec<Option<super::InsertOutcome>>>, StoreError> {
+        use super::{InsertOutcome, Status};
         let col = |f: fn(&super::NewEntry) -> Option<&str>| entries.iter().map(f).collect::<Vec<_>>();
         let body: Vec<Option<&[u8]>> = entries.iter().map(|e| e.decoded.as_ref().map(|d| d.body.as_slice())).collect();
         let raw_data: Vec<&[u8]> = entries.iter().map(|e| e.raw_data.as_slice()).collect();
@@ -212,7 +236,7 @@ impl PgStore {
             entries.iter().map(|e| matches!(e.status, Status::Done | Status::Ignored).then_some(now)).collect();
         let fingerprint: Vec<Option<String>> =
             entries.iter().map(|e| e.last_error.as_deref().map(super::failures::fingerprint)).collect();
-        let inserted: Vec<(i64, String)> = sqlx::query_as(INSERT_MANY_SQL)
+        let rows: Vec<(Option<i64>, Option<i64>, Option<String>)> = sqlx::query_as(INSERT_MANY_SQL)
             .bind(col(|e| Some(e.route.as_str())))
             .bind(col(|e| Some(e.dedup_key.as_str())))
             .bind(col(|e| e.decoded.as_ref().map(|d| d.correlation_key.as_str())))
@@ -224,7 +248,7 @@ impl PgStore {
             .bind(col(|e| Some(e.message_id.as_str())))
             .bind(col(|e| e.publish_time.as_deref()))
             .bind(delivery_attempt)
-            .bind(digest)
+            .bind(&digest)
             .bind(col(|e| Some(e.status.as_str())))
             .bind(col(|e| e.last_error.as_deref()))
             .bind(finished)
@@ -232,11 +256,19 @@ impl PgStore {
             .bind(now)
             .fetch_all(&mut *conn)
             .await?;
+        if rows.len() != entries.len() {
+            // One row per entry by construction; if not, the one-by-one path decides.
+            return Ok(None);
+        }
         // A dedup key inserted belongs to the first entry of the batch that has it
         // (rows go in array order); a later one with the same key goes one by one.
-        let mut by_key: std::collections::HashMap<&str, i64> =
-            inserted.iter().map(|(id, key)| (key.as_str(), *id)).collect();
-        Ok(Some(entries.iter().map(|e| by_key.remove(e.dedup_key.as_str())).collect()))
+        let mut taken = std::collections::HashSet::new();
+        let outcomes = rows.into_iter().zip(&digest).map(|(row, digest)| match row {
+            (Some(id), _, _) if taken.insert(id) => Some(InsertOutcome::Inserted { id }),
+            (None, Some(id), Some(existing)) if existing == *digest => Some(InsertOutcome::Duplicate { id }),
+            _ => None,
+        });
+        Ok(Some(outcomes.collect()))
     }
 }
 
@@ -385,7 +417,7 @@ impl PgStore {
     }
 
     async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<PgRow>, StoreError> {
-        // `$1`–`$5` of every claim statement (the `claim_where.sql` parameters).
+        // `$1`–`$5` of every claim statement (the `claim_where!` parameters).
         macro_rules! candidates {
             ($query:expr) => {
                 $query
@@ -407,8 +439,16 @@ impl PgStore {
         // at least once, as after any crash, and never ahead of an older entry of its
         // key. Settles and inserts keep waiting for the disk.
         sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await?;
-        let held: Vec<String> = candidates!(sqlx::query_scalar(CLAIM_KEYS_SQL)).fetch_all(&mut *tx).await?;
-        let claim = candidates!(sqlx::query(CLAIM_HELD_SQL)).bind(req.owner).bind(req.lease_ms).bind(&held);
+        let candidates: Vec<(i64, Option<String>)> =
+            candidates!(sqlx::query_as(CLAIM_KEYS_SQL)).fetch_all(&mut *tx).await?;
+        if candidates.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let (ids, keys): (Vec<i64>, Vec<Option<String>>) = candidates.into_iter().unzip();
+        let held: Vec<String> = keys.into_iter().flatten().collect();
+        let claim =
+            candidates!(sqlx::query(CLAIM_HELD_SQL)).bind(req.owner).bind(req.lease_ms).bind(&ids).bind(&held);
         let rows = claim.fetch_all(&mut *tx).await?;
         tx.commit().await?;
         Ok(rows)

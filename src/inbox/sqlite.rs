@@ -65,13 +65,47 @@ pub const CLAIM_SQL: &str = concat!(
     "UPDATE inbox_entry SET\n",
     include_str!("sql/claim_set.sql"),
     "WHERE id IN (\n",
-    include_str!("sql/claim_where.sql"),
+    claim_where!(),
     ")\nRETURNING *"
 );
 
 /// The insert (public for the tests that interleave by hand).
 #[doc(hidden)]
 pub const INSERT_SQL: &str = include_str!("sql/insert.sql");
+
+/// Rows in one multi-row insert at most (17 parameters each).
+const INSERT_CHUNK: usize = 64;
+
+/// The multi-row insert of `n` rows (a power of two up to [`INSERT_CHUNK`]): the
+/// columns of `sql/insert.sql`, no conflict row, `(id, route, dedup key)` of the rows
+/// inserted. Built once per size.
+fn insert_many_sql(n: usize) -> &'static str {
+    static SQL: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        (0..=INSERT_CHUNK.ilog2())
+            .map(|p| {
+                let rows: Vec<String> = (0..1usize << p)
+                    .map(|r| {
+                        let v = |c: usize| format!("${}", r * 17 + c);
+                        format!(
+                            "({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, NULL, {}, 0, {t}, {}, {t}, {t}, {}, {})",
+                            v(1), v(2), v(3), v(4), v(5), v(6), v(7), v(8), v(9), v(10), v(11), v(12), v(13), v(15), v(16), v(17),
+                            t = v(14)
+                        )
+                    })
+                    .collect();
+                format!(
+                    "INSERT INTO inbox_entry (\n    route, dedup_key, correlation_key, event_type, schema_version, body, raw_data, attributes,\n    \
+                     message_id, publish_time, delivery_attempt, payload_digest, conflict_of, status, attempts,\n    \
+                     next_attempt_at, last_error, received_at, updated_at, finished_at, error_fingerprint)\nVALUES {}\n\
+                     ON CONFLICT (route, dedup_key) DO NOTHING\nRETURNING id, route, dedup_key",
+                    rows.join(",\n")
+                )
+            })
+            .collect()
+    });
+    &all[n.ilog2() as usize]
+}
 
 impl SqliteStore {
     /// [`super::Store::gauge_lease`]: one instance per file, so always this one.
@@ -94,14 +128,61 @@ impl SqliteStore {
 }
 
 impl SqliteStore {
-    /// No batch statement: the rows of a batch go one by one (in-process, a statement
-    /// costs no round trip).
+    /// The batch insert's fast path: the new rows in multi-row `INSERT … VALUES`
+    /// statements of [`INSERT_CHUNK`] rows at most (sizes in powers of two, so a few
+    /// prepared statements serve every batch), in array order, so ids are drawn in
+    /// the batch's order. The id of each entry inserted; `None` for the others (a
+    /// redelivery, a dedup-key conflict, a second entry of the batch with an earlier
+    /// one's dedup key), which the caller inserts one by one in the same transaction.
+    /// A statement costs no round trip here, but each still crosses to the
+    /// connection's thread and back and is bound and stepped on its own: at batch
+    /// sizes, that is most of an insert's cost.
     async fn insert_new_rows(
-        _conn: &mut SqliteConnection,
-        _entries: &[super::NewEntry],
-        _now: crate::clock::Millis,
-    ) -> Result<Option<Vec<Option<i64>>>, StoreError> {
-        Ok(None)
+        conn: &mut SqliteConnection,
+        entries: &[super::NewEntry],
+        now: crate::clock::Millis,
+    ) -> Result<Option<Vec<Option<super::InsertOutcome>>>, StoreError> {
+        use super::{InsertOutcome, Status};
+        let mut inserted: std::collections::HashMap<(&str, &str), i64> = std::collections::HashMap::new();
+        let mut rest = entries;
+        while !rest.is_empty() {
+            let n = INSERT_CHUNK.min(1 << rest.len().ilog2());
+            let (chunk, tail) = rest.split_at(n);
+            rest = tail;
+            let sql = insert_many_sql(n);
+            let mut query = sqlx::query_as::<_, (i64, String, String)>(sql);
+            for e in chunk {
+                let d = e.decoded.as_ref();
+                let finished = matches!(e.status, Status::Done | Status::Ignored).then_some(now);
+                query = query
+                    .bind(&e.route)
+                    .bind(&e.dedup_key)
+                    .bind(d.map(|d| d.correlation_key.as_str()))
+                    .bind(d.map(|d| d.event_type.as_str()))
+                    .bind(d.and_then(|d| d.schema_version.as_deref()))
+                    .bind(d.map(|d| d.body.as_slice()))
+                    .bind(e.raw_data.as_slice())
+                    .bind(serde_json::to_string(&e.attributes).expect("string pairs serialize"))
+                    .bind(&e.message_id)
+                    .bind(e.publish_time.as_deref())
+                    .bind(e.delivery_attempt)
+                    .bind(e.payload_digest())
+                    .bind(e.status.as_str())
+                    .bind(now)
+                    .bind(e.last_error.as_deref())
+                    .bind(finished)
+                    .bind(e.last_error.as_deref().map(super::failures::fingerprint));
+            }
+            for (id, route, key) in query.fetch_all(&mut *conn).await? {
+                // The statement's rows are the batch's own (route, dedup key) pairs.
+                if let Some(e) = chunk.iter().find(|e| e.route == route && e.dedup_key == key) {
+                    inserted.insert((e.route.as_str(), e.dedup_key.as_str()), id);
+                }
+            }
+        }
+        // A dedup key inserted belongs to the first entry of the batch that has it
+        // (rows go in array order); a later one with the same key goes one by one.
+        Ok(Some(entries.iter().map(|e| inserted.remove(&(e.route.as_str(), e.dedup_key.as_str())).map(|id| InsertOutcome::Inserted { id })).collect()))
     }
 
     /// Nothing to do: SQLite reuses freed pages by itself, and its claim does not

@@ -271,21 +271,21 @@ macro_rules! store_impl {
             {
                 use $crate::inbox::InsertOutcome;
                 let mut tx = self.pool.begin().await?;
-                // The new rows in one statement, where the backend has one; then what it
-                // did not insert (redeliveries, dedup-key conflicts) one by one. A
+                // The new rows and the redeliveries in one statement, where the backend
+                // has one; then what it could not answer (dedup-key conflicts) one by one. A
                 // conflict parks a row of its own, which must take its place in the
                 // batch's order: if rows behind it were already inserted, the batch is
                 // done again from the start, one by one.
                 if entries.len() > 1 {
-                    if let Some(ids) = Self::insert_new_rows(&mut tx, entries, now).await? {
+                    if let Some(known) = Self::insert_new_rows(&mut tx, entries, now).await? {
                         let mut out = Vec::with_capacity(entries.len());
                         for (i, e) in entries.iter().enumerate() {
-                            let outcome = match ids[i] {
-                                Some(id) => InsertOutcome::Inserted { id },
+                            let outcome = match known[i] {
+                                Some(outcome) => outcome,
                                 None => Self::insert_one(&mut tx, e, now).await?,
                             };
                             if matches!(outcome, InsertOutcome::Conflict { first: true, .. })
-                                && ids[i + 1..].iter().any(Option::is_some)
+                                && known[i + 1..].iter().any(|k| matches!(k, Some(InsertOutcome::Inserted { .. })))
                             {
                                 break;
                             }
