@@ -106,6 +106,10 @@ pub struct Ingest {
     announcer: Option<tokio::sync::mpsc::UnboundedSender<String>>,
 }
 
+/// The least time between two announcements of one instance: a wake-up this much
+/// later still comes far sooner than the next poll.
+pub const ANNOUNCE_SPACING: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Messages whose transient decode faults are remembered at once; past this the
 /// memory is cleared (a message then gets a few more tries, never fewer).
 const TRANSIENT_MEMORY: usize = 10_000;
@@ -124,13 +128,18 @@ impl Ingest {
     }
 
     /// Announces routes with new entries to the other instances on the inbox
-    /// ([`Store::announce`]): names that queue up while one announcement goes out are
-    /// sent together in the next, once each.
+    /// ([`Store::announce`]): names that queue up while one announcement goes out, or
+    /// within [`ANNOUNCE_SPACING`] of its start, are sent together in the next, once
+    /// each. A lone insert is announced at once; a stream of them costs the database
+    /// one announcement (on PostgreSQL a `NOTIFY`, a transaction of its own that waits
+    /// for the disk, and a claim woken in every instance) per spacing, not one per
+    /// round trip.
     pub fn with_announcements(mut self) -> Ingest {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let store = Arc::clone(&self.store);
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
+                let started = tokio::time::Instant::now();
                 let mut routes = std::collections::BTreeSet::from([first]);
                 while let Ok(route) = rx.try_recv() {
                     routes.insert(route);
@@ -140,6 +149,7 @@ impl Ingest {
                     // The others find the entries at their next poll.
                     tracing::debug!(%error, "could not announce new entries to the other instances");
                 }
+                tokio::time::sleep_until(started + ANNOUNCE_SPACING).await;
             }
         });
         self.announcer = Some(tx);

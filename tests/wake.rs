@@ -40,6 +40,55 @@ async fn an_announcement_reaches_every_listener_on_the_inbox() {
     sqlite.announce(&["wo".to_string()]).await.expect("a no-op on SQLite");
 }
 
+/// A stream of inserts is announced at most once per `ANNOUNCE_SPACING`, and the
+/// last of them is announced too: nothing queued is dropped by the spacing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_announcements_is_spaced_and_its_last_is_heard() {
+    use inlet::ingest::{ANNOUNCE_SPACING, Ingest};
+    let pg = TestPg::new().await;
+    let speaker = inlet::inbox::open(&pg.url, 2).await.unwrap();
+    let listener = inlet::inbox::open(&pg.url, 2).await.unwrap();
+    let mut heard = listener.announcements().expect("PostgreSQL announces");
+    // Wait until the listener is connected: announce until it hears.
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        assert!(Instant::now() < deadline, "the listener never heard an announcement");
+        speaker.announce(&["ready".to_string()]).await.unwrap();
+        if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), heard.recv()).await {
+            break;
+        }
+    }
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), heard.recv()).await {}
+
+    let clock = inlet::clock::ManualClock::starting_now();
+    let ingest = Ingest::new(speaker, clock, std::sync::Arc::new(inlet::telemetry::Metrics::new())).with_announcements();
+    let start = Instant::now();
+    let mut calls = 0;
+    while start.elapsed() < Duration::from_millis(500) {
+        ingest.announce("wo");
+        calls += 1;
+        tokio::task::yield_now().await;
+    }
+    ingest.announce("last");
+    let burst = start.elapsed();
+    let mut wo = 0;
+    let last = tokio::time::timeout(WITHIN, async {
+        while let Some(route) = heard.recv().await {
+            match route.as_str() {
+                "wo" => wo += 1,
+                "last" => return,
+                other => panic!("heard {other}"),
+            }
+        }
+        panic!("the listener stopped");
+    })
+    .await;
+    assert!(last.is_ok(), "the announcement made last was never heard");
+    let most = (burst.as_millis() / ANNOUNCE_SPACING.as_millis()) as u64 + 2;
+    assert!(wo >= 1, "{calls} calls and no announcement heard");
+    assert!(wo <= most, "{wo} announcements in {burst:?} ({calls} calls), more than one per {ANNOUNCE_SPACING:?}");
+}
+
 /// Claims the relay of route `wo` has made (`inlet_claim_duration_seconds_count`).
 async fn claims(http: &reqwest::Client, base: &str) -> u64 {
     let metrics = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();

@@ -188,7 +188,10 @@ pub const INSERT_OR_EXISTING_SQL: &str = concat!(
 /// dedup key in this statement's snapshot (a redelivery, or a conflict for the caller
 /// to settle). A row with neither — its dedup key taken by an earlier row of the same
 /// batch, or by a row committed after the snapshot was taken — is left to the caller
-/// to insert one by one.
+/// to insert one by one. The lookup is a `LATERAL` probe per row, so that a plan made
+/// while the table was small (a prepared statement's generic plan, kept until the
+/// next `ANALYZE`) cannot turn it into a scan of the whole table per batch, as a join
+/// did.
 const INSERT_MANY_SQL: &str = "\
 WITH new AS (
 INSERT INTO inbox_entry (
@@ -212,7 +215,9 @@ RETURNING id, route, dedup_key)
 SELECT new.id, old.id, old.payload_digest
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(route, dedup_key, ord)
 LEFT JOIN new ON new.route = k.route AND new.dedup_key = k.dedup_key
-LEFT JOIN inbox_entry old ON old.route = k.route AND old.dedup_key = k.dedup_key
+LEFT JOIN LATERAL (
+    SELECT o.id, o.payload_digest FROM inbox_entry o WHERE o.route = k.route AND o.dedup_key = k.dedup_key
+    LIMIT 1) old ON true
 ORDER BY k.ord";
 
 impl PgStore {
