@@ -27,6 +27,39 @@ macro_rules! claim_where {
     };
 }
 
+/// Binds the parameters of `sql/insert.sql` (`$1`–`$18`, in its order) for the entry
+/// `$e` stored under `$dedup_key` with `$status`: the one insert and each row of
+/// SQLite's multi-row insert bind through this, so the two cannot drift apart.
+macro_rules! bind_entry {
+    ($query:expr, $e:expr, $dedup_key:expr, $digest:expr, $conflict_of:expr, $status:expr, $last_error:expr, $now:expr) => {{
+        let e: &$crate::inbox::NewEntry = $e;
+        let d = e.decoded.as_ref();
+        let status: $crate::inbox::Status = $status;
+        let last_error: Option<&str> = $last_error;
+        let now: $crate::clock::Millis = $now;
+        let finished = matches!(status, $crate::inbox::Status::Done | $crate::inbox::Status::Ignored).then_some(now);
+        $query
+            .bind(&e.route)
+            .bind($dedup_key)
+            .bind(d.map(|d| d.correlation_key.as_str()))
+            .bind(d.map(|d| d.event_type.as_str()))
+            .bind(d.and_then(|d| d.schema_version.as_deref()))
+            .bind(d.map(|d| d.body.as_slice()))
+            .bind(e.raw_data.as_slice())
+            .bind(serde_json::to_string(&e.attributes).expect("string pairs serialize"))
+            .bind(&e.message_id)
+            .bind(e.publish_time.as_deref())
+            .bind(e.delivery_attempt)
+            .bind($digest)
+            .bind($conflict_of)
+            .bind(status.as_str())
+            .bind(now)
+            .bind(last_error)
+            .bind(finished)
+            .bind(last_error.map($crate::inbox::failures::fingerprint))
+    }};
+}
+
 mod sqlstore;
 
 pub mod postgres;

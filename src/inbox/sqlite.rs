@@ -73,32 +73,39 @@ pub const CLAIM_SQL: &str = concat!(
 #[doc(hidden)]
 pub const INSERT_SQL: &str = include_str!("sql/insert.sql");
 
-/// Rows in one multi-row insert at most (17 parameters each).
+/// Rows in one multi-row insert at most (18 parameters each).
 const INSERT_CHUNK: usize = 64;
 
 /// The multi-row insert of `n` rows (a power of two up to [`INSERT_CHUNK`]): the
-/// columns of `sql/insert.sql`, no conflict row, `(id, route, dedup key)` of the rows
+/// statement of `sql/insert.sql` with its `VALUES` row repeated, row `r`'s parameters
+/// renumbered from `18 r + 1`, returning `(id, route, dedup key)` of the rows
 /// inserted. Built once per size.
 fn insert_many_sql(n: usize) -> &'static str {
     static SQL: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     let all = SQL.get_or_init(|| {
+        let (columns, rest) = INSERT_SQL.split_once("VALUES ").expect("insert.sql has a VALUES row");
+        let (row, _) = rest.split_once("\nON CONFLICT").expect("insert.sql has an ON CONFLICT clause");
+        let renumbered = |offset: usize| {
+            let mut out = String::with_capacity(row.len() + 64);
+            let mut chars = row.chars().peekable();
+            while let Some(c) = chars.next() {
+                out.push(c);
+                if c == '$' {
+                    let mut digits = String::new();
+                    while let Some(d) = chars.next_if(char::is_ascii_digit) {
+                        digits.push(d);
+                    }
+                    let k: usize = digits.parse().expect("a numbered parameter");
+                    out.push_str(&(offset + k).to_string());
+                }
+            }
+            out
+        };
         (0..=INSERT_CHUNK.ilog2())
             .map(|p| {
-                let rows: Vec<String> = (0..1usize << p)
-                    .map(|r| {
-                        let v = |c: usize| format!("${}", r * 17 + c);
-                        format!(
-                            "({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, NULL, {}, 0, {t}, {}, {t}, {t}, {}, {})",
-                            v(1), v(2), v(3), v(4), v(5), v(6), v(7), v(8), v(9), v(10), v(11), v(12), v(13), v(15), v(16), v(17),
-                            t = v(14)
-                        )
-                    })
-                    .collect();
+                let rows: Vec<String> = (0..1usize << p).map(|r| renumbered(r * 18)).collect();
                 format!(
-                    "INSERT INTO inbox_entry (\n    route, dedup_key, correlation_key, event_type, schema_version, body, raw_data, attributes,\n    \
-                     message_id, publish_time, delivery_attempt, payload_digest, conflict_of, status, attempts,\n    \
-                     next_attempt_at, last_error, received_at, updated_at, finished_at, error_fingerprint)\nVALUES {}\n\
-                     ON CONFLICT (route, dedup_key) DO NOTHING\nRETURNING id, route, dedup_key",
+                    "{columns}VALUES {}\nON CONFLICT (route, dedup_key) DO NOTHING\nRETURNING id, route, dedup_key",
                     rows.join(",\n")
                 )
             })
@@ -142,7 +149,7 @@ impl SqliteStore {
         entries: &[super::NewEntry],
         now: crate::clock::Millis,
     ) -> Result<Option<Vec<Option<super::InsertOutcome>>>, StoreError> {
-        use super::{InsertOutcome, Status};
+        use super::InsertOutcome;
         let mut inserted: std::collections::HashMap<(&str, &str), i64> = std::collections::HashMap::new();
         let mut rest = entries;
         while !rest.is_empty() {
@@ -152,26 +159,16 @@ impl SqliteStore {
             let sql = insert_many_sql(n);
             let mut query = sqlx::query_as::<_, (i64, String, String)>(sql);
             for e in chunk {
-                let d = e.decoded.as_ref();
-                let finished = matches!(e.status, Status::Done | Status::Ignored).then_some(now);
-                query = query
-                    .bind(&e.route)
-                    .bind(&e.dedup_key)
-                    .bind(d.map(|d| d.correlation_key.as_str()))
-                    .bind(d.map(|d| d.event_type.as_str()))
-                    .bind(d.and_then(|d| d.schema_version.as_deref()))
-                    .bind(d.map(|d| d.body.as_slice()))
-                    .bind(e.raw_data.as_slice())
-                    .bind(serde_json::to_string(&e.attributes).expect("string pairs serialize"))
-                    .bind(&e.message_id)
-                    .bind(e.publish_time.as_deref())
-                    .bind(e.delivery_attempt)
-                    .bind(e.payload_digest())
-                    .bind(e.status.as_str())
-                    .bind(now)
-                    .bind(e.last_error.as_deref())
-                    .bind(finished)
-                    .bind(e.last_error.as_deref().map(super::failures::fingerprint));
+                query = bind_entry!(
+                    query,
+                    e,
+                    &e.dedup_key,
+                    e.payload_digest(),
+                    None::<i64>,
+                    e.status,
+                    e.last_error.as_deref(),
+                    now
+                );
             }
             for (id, route, key) in query.fetch_all(&mut *conn).await? {
                 // The statement's rows are the batch's own (route, dedup key) pairs.
@@ -182,7 +179,14 @@ impl SqliteStore {
         }
         // A dedup key inserted belongs to the first entry of the batch that has it
         // (rows go in array order); a later one with the same key goes one by one.
-        Ok(Some(entries.iter().map(|e| inserted.remove(&(e.route.as_str(), e.dedup_key.as_str())).map(|id| InsertOutcome::Inserted { id })).collect()))
+        Ok(Some(
+            entries
+                .iter()
+                .map(|e| {
+                    inserted.remove(&(e.route.as_str(), e.dedup_key.as_str())).map(|id| InsertOutcome::Inserted { id })
+                })
+                .collect(),
+        ))
     }
 
     /// Nothing to do: SQLite reuses freed pages by itself, and its claim does not

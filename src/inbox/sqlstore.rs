@@ -149,28 +149,7 @@ macro_rules! store_impl {
                 last_error: Option<&str>,
                 now: $crate::clock::Millis,
             ) -> Result<Option<(i64, Option<String>)>, $crate::inbox::StoreError> {
-                let d = e.decoded.as_ref();
-                let finished = matches!(status, $crate::inbox::Status::Done | $crate::inbox::Status::Ignored).then_some(now);
-                let attributes = serde_json::to_string(&e.attributes).expect("string pairs serialize");
-                Ok(sqlx::query_as(sql)
-                    .bind(&e.route)
-                    .bind(dedup_key)
-                    .bind(d.map(|d| d.correlation_key.as_str()))
-                    .bind(d.map(|d| d.event_type.as_str()))
-                    .bind(d.and_then(|d| d.schema_version.as_deref()))
-                    .bind(d.map(|d| d.body.as_slice()))
-                    .bind(e.raw_data.as_slice())
-                    .bind(attributes)
-                    .bind(&e.message_id)
-                    .bind(e.publish_time.as_deref())
-                    .bind(e.delivery_attempt)
-                    .bind(digest)
-                    .bind(conflict_of)
-                    .bind(status.as_str())
-                    .bind(now)
-                    .bind(last_error)
-                    .bind(finished)
-                    .bind(last_error.map($crate::inbox::failures::fingerprint))
+                Ok(bind_entry!(sqlx::query_as(sql), e, dedup_key, digest, conflict_of, status, last_error, now)
                     .fetch_optional(&mut *conn)
                     .await?)
             }
