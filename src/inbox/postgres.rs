@@ -367,9 +367,11 @@ impl PgStore {
 }
 
 /// Dead or changed rows of `inbox_entry` that make [`PgStore::maintain_tables`] act,
-/// at least; and at least this share (1/N) of the live rows.
+/// at least; and at least this share (1/N) of the live rows: dead ones for a vacuum,
+/// changed ones for new statistics.
 const MAINTAIN_MIN_ROWS: i64 = 10_000;
-const MAINTAIN_SHARE: i64 = 20;
+const VACUUM_SHARE: i64 = 20;
+const ANALYZE_SHARE: i64 = 10;
 
 impl PgStore {
     /// [`super::Store::maintain`]. Every claim and settle leaves a dead row version
@@ -380,6 +382,12 @@ impl PgStore {
     /// 100,000-row backlog, 1.5 ms after `VACUUM ANALYZE`. A vacuum here is the
     /// table owner's (Inlet created the table); without the right, PostgreSQL skips it
     /// with a warning.
+    ///
+    /// Statistics are gathered less often than dead rows are cleared: a vacuum only
+    /// visits the pages that changed and the indexes, while `ANALYZE` samples 30,000
+    /// pages whatever changed. Measured at 1,000,000 rows on 2 cores after 50,000 dead
+    /// versions: `VACUUM` 0.27 s, `VACUUM (ANALYZE)` 0.8 s; draining such a backlog
+    /// makes that many every 5 s, so analyzing each time cost a tenth of a core.
     async fn maintain_tables(&self) -> Result<Option<String>, StoreError> {
         let stats: Option<(i64, i64, i64)> = sqlx::query_as(
             "SELECT n_live_tup, n_dead_tup, n_mod_since_analyze FROM pg_stat_user_tables \
@@ -388,12 +396,16 @@ impl PgStore {
         .fetch_optional(&self.pool)
         .await?;
         let Some((live, dead, changed)) = stats else { return Ok(None) };
-        let threshold = (live / MAINTAIN_SHARE).max(MAINTAIN_MIN_ROWS);
-        if dead >= threshold {
-            sqlx::raw_sql("VACUUM (ANALYZE) inbox_entry").execute(&self.pool).await?;
-            return Ok(Some(format!("vacuumed and analyzed inbox_entry ({dead} dead rows, {live} live)")));
+        let analyze = changed >= (live / ANALYZE_SHARE).max(MAINTAIN_MIN_ROWS);
+        if dead >= (live / VACUUM_SHARE).max(MAINTAIN_MIN_ROWS) {
+            if analyze {
+                sqlx::raw_sql("VACUUM (ANALYZE) inbox_entry").execute(&self.pool).await?;
+                return Ok(Some(format!("vacuumed and analyzed inbox_entry ({dead} dead rows, {live} live)")));
+            }
+            sqlx::raw_sql("VACUUM inbox_entry").execute(&self.pool).await?;
+            return Ok(Some(format!("vacuumed inbox_entry ({dead} dead rows, {live} live)")));
         }
-        if changed >= threshold {
+        if analyze {
             sqlx::raw_sql("ANALYZE inbox_entry").execute(&self.pool).await?;
             return Ok(Some(format!("analyzed inbox_entry ({changed} rows changed, {live} live)")));
         }
