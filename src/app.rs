@@ -471,7 +471,8 @@ const GAUGES_AT_MOST_EVERY: Duration = Duration::from_secs(60);
 #[derive(Debug, Default)]
 struct GaugePace {
     next: Option<std::time::Instant>,
-    interval: Option<Duration>,
+    /// The last refresh was costly enough to wait longer than a tick.
+    slowed: bool,
 }
 
 impl GaugePace {
@@ -483,14 +484,14 @@ impl GaugePace {
     fn refreshed(&mut self, cost: Duration) {
         let interval = gauge_interval(cost);
         let slowed = interval > HOUSEKEEPING_TICK;
-        if slowed != self.interval.is_some_and(|i| i > HOUSEKEEPING_TICK) {
+        if slowed != self.slowed {
             if slowed {
                 tracing::info!(?cost, ?interval, "the inbox gauges are costly to count over this backlog; refreshing them less often");
             } else {
                 tracing::info!(?cost, "the inbox gauges are cheap again; refreshing them every housekeeping tick");
             }
         }
-        self.interval = Some(interval);
+        self.slowed = slowed;
         // Due a little before the tick that would be late, so a tick's jitter does
         // not skip a whole tick.
         self.next = Some(std::time::Instant::now() + interval.saturating_sub(HOUSEKEEPING_TICK / 10));
@@ -529,7 +530,7 @@ async fn housekeeping(shared: Arc<Shared>, retention: Duration, mut shutdown: wa
                 Err(error) => tracing::warn!(%error, "inbox maintenance failed; will try again"),
             }
         }
-        since_purge += Duration::from_secs(5);
+        since_purge += HOUSEKEEPING_TICK;
         if since_purge >= Duration::from_secs(60) {
             since_purge = Duration::ZERO;
             let before = crate::clock::ago(shared.clock.now(), retention);
