@@ -834,7 +834,7 @@ async fn a_settle_batch_writes_what_settles_one_by_one_write(store: Arc<dyn Stor
         Settlement::Decoded { decoded, dedup_key: Some("batch-dedup".into()) },
     ];
     let record = |i: usize| {
-        (i % 2 == 0).then(|| inbox::failures::Attempt {
+        i.is_multiple_of(2).then(|| inbox::failures::Attempt {
             attempt: i as i32 + 1,
             owner: "w".into(),
             started_at: T0 + i as i64,

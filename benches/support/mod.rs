@@ -175,6 +175,7 @@ macro_rules! bind_row {
     };
 }
 /// `sqlx::query(SQL)` with a [`RawRow`] bound as `$1`–`$7` (the baseline's statements).
+#[allow(unused_imports)] // not every benchmark that includes this module binds raw rows
 pub(crate) use bind_row;
 
 /// The benchmark's own connection pool to the store's database.

@@ -96,12 +96,15 @@ fn shown_key(key: &str) -> String {
     }
 }
 
-/// An optional string field: absent and `null` are `None`.
-fn opt_str<'a>(obj: &'a Map<String, Value>, name: &str, path: &str) -> Result<Option<&'a str>, EnvelopeError> {
+/// An optional string field `name` of the object at `prefix` (empty, or ending in a
+/// dot): absent and `null` are `None`.
+fn opt_str<'a>(obj: &'a Map<String, Value>, prefix: &str, name: &str) -> Result<Option<&'a str>, EnvelopeError> {
     match obj.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(EnvelopeError::new(path, format!("must be a string, not {}", kind(other)))),
+        Some(other) => {
+            Err(EnvelopeError::new(format!("{prefix}{name}"), format!("must be a string, not {}", kind(other))))
+        }
     }
 }
 
@@ -125,23 +128,46 @@ fn either_str<'a>(
     snake: &str,
     prefix: &str,
 ) -> Result<Option<&'a str>, EnvelopeError> {
-    let first = opt_str(obj, camel, &format!("{prefix}{camel}"))?;
-    let second = opt_str(obj, snake, &format!("{prefix}{snake}"))?;
+    let first = opt_str(obj, prefix, camel)?;
+    let second = opt_str(obj, prefix, snake)?;
     Ok(first.or(second))
 }
 
 /// JSON read into a [`Value`], but a key given twice in one object is refused (its
 /// path is kept in `twice`): a reader that takes the last and one that takes the
-/// first (a proxy, a log) would see different messages.
+/// first (a proxy, a log) would see different messages. The path is a chain of
+/// borrowed steps, written out only for that error: building it as a string for
+/// every key and array element was the push path's most frequent allocation.
 struct Strict<'a> {
-    path: String,
+    up: Option<(&'a Strict<'a>, Step<'a>)>,
     twice: &'a std::cell::RefCell<Option<String>>,
 }
 
-impl Strict<'_> {
-    fn child(&self, key: &str) -> Strict<'_> {
-        let path = if self.path.is_empty() { key.to_string() } else { format!("{}.{}", self.path, key) };
-        Strict { path, twice: self.twice }
+/// One step down from a JSON value: an object's key or an array's index.
+#[derive(Clone, Copy)]
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+impl<'a> Strict<'a> {
+    fn child<'b>(&'b self, step: Step<'b>) -> Strict<'b> {
+        Strict { up: Some((self, step)), twice: self.twice }
+    }
+
+    /// The dotted path of this value's key `last` (shown as error messages show keys).
+    fn path_of(&self, last: &str) -> String {
+        let mut steps = vec![shown_key(last)];
+        let mut at = self;
+        while let Some((parent, step)) = &at.up {
+            steps.push(match step {
+                Step::Key(key) => key.to_string(),
+                Step::Index(i) => i.to_string(),
+            });
+            at = parent;
+        }
+        steps.reverse();
+        steps.join(".")
     }
 }
 
@@ -190,7 +216,7 @@ impl<'de> serde::de::Visitor<'de> for Strict<'_> {
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::new();
-        while let Some(v) = seq.next_element_seed(self.child(&items.len().to_string()))? {
+        while let Some(v) = seq.next_element_seed(self.child(Step::Index(items.len())))? {
             items.push(v);
         }
         Ok(Value::Array(items))
@@ -199,9 +225,9 @@ impl<'de> serde::de::Visitor<'de> for Strict<'_> {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
-            let v = map.next_value_seed(self.child(&key))?;
+            let v = map.next_value_seed(self.child(Step::Key(&key)))?;
             if out.contains_key(&key) {
-                *self.twice.borrow_mut() = Some(self.child(&shown_key(&key)).path);
+                *self.twice.borrow_mut() = Some(self.path_of(&key));
                 return Err(serde::de::Error::custom("a key appears twice"));
             }
             out.insert(key, v);
@@ -217,7 +243,7 @@ impl PushEnvelope {
     pub fn parse(body: &[u8]) -> Result<Incoming, EnvelopeError> {
         let twice = std::cell::RefCell::new(None);
         let mut reader = serde_json::Deserializer::from_slice(body);
-        let value = serde::de::DeserializeSeed::deserialize(Strict { path: String::new(), twice: &twice }, &mut reader)
+        let value = serde::de::DeserializeSeed::deserialize(Strict { up: None, twice: &twice }, &mut reader)
             .and_then(|v| reader.end().map(|()| v))
             .map_err(|e| match twice.take() {
                 Some(path) => EnvelopeError::new(path, "appears twice in one object"),
@@ -231,7 +257,7 @@ impl PushEnvelope {
             None | Some(Value::Null) => return Err(EnvelopeError::new("message", "is missing")),
             Some(other) => return Err(EnvelopeError::new("message", format!("must be an object, not {}", kind(other)))),
         };
-        opt_str(&top, "subscription", "subscription")?;
+        opt_str(&top, "", "subscription")?;
         let delivery_attempt = opt_attempt(&top, "deliveryAttempt")?.or(opt_attempt(&top, "delivery_attempt")?);
 
         let message_id = match either_str(message, "messageId", "message_id", "message.")? {
@@ -239,7 +265,7 @@ impl PushEnvelope {
             Some(id) => id.to_string(),
             None => return Err(EnvelopeError::new("message.messageId", "is missing")),
         };
-        let data = match opt_str(message, "data", "message.data")? {
+        let data = match opt_str(message, "message.", "data")? {
             None | Some("") => Vec::new(),
             Some(b64) => {
                 let engine = if b64.contains(['-', '_']) { &DATA_URL_SAFE } else { &DATA_STANDARD };
