@@ -733,8 +733,10 @@ async fn latency_section(args: &Args, plugin: &Path, target: &Target, report: &m
             // The latency runs from the first send: a push shed with 503 is sent again
             // after the server's Retry-After, as a well-behaved sender would, and the
             // wait is part of its latency.
-            sent.lock().unwrap()[i] = Some(Instant::now());
+            let first = Instant::now();
+            sent.lock().unwrap()[i] = Some(first);
             loop {
+                assert!(first.elapsed() < STALL_LIMIT, "paced push {i} was shed for {STALL_LIMIT:?}");
                 let answer = http.post(&url).header("content-type", "application/json").body(body.clone()).send().await;
                 let answer = answer.unwrap_or_else(|e| panic!("paced push {i}: {e}"));
                 match answer.status().as_u16() {

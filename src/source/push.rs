@@ -144,7 +144,6 @@ struct Strict<'a> {
 }
 
 /// One step down from a JSON value: an object's key or an array's index.
-#[derive(Clone, Copy)]
 enum Step<'a> {
     Key(&'a str),
     Index(usize),
