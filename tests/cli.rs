@@ -503,3 +503,38 @@ async fn library_notices_and_progress_lines_stay_out_of_cli_output() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!text(&out.stderr).contains("already exists"), "{}", text(&out.stderr));
 }
+
+/// A row whose attributes no longer parse (damaged by hand or by a bad restore) does not
+/// hide the rest of the inbox: `inbox list` lists it with the others and `inbox show`
+/// shows it, saying what is unreadable, so it can be found and repaired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_show_read_past_a_row_whose_attributes_are_broken() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    let cfg = store_only_config(dir.path(), &url);
+    let store = inbox::open(&url, 2).await.unwrap();
+    let good = store.insert(&decoded_entry("wo", "k1", "m-1", Status::Open), now_ms()).await.unwrap().id();
+    let bad = store.insert(&decoded_entry("wo", "k2", "m-2", Status::Open), now_ms()).await.unwrap().id();
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query("UPDATE inbox_entry SET attributes = 'not json' WHERE id = ?").bind(bad).execute(&pool).await.unwrap();
+    pool.close().await;
+
+    let out = inlet(&["inbox", "list", "-c", &cfg]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(listed_ids(&text(&out.stdout)), vec![bad, good], "{}", text(&out.stdout));
+
+    let out = inlet(&["inbox", "show", "-c", &cfg, &bad.to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("UNREADABLE      attributes: expected ident at line 1 column 2 (the claim parks this entry"),
+        "{shown}"
+    );
+    assert!(shown.contains("dedup key       m-2"), "{shown}");
+    let out = inlet(&["inbox", "show", "-c", &cfg, &bad.to_string(), "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(json["unreadable"].as_str().is_some_and(|w| w.starts_with("attributes: ")), "{json}");
+    let out = inlet(&["inbox", "show", "-c", &cfg, &good.to_string(), "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json.get("unreadable"), None, "{json}");
+}

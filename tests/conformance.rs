@@ -768,16 +768,26 @@ async fn maintenance_vacuums_the_inbox_once_enough_rows_died() {
 
 /// An entry whose stored row cannot be read (here: attributes that are not a list of
 /// pairs) is parked by the claim that meets it, with the reason, and the claim goes on
-/// with the others, instead of failing every claim of its route.
+/// with the others, instead of failing every claim of its route. Listing and showing
+/// it still work, and say what could not be read, so a person can find and repair it.
 async fn an_unreadable_entry_is_parked_by_the_claim(store: Arc<dyn Store>, corrupt: impl std::future::Future<Output = ()>) {
     let good = insert(&store, entry("u", "a", "u1", "fine")).await;
     let bad = insert(&store, entry("u", "b", "u2", "broken")).await;
     corrupt.await;
+    let route = ListFilter { route: Some("u".into()), ..Default::default() };
+    let listed = store.list(&route).await.expect("the list reads past the broken row");
+    assert_eq!(listed.iter().map(|e| e.id).collect::<Vec<_>>(), vec![good, bad]);
+    assert_eq!(listed[0].unreadable, None);
+    let what = listed[1].unreadable.as_deref().unwrap_or_default();
+    assert!(what.starts_with("attributes: "), "the list says what is unreadable: {:?}", listed[1]);
+    assert!(listed[1].attributes.is_empty());
     let claimed = store.claim(&req("u", "w", T0, 10)).await.expect("the claim goes on");
     assert_eq!(ids(&claimed), vec![good]);
-    let parked = store.get(bad).await;
-    // Reading it still fails; its status is what the list and count see.
-    assert!(parked.is_err(), "the row is still unreadable: {parked:?}");
+    let parked = store.get(bad).await.expect("the broken row can be shown").expect("still stored");
+    assert_eq!(parked.status, Status::Parked);
+    assert_eq!(parked.unreadable.as_deref(), Some(what));
+    let why = parked.last_error.as_deref().unwrap_or_default();
+    assert!(why.contains("cannot be read") && why.contains(what), "parked with the reason: {why}");
     let filter = ListFilter { route: Some("u".into()), status: Some(Status::Parked), ..Default::default() };
     assert_eq!(store.count(&filter).await.unwrap(), 1);
     assert!(store.claim(&req("u", "w", T0 + 1, 10)).await.unwrap().is_empty(), "parked, not claimed again");

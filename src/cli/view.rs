@@ -69,7 +69,7 @@ pub fn entry_detail(e: &Entry) -> String {
         e.attributes.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
     };
     let or_dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-    let rows: Vec<(&str, String)> = vec![
+    let mut rows: Vec<(&str, String)> = vec![
         ("entry", e.id.to_string()),
         ("route", e.route.clone()),
         ("status", e.status.to_string()),
@@ -98,6 +98,10 @@ pub fn entry_detail(e: &Entry) -> String {
         ("raw data", payload(&e.raw_data)),
         ("body", e.body.as_deref().map_or_else(|| "- (not decoded)".into(), payload)),
     ];
+    if let Some(what) = &e.unreadable {
+        // First, so nobody takes the empty attributes for the message's own.
+        rows.insert(1, ("UNREADABLE", format!("{what} (the claim parks this entry; fix the row or ignore it)")));
+    }
     let mut out = String::new();
     for (name, value) in rows {
         let _ = writeln!(out, "{name:<16}{value}");

@@ -589,7 +589,12 @@ async fn entry(State(c): State<Arc<Console>>, signed: Signed, Path(id): Path<Str
         .as_deref()
         .map(|err| format!(r#"<h2>Last error</h2><pre class="error" id="last-error">{}</pre>"#, esc(err)))
         .unwrap_or_default();
-    let attributes = if e.attributes.is_empty() {
+    let attributes = if let Some(what) = &e.unreadable {
+        format!(
+            r#"<p class="error" id="unreadable">Unreadable in the stored row: {}. The claim parks this entry instead of delivering it.</p>"#,
+            esc(what)
+        )
+    } else if e.attributes.is_empty() {
         r#"<p class="muted">none</p>"#.to_string()
     } else {
         let rows: String = e

@@ -237,6 +237,11 @@ pub struct Entry {
     pub not_yet_since: Option<Millis>,
     pub updated_at: Millis,
     pub finished_at: Option<Millis>,
+    /// What of the stored row could not be read, when something could not (its
+    /// attributes, then shown as none): such an entry can still be listed, shown and
+    /// repaired by hand, but the claim that meets it parks it instead of delivering it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
 }
 
 impl Entry {

@@ -193,7 +193,13 @@ macro_rules! store_impl {
                 let id: i64 = row.try_get("id")?;
                 let corrupt = |reason: String| StoreError::Corrupt { id, reason };
                 let status: String = row.try_get("status")?;
+                // Attributes that do not parse leave the rest of the row readable (to
+                // list, show and repair); the entry says what it lacks.
                 let attributes: String = row.try_get("attributes")?;
+                let (attributes, unreadable) = match serde_json::from_str(&attributes) {
+                    Ok(pairs) => (pairs, None),
+                    Err(e) => (Vec::new(), Some(format!("attributes: {e}"))),
+                };
                 Ok($crate::inbox::Entry {
                     id,
                     route: row.try_get("route")?,
@@ -203,7 +209,7 @@ macro_rules! store_impl {
                     schema_version: row.try_get("schema_version")?,
                     body: row.try_get("body")?,
                     raw_data: row.try_get("raw_data")?,
-                    attributes: serde_json::from_str(&attributes).map_err(|e| corrupt(format!("attributes: {e}")))?,
+                    attributes,
                     message_id: row.try_get("message_id")?,
                     publish_time: row.try_get("publish_time")?,
                     delivery_attempt: row.try_get("delivery_attempt")?,
@@ -220,6 +226,7 @@ macro_rules! store_impl {
                     not_yet_since: row.try_get("not_yet_since")?,
                     updated_at: row.try_get("updated_at")?,
                     finished_at: row.try_get("finished_at")?,
+                    unreadable,
                 })
             }
         }
@@ -294,6 +301,14 @@ macro_rules! store_impl {
                 let mut claimed = Vec::with_capacity(rows.len());
                 for row in &rows {
                     let entry = match Self::entry_from_row(row) {
+                        Ok(entry) if entry.unreadable.is_none() => Ok(entry),
+                        Ok(entry) => {
+                            let reason = entry.unreadable.unwrap_or_default();
+                            Err($crate::inbox::StoreError::Corrupt { id: entry.id, reason })
+                        }
+                        Err(error) => Err(error),
+                    };
+                    let entry = match entry {
                         Ok(entry) => entry,
                         // A row that cannot be read would fail every claim that meets it
                         // and stall its route: it is parked (under the lease just taken)
