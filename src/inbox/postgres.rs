@@ -38,6 +38,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("sql/postgres_0006_repair_jobs.sql")),
     (7, include_str!("sql/postgres_0007_key_in_progress.sql")),
     (8, include_str!("sql/postgres_0008_statistics.sql")),
+    (9, include_str!("sql/postgres_0009_hot_path_indexes.sql")),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII).

@@ -23,6 +23,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("sql/sqlite_0005_attempts.sql")),
     (6, include_str!("sql/sqlite_0006_repair_jobs.sql")),
     (7, include_str!("sql/sqlite_0007_key_in_progress.sql")),
+    (8, include_str!("sql/sqlite_0008_waiting_key.sql")),
 ];
 
 /// The connection settings of the inbox file (also what the benchmark's raw-insert

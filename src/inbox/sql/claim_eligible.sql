@@ -5,9 +5,10 @@
               SELECT 1 FROM inbox_entry o
               WHERE o.route = e.route AND o.correlation_key = e.correlation_key AND o.status = 'IN_PROGRESS')
             -- ... and no older one waiting, or parked where parked blocks the key
-            -- (inbox_entry_unresolved_key, from the entry's id down)
+            -- (inbox_entry_unresolved_key, which holds only those two states, from the
+            -- entry's id down)
             AND NOT EXISTS (
               SELECT 1 FROM inbox_entry o
               WHERE o.route = e.route AND o.correlation_key = e.correlation_key AND o.id < e.id
-                AND o.status IN ('OPEN', 'IN_PROGRESS', 'PARKED')
+                AND o.status IN ('OPEN', 'PARKED')
                 AND (o.status = 'OPEN' OR ($4 AND o.status = 'PARKED')))))
