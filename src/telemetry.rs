@@ -358,7 +358,7 @@ impl Metrics {
         );
         registry.register(
             "push_rejected",
-            "Push requests refused by the listener's limits, by reason",
+            "Push requests answered with an error and nothing stored, by route and reason: the listener's limits (shed, too_large, body_timeout, timeout), the request (no_route, not_json, bad_envelope, route_refused) or what it needs (store_unavailable, plugin_busy)",
             m.push_rejected.clone(),
         );
         registry.register("push_in_flight", "Push requests being handled", m.push_in_flight.clone());
