@@ -50,7 +50,8 @@ fn usage() -> &'static str {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { backlogs: vec![10_000, 100_000], keys: 1_000, claimers: vec![1, 2, 4], batch: 16, work: 4_000 };
+    let mut args =
+        Args { backlogs: vec![10_000, 100_000], keys: 1_000, claimers: vec![1, 2, 4], batch: 16, work: 4_000 };
     let list = |v: &str| -> Result<Vec<usize>, String> {
         v.split(',').map(|n| n.trim().replace('_', "").parse::<usize>().map_err(|e| format!("`{n}`: {e}"))).collect()
     };
@@ -116,7 +117,11 @@ async fn run(args: Args) {
         let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect");
         let started = Instant::now();
         preload(&pool, backlog, args.keys).await;
-        eprintln!("backlog of {backlog} entries over {} keys loaded in {:.1}s", args.keys, started.elapsed().as_secs_f64());
+        eprintln!(
+            "backlog of {backlog} entries over {} keys loaded in {:.1}s",
+            args.keys,
+            started.elapsed().as_secs_f64()
+        );
         for &claimers in &args.claimers {
             let mut results: Vec<(Variant, Vec<Round>)> = Variant::ALL.iter().map(|v| (*v, Vec::new())).collect();
             for _ in 0..ROUNDS {
@@ -147,7 +152,10 @@ async fn run(args: Args) {
         pool.close().await;
         drop(store);
     }
-    println!("\nclaim + settle on PostgreSQL, median of {ROUNDS} rounds, batch {}, {} entries per round", args.batch, args.work);
+    println!(
+        "\nclaim + settle on PostgreSQL, median of {ROUNDS} rounds, batch {}, {} entries per round",
+        args.batch, args.work
+    );
     println!("{}", table.render());
 }
 
@@ -270,7 +278,11 @@ async fn claim(
                 .fetch_all(pool)
                 .await
                 .expect("snapshot claim");
-            rows.into_iter().map(|(id, token)| (id, inlet::inbox::Lease { owner: owner.to_string(), token, expires_at: 1 + LEASE_MS })).collect()
+            rows.into_iter()
+                .map(|(id, token)| {
+                    (id, inlet::inbox::Lease { owner: owner.to_string(), token, expires_at: 1 + LEASE_MS })
+                })
+                .collect()
         }
     }
 }

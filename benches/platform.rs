@@ -148,9 +148,14 @@ fn parse_args() -> Result<Args, String> {
     let raw: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let mut args = if raw.iter().any(|a| a == "--quick") { Args::quick() } else { Args::full() };
     let number = |flag: &str, v: &str| -> Result<usize, String> {
-        v.replace('_', "").parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| format!("{flag}: `{v}` is not a positive number"))
+        v.replace('_', "")
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("{flag}: `{v}` is not a positive number"))
     };
-    let list = |flag: &str, v: &str| -> Result<Vec<usize>, String> { v.split(',').map(|n| number(flag, n.trim())).collect() };
+    let list =
+        |flag: &str, v: &str| -> Result<Vec<usize>, String> { v.split(',').map(|n| number(flag, n.trim())).collect() };
     let mut it = raw.iter();
     while let Some(flag) = it.next() {
         if flag == "--quick" {
@@ -203,11 +208,7 @@ fn main() {
     println!(
         "inlet platform benchmark: {} round(s), median shown; nproc={nproc}; {} push clients; route concurrency {}; \
          {} keys; pools of {POOL} connections; PostgreSQL {}",
-        args.rounds,
-        args.clients,
-        args.concurrency,
-        args.keys,
-        report.pg_version
+        args.rounds, args.clients, args.concurrency, args.keys, report.pg_version
     );
     print!("{}", report.render());
 }
@@ -309,9 +310,17 @@ async fn ingest_section(args: &Args, plugin: &Path, target: &Target, report: &mu
             sqlite_pushed[round - 1]
         );
     }
-    let (one, conflict, batched, pushed, dup) = (median(one), median(conflict), median(batched), median(pushed), median(dup));
+    let (one, conflict, batched, pushed, dup) =
+        (median(one), median(conflict), median(batched), median(pushed), median(dup));
     let (wal, sqlite_pushed) = (median(wal), median(sqlite_pushed));
-    report.row("ingest pg", "raw INSERT … ON CONFLICT DO NOTHING, 1 row/tx", per_s(one, "rows"), String::new(), None, None);
+    report.row(
+        "ingest pg",
+        "raw INSERT … ON CONFLICT DO NOTHING, 1 row/tx",
+        per_s(one, "rows"),
+        String::new(),
+        None,
+        None,
+    );
     report.row("ingest pg", "raw INSERT, 100 rows/tx", per_s(batched, "rows"), String::new(), None, None);
     report.row(
         "ingest pg",
@@ -469,7 +478,9 @@ async fn inlet_ingest(
 /// One push through the paused route: connections, the plugin and the store warm.
 async fn warm_up(inlet: &Instance) {
     let data = br#"{"workOrderId":"warmup","completedItems":1,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
-    let status = common::post_push(&reqwest::Client::new(), &inlet.base(), ROUTE, &common::push_envelope(data, &[], "warmup")).await;
+    let status =
+        common::post_push(&reqwest::Client::new(), &inlet.base(), ROUTE, &common::push_envelope(data, &[], "warmup"))
+            .await;
     assert_eq!(status, 200, "the warm-up push was answered {status}");
 }
 
@@ -507,7 +518,10 @@ async fn push_all(
                 let answer = answer.unwrap_or_else(|e| panic!("push {i}: {e}"));
                 let status = answer.status().as_u16();
                 let text = answer.text().await.unwrap_or_default();
-                assert!(status == 200 && text.contains(outcome), "push {i}: {status} {text} (wanted outcome {outcome})");
+                assert!(
+                    status == 200 && text.contains(outcome),
+                    "push {i}: {status} {text} (wanted outcome {outcome})"
+                );
             }
         });
     }
@@ -643,7 +657,9 @@ async fn relay_drain_for(
         .await;
         let seen = target.count();
         if seen != want {
-            eprintln!("  WARNING: the target saw {seen} requests for {want} entries (redeliveries after a lost settle?)");
+            eprintln!(
+                "  WARNING: the target saw {seen} requests for {want} entries (redeliveries after a lost settle?)"
+            );
         }
     }
     for inlet in running {
@@ -807,12 +823,18 @@ async fn backlog_section(args: &Args, plugin: &Path, target: &Target, report: &m
     for &backlog in &args.backlogs {
         let window = (backlog == largest).then_some(args.long_window);
         let d = relay_drain_for(args, plugin, target, backlog, 1, window).await;
-        eprintln!("backlog {backlog}: {:.0} deliveries/s, claim {:?} ms, peak RSS {:?} MiB", d.rate, d.claim_ms, d.peak_rss_mib);
+        eprintln!(
+            "backlog {backlog}: {:.0} deliveries/s, claim {:?} ms, peak RSS {:?} MiB",
+            d.rate, d.claim_ms, d.peak_rss_mib
+        );
         let base = *smallest_rate.get_or_insert(d.rate);
         let claim = d.claim_ms.map_or("n/a".to_string(), |c| format!("{c:.2} ms per claim"));
         report.row(
             "backlog pg",
-            &format!("1 instance, {backlog} backlog{}", window.map_or(String::new(), |w| format!(" ({} s)", w.as_secs()))),
+            &format!(
+                "1 instance, {backlog} backlog{}",
+                window.map_or(String::new(), |w| format!(" ({} s)", w.as_secs()))
+            ),
             per_s(d.rate, "deliveries"),
             claim,
             ratio(d.rate, base),
@@ -944,7 +966,11 @@ async fn count_entries(store: &Arc<dyn Store>) -> u64 {
 }
 
 async fn done_count(store: &Arc<dyn Store>) -> u64 {
-    let filter = inlet::inbox::ListFilter { route: Some(ROUTE.into()), status: Some(inlet::inbox::Status::Done), ..Default::default() };
+    let filter = inlet::inbox::ListFilter {
+        route: Some(ROUTE.into()),
+        status: Some(inlet::inbox::Status::Done),
+        ..Default::default()
+    };
     store.count(&filter).await.expect("count DONE")
 }
 
@@ -1065,11 +1091,7 @@ impl Peer {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let last = stdout.lines().last().expect("ensure-graphile printed nothing");
         let (node, modules) = last.split_once('\t').unwrap_or_else(|| panic!("ensure-graphile's last line: `{last}`"));
-        Peer {
-            node: node.into(),
-            modules: modules.into(),
-            script: repo.join("benches/peer/graphile.mjs"),
-        }
+        Peer { node: node.into(), modules: modules.into(), script: repo.join("benches/peer/graphile.mjs") }
     }
 
     /// One run on a fresh database: its jobs per second.
@@ -1090,7 +1112,8 @@ impl Peer {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "graphile-worker runner failed ({}): {stdout}", out.status);
         let line = stdout.lines().last().unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("runner printed `{line}`: {e}"));
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("runner printed `{line}`: {e}"));
         assert_eq!(v["jobs"].as_u64(), Some(jobs as u64), "runner: {line}");
         drop(pg);
         PeerRun {
@@ -1162,7 +1185,15 @@ struct Report {
 }
 
 impl Report {
-    fn row(&mut self, section: &str, what: &str, value: String, beside: String, ratio: Option<f64>, goal: Option<Goal>) {
+    fn row(
+        &mut self,
+        section: &str,
+        what: &str,
+        value: String,
+        beside: String,
+        ratio: Option<f64>,
+        goal: Option<Goal>,
+    ) {
         self.rows.push(Row { section: section.into(), what: what.into(), value, beside, ratio, goal });
     }
 
@@ -1176,7 +1207,9 @@ impl Report {
                     r.value.clone(),
                     r.beside.clone(),
                     r.ratio.map_or(String::new(), |x| format!("{x:.2}×")),
-                    r.goal.as_ref().map_or(String::new(), |g| format!("{} {}", g.text, if g.met { "met" } else { "NOT MET" })),
+                    r.goal
+                        .as_ref()
+                        .map_or(String::new(), |g| format!("{} {}", g.text, if g.met { "met" } else { "NOT MET" })),
                 ]
             }))
             .collect();

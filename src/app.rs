@@ -486,7 +486,11 @@ impl GaugePace {
         let slowed = interval > HOUSEKEEPING_TICK;
         if slowed != self.slowed {
             if slowed {
-                tracing::info!(?cost, ?interval, "the inbox gauges are costly to count over this backlog; refreshing them less often");
+                tracing::info!(
+                    ?cost,
+                    ?interval,
+                    "the inbox gauges are costly to count over this backlog; refreshing them less often"
+                );
             } else {
                 tracing::info!(?cost, "the inbox gauges are cheap again; refreshing them every housekeeping tick");
             }

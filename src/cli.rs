@@ -374,7 +374,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Plugin { command: PluginCommand::Test { plugin, route, message, attributes, message_id, responses } } => {
+        Command::Plugin {
+            command: PluginCommand::Test { plugin, route, message, attributes, message_id, responses },
+        } => {
             let config = match &route {
                 Some(_) => Some(
                     Config::load_partial(&routing_file(None, &cli.config)?)
@@ -725,7 +727,8 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
                 RepairAction::Requeue => reason,
             };
             let actor = crate::admin::audit::cli_actor();
-            let job = store.create_repair_job(action, &filter, reason.as_deref(), rate, &actor, matches.count, at).await?;
+            let job =
+                store.create_repair_job(action, &filter, reason.as_deref(), rate, &actor, matches.count, at).await?;
             let audit = NewAudit {
                 actor,
                 action: format!("repair-{}", action.as_str()),
@@ -743,7 +746,10 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
             Ok(ExitCode::SUCCESS)
         }
         InboxCommand::Repairs { limit } => {
-            println!("{:>5}  {:<8}  {:<8}  {:>11}  {:>6}  {:<20}  FILTER", "JOB", "ACTION", "STATE", "MOVED/TOTAL", "RATE", "BY");
+            println!(
+                "{:>5}  {:<8}  {:<8}  {:>11}  {:>6}  {:<20}  FILTER",
+                "JOB", "ACTION", "STATE", "MOVED/TOTAL", "RATE", "BY"
+            );
             for j in store.list_repair_jobs(limit).await? {
                 println!(
                     "{:>5}  {:<8}  {:<8}  {:>11}  {:>6}  {:<20}  {}",

@@ -182,7 +182,9 @@ impl Ingest {
             None => self.insert_alone(route, entry, self.clock.now()).await,
             Some(group) => match group.submit(entry).await {
                 Ok(Committed { item, outcome: Grouped::Stored(outcome) }) => (item, Ok(outcome)),
-                Ok(Committed { item, outcome: Grouped::Alone }) => self.insert_alone(route, item, self.clock.now()).await,
+                Ok(Committed { item, outcome: Grouped::Alone }) => {
+                    self.insert_alone(route, item, self.clock.now()).await
+                }
                 Ok(Committed { item, outcome: Grouped::Failed(error) }) => (item, Err(error)),
                 Err(error) => {
                     tracing::error!(route = route.name(), %error, "could not store the message; it will be redelivered");
@@ -228,7 +230,7 @@ impl Ingest {
                 });
                 if opened {
                     route.stored.notify_one();
-            self.announce(route.name());
+                    self.announce(route.name());
                 }
             }
             Err(error) => {

@@ -116,10 +116,18 @@ pub enum Decode {
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Failure {
     /// The plugin said no (render's error).
-    Error { reason: String },
-    Fault { kind: &'static str, message: String },
+    Error {
+        reason: String,
+    },
+    Fault {
+        kind: &'static str,
+        message: String,
+    },
     /// The request breaks one of the route's output rules; it would not be sent.
-    Refused { rule: &'static str, reason: String },
+    Refused {
+        rule: &'static str,
+        reason: String,
+    },
 }
 
 #[derive(Debug, Serialize)]
@@ -333,7 +341,9 @@ impl Report {
                 writeln!(out, "  correlation-key: {correlation_key}")?;
                 match dedup_key.as_deref().filter(|k| !k.is_empty()) {
                     Some(k) => writeln!(out, "  dedup-key:       {k}")?,
-                    None => writeln!(out, "  dedup-key:       (none: the broker message id `{}` is used)", self.message_id)?,
+                    None => {
+                        writeln!(out, "  dedup-key:       (none: the broker message id `{}` is used)", self.message_id)?
+                    }
                 }
                 writeln!(out, "  schema-version:  {}", schema_version.as_deref().unwrap_or("(none)"))?;
                 writeln!(out, "  body:            {body}")?;

@@ -66,7 +66,13 @@ async fn spawn(dir: &Path, sections: &str, envs: &[(&str, &str)]) -> InletProces
 /// Pushes a payload the work-order plugin cannot decode: the entry is PARKED.
 async fn push_undecodable(http: &reqwest::Client, base: &str, route: &str, id: &str) {
     let envelope = push_envelope(b"not a work order", &[], id);
-    let r = http.post(format!("{base}/push/{route}")).header("content-type", "application/json").body(envelope.to_string()).send().await.unwrap();
+    let r = http
+        .post(format!("{base}/push/{route}"))
+        .header("content-type", "application/json")
+        .body(envelope.to_string())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200, "push to {route}: {}", r.text().await.unwrap());
 }
 
@@ -294,7 +300,13 @@ async fn admin_listens_apart_from_push_when_configured() {
     let (status, body) = get(&http, &format!("{admin_base}/api/entries"), Some(ROOT)).await;
     assert_eq!((status, body["entries"].as_array().map(Vec::len)), (200, Some(1)), "{body}");
     let envelope = push_envelope(b"{}", &[], "x");
-    let r = http.post(format!("{admin_base}/push/a")).header("content-type", "application/json").body(envelope.to_string()).send().await.unwrap();
+    let r = http
+        .post(format!("{admin_base}/push/a"))
+        .header("content-type", "application/json")
+        .body(envelope.to_string())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404, "no pushes on the admin port");
     assert_eq!(get(&http, &format!("{admin_base}/metrics"), None).await.0, 401, "metrics need a token here");
     let metrics = http.get(format!("{admin_base}/metrics")).bearer_auth(VIEWER_A).send().await.unwrap();
@@ -318,7 +330,13 @@ async fn a_push_to_a_pull_route_is_not_found() {
     .await;
     let http = reqwest::Client::new();
     let envelope = push_envelope(br#"{"workOrderId":"k","completedItems":1,"completionTimestamp":"t"}"#, &[], "m-1");
-    let r = http.post(format!("{}/push/pulled", instance.base())).header("content-type", "application/json").body(envelope.to_string()).send().await.unwrap();
+    let r = http
+        .post(format!("{}/push/pulled", instance.base()))
+        .header("content-type", "application/json")
+        .body(envelope.to_string())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
     let (_, body) = get(&http, &format!("{}/api/entries", instance.base()), None).await;
     assert_eq!(body["entries"], serde_json::json!([]), "nothing stored");
@@ -375,7 +393,13 @@ async fn secrets_stay_out_of_check_errors_debug_and_last_error() {
     let instance = common::start_on_sqlite(&routes, |_| {}).await;
     let http = reqwest::Client::new();
     let envelope = push_envelope(br#"{"workOrderId":"k","completedItems":1,"completionTimestamp":"t"}"#, &[], "m-1");
-    let r = http.post(format!("{}/push/r", instance.base())).header("content-type", "application/json").body(envelope.to_string()).send().await.unwrap();
+    let r = http
+        .post(format!("{}/push/r", instance.base()))
+        .header("content-type", "application/json")
+        .body(envelope.to_string())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let store = std::sync::Arc::clone(&instance.running.shared.store);
     let last_error = wait_for("a failed attempt", WAIT, || {

@@ -334,9 +334,13 @@ async fn two_instances_publish_the_inbox_gauges_once() {
     assert!(a.shared.store.pause_route(&pause).await.unwrap());
     let http = reqwest::Client::new();
     for (i, key) in ["k1", "k2", "k3"].iter().enumerate() {
-        let data = format!(r#"{{"workOrderId":"{key}","completedItems":1,"completionTimestamp":"2026-08-01T10:00:00Z"}}"#);
+        let data =
+            format!(r#"{{"workOrderId":"{key}","completedItems":1,"completionTimestamp":"2026-08-01T10:00:00Z"}}"#);
         let base = format!("http://{}", a.addr);
-        assert_eq!(post_push(&http, &base, "orders", &push_envelope(data.as_bytes(), &[], &format!("m-{i}"))).await, 200);
+        assert_eq!(
+            post_push(&http, &base, "orders", &push_envelope(data.as_bytes(), &[], &format!("m-{i}"))).await,
+            200
+        );
     }
     let scrape = |addr: std::net::SocketAddr| {
         let http = http.clone();
@@ -345,7 +349,8 @@ async fn two_instances_publish_the_inbox_gauges_once() {
     const OPEN: &str = r#"inlet_inbox_entries{route="orders",status="OPEN"}"#;
     let (publisher, other) = wait_for("one instance to publish a backlog of 3", Duration::from_secs(30), || async {
         let (ta, tb) = (scrape(a.addr).await, scrape(b.addr).await);
-        let published = |t: &str| sample(t, "inlet_inbox_gauges_publisher") == Some(1.0) && sample(t, OPEN) == Some(3.0);
+        let published =
+            |t: &str| sample(t, "inlet_inbox_gauges_publisher") == Some(1.0) && sample(t, OPEN) == Some(3.0);
         let silent = |t: &str| sample(t, "inlet_inbox_gauges_publisher") == Some(0.0);
         match (published(&ta), published(&tb)) {
             (true, false) if silent(&tb) => Some(("a", tb)),
@@ -354,7 +359,10 @@ async fn two_instances_publish_the_inbox_gauges_once() {
         }
     })
     .await;
-    assert!(!other.contains("inlet_inbox_entries{"), "the instance that does not publish exports no inbox gauge:\n{other}");
+    assert!(
+        !other.contains("inlet_inbox_entries{"),
+        "the instance that does not publish exports no inbox gauge:\n{other}"
+    );
     assert!(!other.contains("inlet_inbox_oldest_age_seconds{"), "{other}");
     assert_eq!(sample(&other, "inlet_store_up"), Some(1.0), "every instance reports its own store_up");
 

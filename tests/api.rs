@@ -86,7 +86,8 @@ fn post_json(http: &reqwest::Client, url: String, body: Value) -> reqwest::Reque
 }
 
 async fn push(http: &reqwest::Client, base: &str, envelope: Value) -> (u16, Value) {
-    answer(http.post(format!("{base}/push/wo")).header("content-type", "application/json").body(envelope.to_string())).await
+    answer(http.post(format!("{base}/push/wo")).header("content-type", "application/json").body(envelope.to_string()))
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -98,8 +98,7 @@ impl Inlet {
     }
 
     async fn rows_after(&self, after: i64) -> Vec<Entry> {
-        let filter =
-            ListFilter { after_id: Some(after), limit: 1000, ..ListFilter::default() };
+        let filter = ListFilter { after_id: Some(after), limit: 1000, ..ListFilter::default() };
         self.store.list(&filter).await.expect("list the inbox")
     }
 
@@ -230,7 +229,15 @@ fn rule_refused(route: &str, rule: &str) -> Option<String> {
 }
 
 /// A push of a well-formed envelope carrying `data`.
-fn push(name: &'static str, route: &str, data: &[u8], id: &str, answer: Answer, row: Row, counted: Option<String>) -> Case {
+fn push(
+    name: &'static str,
+    route: &str,
+    data: &[u8],
+    id: &str,
+    answer: Answer,
+    row: Row,
+    counted: Option<String>,
+) -> Case {
     let req = Req::new("POST", format!("/push/{route}")).json(envelope(data, json!({}), id).to_string());
     Case { name, req, sent: data.to_vec(), answer, row, counted }
 }
@@ -290,13 +297,46 @@ fn corpus() -> Vec<Case> {
     use Answer::{Bare, Cut, Json, Outcome, Refused};
     let mut cases = vec![
         // --- the baseline: a good message, then the same again and its twins ---------
-        push("good", "wo", &work_order("4711", 1), "m-good", Outcome("inserted"), Row::Open("4711"), ingested("wo", "inserted")),
-        push("good again", "wo", &work_order("4711", 1), "m-good", Outcome("duplicate"), Row::Duplicate("good"), ingested("wo", "duplicate")),
-        push("same message id, other body", "wo", &work_order("4711", 2), "m-good", Outcome("conflict"), Row::Conflict("good"), ingested("wo", "conflict")),
-        push("that conflict again", "wo", &work_order("4711", 2), "m-good", Outcome("duplicate"), Row::Duplicate("same message id, other body"), ingested("wo", "duplicate")),
+        push(
+            "good",
+            "wo",
+            &work_order("4711", 1),
+            "m-good",
+            Outcome("inserted"),
+            Row::Open("4711"),
+            ingested("wo", "inserted"),
+        ),
+        push(
+            "good again",
+            "wo",
+            &work_order("4711", 1),
+            "m-good",
+            Outcome("duplicate"),
+            Row::Duplicate("good"),
+            ingested("wo", "duplicate"),
+        ),
+        push(
+            "same message id, other body",
+            "wo",
+            &work_order("4711", 2),
+            "m-good",
+            Outcome("conflict"),
+            Row::Conflict("good"),
+            ingested("wo", "conflict"),
+        ),
+        push(
+            "that conflict again",
+            "wo",
+            &work_order("4711", 2),
+            "m-good",
+            Outcome("duplicate"),
+            Row::Duplicate("same message id, other body"),
+            ingested("wo", "duplicate"),
+        ),
         Case {
             name: "same event id attribute, other message and body",
-            req: Req::new("POST", "/push/wo").json(envelope(&work_order("4712", 1), json!({"eventId": "evt-1"}), "m-evt-1").to_string()),
+            req: Req::new("POST", "/push/wo")
+                .json(envelope(&work_order("4712", 1), json!({"eventId": "evt-1"}), "m-evt-1").to_string()),
             sent: work_order("4712", 1),
             answer: Outcome("inserted"),
             row: Row::Open("4712"),
@@ -304,7 +344,8 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "event id reused by another message",
-            req: Req::new("POST", "/push/wo").json(envelope(&work_order("4712", 9), json!({"eventId": "evt-1"}), "m-evt-2").to_string()),
+            req: Req::new("POST", "/push/wo")
+                .json(envelope(&work_order("4712", 9), json!({"eventId": "evt-1"}), "m-evt-2").to_string()),
             sent: work_order("4712", 9),
             answer: Outcome("conflict"),
             row: Row::Conflict("same event id attribute, other message and body"),
@@ -319,11 +360,27 @@ fn corpus() -> Vec<Case> {
         bad_envelope("JSON array", "[]", "`body` must be a JSON object, not an array"),
         bad_envelope("JSON string", "\"message\"", "`body` must be a JSON object, not a string"),
         bad_envelope("JSON number", "42", "`body` must be a JSON object, not a number"),
-        bad_envelope("invalid UTF-8 in a string", b"{\"message\": {\"messageId\": \"m-\xff\xfe\"}}".to_vec(), "`body` is not JSON"),
+        bad_envelope(
+            "invalid UTF-8 in a string",
+            b"{\"message\": {\"messageId\": \"m-\xff\xfe\"}}".to_vec(),
+            "`body` is not JSON",
+        ),
         bad_envelope("a lone surrogate escape", r#"{"message": {"messageId": "m-\ud800"}}"#, "`body` is not JSON"),
-        bad_envelope("a UTF-8 BOM before the JSON", [b"\xef\xbb\xbf".as_slice(), envelope(b"x", json!({}), "m-bom").to_string().as_bytes()].concat(), "`body` is not JSON"),
-        bad_envelope("raw control character in a string", b"{\"message\": {\"messageId\": \"m-\x01\"}}".to_vec(), "`body` is not JSON"),
-        bad_envelope("NUL byte in the body", b"{\"message\": {\"messageId\": \"m\x00\"}}".to_vec(), "`body` is not JSON"),
+        bad_envelope(
+            "a UTF-8 BOM before the JSON",
+            [b"\xef\xbb\xbf".as_slice(), envelope(b"x", json!({}), "m-bom").to_string().as_bytes()].concat(),
+            "`body` is not JSON",
+        ),
+        bad_envelope(
+            "raw control character in a string",
+            b"{\"message\": {\"messageId\": \"m-\x01\"}}".to_vec(),
+            "`body` is not JSON",
+        ),
+        bad_envelope(
+            "NUL byte in the body",
+            b"{\"message\": {\"messageId\": \"m\x00\"}}".to_vec(),
+            "`body` is not JSON",
+        ),
         bad_envelope(
             "recursion bomb in an unused field",
             format!(r#"{{"message": {{"messageId": "m-deep"}}, "x": {}}}"#, nested(100_000)),
@@ -341,25 +398,101 @@ fn corpus() -> Vec<Case> {
         bad_envelope("message an array", r#"{"message": []}"#, "`message` must be an object, not an array"),
         bad_envelope("message without id", with_message(r#"{"data": "eA=="}"#), "`message.messageId` is missing"),
         bad_envelope("empty message id", with_message(r#"{"messageId": ""}"#), "`message.messageId` is empty"),
-        bad_envelope("message id a number", with_message(r#"{"messageId": 5}"#), "`message.messageId` must be a string, not a number"),
-        bad_envelope("snake message id a boolean", with_message(r#"{"message_id": true}"#), "`message.message_id` must be a string, not a boolean"),
-        bad_envelope("data a number", with_message(r#"{"messageId": "m", "data": 12}"#), "`message.data` must be a string, not a number"),
-        bad_envelope("data an object", with_message(r#"{"messageId": "m", "data": {"a": 1}}"#), "`message.data` must be a string, not an object"),
-        bad_envelope("data not base64", with_message(r#"{"messageId": "m", "data": "!!!!"}"#), "`message.data` is not base64"),
-        bad_envelope("data base64 with a line break", with_message(r#"{"messageId": "m", "data": "eyJh\nIjox"}"#), "`message.data` is not base64"),
-        bad_envelope("data with nonzero trailing bits", with_message(r#"{"messageId": "m", "data": "QR=="}"#), "`message.data` is not base64"),
-        bad_envelope("data mixing both alphabets", with_message(r#"{"messageId": "m", "data": "ab+-"}"#), "`message.data` is not base64"),
-        bad_envelope("data too much padding", with_message(r#"{"messageId": "m", "data": "QQ===="}"#), "`message.data` is not base64"),
-        bad_envelope("attributes an array", with_message(r#"{"messageId": "m", "attributes": [["a", "b"]]}"#), "`message.attributes` must be an object of strings, not an array"),
-        bad_envelope("attributes a string", with_message(r#"{"messageId": "m", "attributes": "a=b"}"#), "`message.attributes` must be an object of strings, not a string"),
-        bad_envelope("attribute value a number", with_message(r#"{"messageId": "m", "attributes": {"eventId": 7}}"#), "`message.attributes.eventId` must be a string, not a number"),
-        bad_envelope("attribute value null", with_message(r#"{"messageId": "m", "attributes": {"eventId": null}}"#), "`message.attributes.eventId` must be a string, not null"),
-        bad_envelope("publish time a number", with_message(r#"{"messageId": "m", "publishTime": 1785000000}"#), "`message.publishTime` must be a string, not a number"),
-        bad_envelope("subscription a number", r#"{"message": {"messageId": "m"}, "subscription": 3}"#, "`subscription` must be a string, not a number"),
-        bad_envelope("delivery attempt a string", r#"{"message": {"messageId": "m"}, "deliveryAttempt": "3"}"#, "`deliveryAttempt` must be a number, not a string"),
-        bad_envelope("delivery attempt negative", r#"{"message": {"messageId": "m"}, "deliveryAttempt": -1}"#, "`deliveryAttempt` must be a whole number"),
-        bad_envelope("delivery attempt a fraction", r#"{"message": {"messageId": "m"}, "deliveryAttempt": 1.5}"#, "`deliveryAttempt` must be a whole number"),
-        bad_envelope("delivery attempt past u32", r#"{"message": {"messageId": "m"}, "deliveryAttempt": 1099511627776}"#, "`deliveryAttempt` must be a whole number"),
+        bad_envelope(
+            "message id a number",
+            with_message(r#"{"messageId": 5}"#),
+            "`message.messageId` must be a string, not a number",
+        ),
+        bad_envelope(
+            "snake message id a boolean",
+            with_message(r#"{"message_id": true}"#),
+            "`message.message_id` must be a string, not a boolean",
+        ),
+        bad_envelope(
+            "data a number",
+            with_message(r#"{"messageId": "m", "data": 12}"#),
+            "`message.data` must be a string, not a number",
+        ),
+        bad_envelope(
+            "data an object",
+            with_message(r#"{"messageId": "m", "data": {"a": 1}}"#),
+            "`message.data` must be a string, not an object",
+        ),
+        bad_envelope(
+            "data not base64",
+            with_message(r#"{"messageId": "m", "data": "!!!!"}"#),
+            "`message.data` is not base64",
+        ),
+        bad_envelope(
+            "data base64 with a line break",
+            with_message(r#"{"messageId": "m", "data": "eyJh\nIjox"}"#),
+            "`message.data` is not base64",
+        ),
+        bad_envelope(
+            "data with nonzero trailing bits",
+            with_message(r#"{"messageId": "m", "data": "QR=="}"#),
+            "`message.data` is not base64",
+        ),
+        bad_envelope(
+            "data mixing both alphabets",
+            with_message(r#"{"messageId": "m", "data": "ab+-"}"#),
+            "`message.data` is not base64",
+        ),
+        bad_envelope(
+            "data too much padding",
+            with_message(r#"{"messageId": "m", "data": "QQ===="}"#),
+            "`message.data` is not base64",
+        ),
+        bad_envelope(
+            "attributes an array",
+            with_message(r#"{"messageId": "m", "attributes": [["a", "b"]]}"#),
+            "`message.attributes` must be an object of strings, not an array",
+        ),
+        bad_envelope(
+            "attributes a string",
+            with_message(r#"{"messageId": "m", "attributes": "a=b"}"#),
+            "`message.attributes` must be an object of strings, not a string",
+        ),
+        bad_envelope(
+            "attribute value a number",
+            with_message(r#"{"messageId": "m", "attributes": {"eventId": 7}}"#),
+            "`message.attributes.eventId` must be a string, not a number",
+        ),
+        bad_envelope(
+            "attribute value null",
+            with_message(r#"{"messageId": "m", "attributes": {"eventId": null}}"#),
+            "`message.attributes.eventId` must be a string, not null",
+        ),
+        bad_envelope(
+            "publish time a number",
+            with_message(r#"{"messageId": "m", "publishTime": 1785000000}"#),
+            "`message.publishTime` must be a string, not a number",
+        ),
+        bad_envelope(
+            "subscription a number",
+            r#"{"message": {"messageId": "m"}, "subscription": 3}"#,
+            "`subscription` must be a string, not a number",
+        ),
+        bad_envelope(
+            "delivery attempt a string",
+            r#"{"message": {"messageId": "m"}, "deliveryAttempt": "3"}"#,
+            "`deliveryAttempt` must be a number, not a string",
+        ),
+        bad_envelope(
+            "delivery attempt negative",
+            r#"{"message": {"messageId": "m"}, "deliveryAttempt": -1}"#,
+            "`deliveryAttempt` must be a whole number",
+        ),
+        bad_envelope(
+            "delivery attempt a fraction",
+            r#"{"message": {"messageId": "m"}, "deliveryAttempt": 1.5}"#,
+            "`deliveryAttempt` must be a whole number",
+        ),
+        bad_envelope(
+            "delivery attempt past u32",
+            r#"{"message": {"messageId": "m"}, "deliveryAttempt": 1099511627776}"#,
+            "`deliveryAttempt` must be a whole number",
+        ),
         // --- content types: only JSON (a browser can post the others cross-site) ----------
         not_json("no content type", None, "m-ct-1"),
         not_json("plain text content type", Some(b"text/plain"), "m-ct-2"),
@@ -370,7 +503,9 @@ fn corpus() -> Vec<Case> {
         not_json("content type not ASCII", Some(b"application/json\xff"), "m-ct-7"),
         Case {
             name: "json content type with charset",
-            req: Req::new("POST", "/push/wo").json(envelope(&work_order("ct-ok", 1), json!({}), "m-ct-8").to_string()).header("content-type", b"application/json; charset=utf-8"),
+            req: Req::new("POST", "/push/wo")
+                .json(envelope(&work_order("ct-ok", 1), json!({}), "m-ct-8").to_string())
+                .header("content-type", b"application/json; charset=utf-8"),
             sent: work_order("ct-ok", 1),
             answer: Outcome("inserted"),
             row: Row::Open("ct-ok"),
@@ -378,7 +513,9 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "json content type in capitals",
-            req: Req::new("POST", "/push/wo").json(envelope(&work_order("ct-caps", 1), json!({}), "m-ct-9").to_string()).header("content-type", b"APPLICATION/JSON"),
+            req: Req::new("POST", "/push/wo")
+                .json(envelope(&work_order("ct-caps", 1), json!({}), "m-ct-9").to_string())
+                .header("content-type", b"APPLICATION/JSON"),
             sent: work_order("ct-caps", 1),
             answer: Outcome("inserted"),
             row: Row::Open("ct-caps"),
@@ -411,7 +548,8 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "route name of 8 KiB",
-            req: Req::new("POST", format!("/push/{}", "r".repeat(8192))).json(envelope(b"x", json!({}), "m-r4").to_string()),
+            req: Req::new("POST", format!("/push/{}", "r".repeat(8192)))
+                .json(envelope(b"x", json!({}), "m-r4").to_string()),
             sent: Vec::new(),
             answer: Refused(404, Some("no_route"), "no route named `rrrr"),
             row: Row::None,
@@ -433,17 +571,40 @@ fn corpus() -> Vec<Case> {
             row: Row::None,
             counted: rejected("future", "route_refused"),
         },
-        refused("a path below a route", Req::new("POST", "/push/wo/extra").json(envelope(b"x", json!({}), "m-r7").to_string()), Refused(404, None, "no endpoint /push/wo/extra")),
-        refused("push without a route", Req::new("POST", "/push/").json(envelope(b"x", json!({}), "m-r8").to_string()), Refused(404, None, "no endpoint /push/")),
+        refused(
+            "a path below a route",
+            Req::new("POST", "/push/wo/extra").json(envelope(b"x", json!({}), "m-r7").to_string()),
+            Refused(404, None, "no endpoint /push/wo/extra"),
+        ),
+        refused(
+            "push without a route",
+            Req::new("POST", "/push/").json(envelope(b"x", json!({}), "m-r8").to_string()),
+            Refused(404, None, "no endpoint /push/"),
+        ),
         refused("GET on a push route", Req::new("GET", "/push/wo"), Refused(405, None, "does not take GET")),
-        refused("PUT on a push route", Req::new("PUT", "/push/wo").json(envelope(b"x", json!({}), "m-r9").to_string()), Refused(405, None, "does not take PUT")),
+        refused(
+            "PUT on a push route",
+            Req::new("PUT", "/push/wo").json(envelope(b"x", json!({}), "m-r9").to_string()),
+            Refused(405, None, "does not take PUT"),
+        ),
         refused("DELETE on a push route", Req::new("DELETE", "/push/wo"), Refused(405, None, "does not take DELETE")),
-        refused("a CORS preflight", Req::new("OPTIONS", "/push/wo").header("origin", b"https://evil.example").header("access-control-request-method", b"POST"), Refused(405, None, "does not take OPTIONS")),
+        refused(
+            "a CORS preflight",
+            Req::new("OPTIONS", "/push/wo")
+                .header("origin", b"https://evil.example")
+                .header("access-control-request-method", b"POST"),
+            Refused(405, None, "does not take OPTIONS"),
+        ),
         refused("an unknown path", Req::new("GET", "/nothing/here"), Refused(404, None, "no endpoint /nothing/here")),
-        refused("an unknown API path", Req::new("POST", "/api/nothing"), Refused(404, None, "no endpoint /api/nothing")),
+        refused(
+            "an unknown API path",
+            Req::new("POST", "/api/nothing"),
+            Refused(404, None, "no endpoint /api/nothing"),
+        ),
         Case {
             name: "a query string on a push",
-            req: Req::new("POST", "/push/wo?token=abc&x=%00").json(envelope(&work_order("q", 1), json!({}), "m-q").to_string()),
+            req: Req::new("POST", "/push/wo?token=abc&x=%00")
+                .json(envelope(&work_order("q", 1), json!({}), "m-q").to_string()),
             sent: work_order("q", 1),
             answer: Outcome("inserted"),
             row: Row::Open("q"),
@@ -460,20 +621,32 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "a 32 KiB header",
-            req: Req::new("POST", "/push/wo").json(envelope(&work_order("hdr", 1), json!({}), "m-hdr").to_string()).header("x-filler", "h".repeat(32 << 10).as_bytes()),
+            req: Req::new("POST", "/push/wo")
+                .json(envelope(&work_order("hdr", 1), json!({}), "m-hdr").to_string())
+                .header("x-filler", "h".repeat(32 << 10).as_bytes()),
             sent: work_order("hdr", 1),
             answer: Outcome("inserted"),
             row: Row::Open("hdr"),
             counted: ingested("wo", "inserted"),
         },
-        refused("a 1 MiB header", Req::new("POST", "/push/wo").json(envelope(&work_order("hdr", 2), json!({}), "m-hdr-2").to_string()).header("x-filler", "h".repeat(1 << 20).as_bytes()), Cut(431)),
-        refused("too many headers", {
-            let mut r = Req::new("POST", "/push/wo").json("");
-            for i in 0..200 {
-                r = r.header(&format!("x-h-{i}"), b"1");
-            }
-            r
-        }, Bare(431)),
+        refused(
+            "a 1 MiB header",
+            Req::new("POST", "/push/wo")
+                .json(envelope(&work_order("hdr", 2), json!({}), "m-hdr-2").to_string())
+                .header("x-filler", "h".repeat(1 << 20).as_bytes()),
+            Cut(431),
+        ),
+        refused(
+            "too many headers",
+            {
+                let mut r = Req::new("POST", "/push/wo").json("");
+                for i in 0..200 {
+                    r = r.header(&format!("x-h-{i}"), b"1");
+                }
+                r
+            },
+            Bare(431),
+        ),
         // --- the message data: empty, odd spellings, what the plugin cannot read --------
         Case {
             name: "no data at all",
@@ -493,23 +666,92 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "data null, attributes null, snake case",
-            req: Req::new("POST", "/push/wo").json(with_message(r#"{"message_id": "m-null", "data": null, "attributes": null, "publish_time": null}"#)),
+            req: Req::new("POST", "/push/wo").json(with_message(
+                r#"{"message_id": "m-null", "data": null, "attributes": null, "publish_time": null}"#,
+            )),
             sent: Vec::new(),
             answer: Outcome("parked"),
             row: Row::Parked("payload is not a work-order-completed event"),
             counted: ingested("wo", "parked"),
         },
-        push("data not UTF-8", "wo", b"\xff\xfe\x00garbage\x80", "m-bin", Outcome("parked"), Row::Parked("payload is not a work-order-completed event"), ingested("wo", "parked")),
-        push("data not JSON", "wo", b"not a work order", "m-text", Outcome("parked"), Row::Parked("payload is not a work-order-completed event"), ingested("wo", "parked")),
-        push("data JSON of another shape", "wo", br#"{"workOrderId": 4711}"#, "m-shape", Outcome("parked"), Row::Parked("invalid type"), ingested("wo", "parked")),
-        push("data with a negative count", "wo", br#"{"workOrderId":"n","completedItems":-3,"completionTimestamp":"t"}"#, "m-neg", Outcome("parked"), Row::Parked("invalid value"), ingested("wo", "parked")),
-        push("data with an empty key", "wo", br#"{"workOrderId":"  ","completedItems":1,"completionTimestamp":"t"}"#, "m-blank", Outcome("parked"), Row::Parked("workOrderId is empty"), ingested("wo", "parked")),
-        push("data with a NUL in the key", "wo", br#"{"workOrderId":"a\u0000b","completedItems":1,"completionTimestamp":"t"}"#, "m-nulkey", Outcome("parked"), Row::Parked("correlation-key.control-char"), rule_refused("wo", "correlation-key.control-char")),
-        push("data a recursion bomb", "wo", nested(10_000).as_bytes(), "m-bomb", Outcome("parked"), Row::Parked("payload is not a work-order-completed event"), ingested("wo", "parked")),
-        push("data of 600 KiB", "wo", &work_order(&"k".repeat(600 << 10), 1), "m-600k", Outcome("parked"), Row::Parked("correlation-key.max-bytes"), rule_refused("wo", "correlation-key.max-bytes")),
+        push(
+            "data not UTF-8",
+            "wo",
+            b"\xff\xfe\x00garbage\x80",
+            "m-bin",
+            Outcome("parked"),
+            Row::Parked("payload is not a work-order-completed event"),
+            ingested("wo", "parked"),
+        ),
+        push(
+            "data not JSON",
+            "wo",
+            b"not a work order",
+            "m-text",
+            Outcome("parked"),
+            Row::Parked("payload is not a work-order-completed event"),
+            ingested("wo", "parked"),
+        ),
+        push(
+            "data JSON of another shape",
+            "wo",
+            br#"{"workOrderId": 4711}"#,
+            "m-shape",
+            Outcome("parked"),
+            Row::Parked("invalid type"),
+            ingested("wo", "parked"),
+        ),
+        push(
+            "data with a negative count",
+            "wo",
+            br#"{"workOrderId":"n","completedItems":-3,"completionTimestamp":"t"}"#,
+            "m-neg",
+            Outcome("parked"),
+            Row::Parked("invalid value"),
+            ingested("wo", "parked"),
+        ),
+        push(
+            "data with an empty key",
+            "wo",
+            br#"{"workOrderId":"  ","completedItems":1,"completionTimestamp":"t"}"#,
+            "m-blank",
+            Outcome("parked"),
+            Row::Parked("workOrderId is empty"),
+            ingested("wo", "parked"),
+        ),
+        push(
+            "data with a NUL in the key",
+            "wo",
+            br#"{"workOrderId":"a\u0000b","completedItems":1,"completionTimestamp":"t"}"#,
+            "m-nulkey",
+            Outcome("parked"),
+            Row::Parked("correlation-key.control-char"),
+            rule_refused("wo", "correlation-key.control-char"),
+        ),
+        push(
+            "data a recursion bomb",
+            "wo",
+            nested(10_000).as_bytes(),
+            "m-bomb",
+            Outcome("parked"),
+            Row::Parked("payload is not a work-order-completed event"),
+            ingested("wo", "parked"),
+        ),
+        push(
+            "data of 600 KiB",
+            "wo",
+            &work_order(&"k".repeat(600 << 10), 1),
+            "m-600k",
+            Outcome("parked"),
+            Row::Parked("correlation-key.max-bytes"),
+            rule_refused("wo", "correlation-key.max-bytes"),
+        ),
         Case {
             name: "data URL-safe base64",
-            req: Req::new("POST", "/push/wo").json(with_message(&format!(r#"{{"messageId": "m-url", "data": "{}"}}"#, base64::engine::general_purpose::URL_SAFE.encode(base64_sensitive())))),
+            req: Req::new("POST", "/push/wo").json(with_message(&format!(
+                r#"{{"messageId": "m-url", "data": "{}"}}"#,
+                base64::engine::general_purpose::URL_SAFE.encode(base64_sensitive())
+            ))),
             sent: base64_sensitive(),
             answer: Outcome("inserted"),
             row: Row::Open("b64~~~?>?>"),
@@ -517,7 +759,10 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "data standard base64 without padding",
-            req: Req::new("POST", "/push/wo").json(with_message(&format!(r#"{{"messageId": "m-nopad", "data": "{}"}}"#, base64::engine::general_purpose::STANDARD_NO_PAD.encode(work_order("nopad", 12))))),
+            req: Req::new("POST", "/push/wo").json(with_message(&format!(
+                r#"{{"messageId": "m-nopad", "data": "{}"}}"#,
+                base64::engine::general_purpose::STANDARD_NO_PAD.encode(work_order("nopad", 12))
+            ))),
             sent: work_order("nopad", 12),
             answer: Outcome("inserted"),
             row: Row::Open("nopad"),
@@ -525,7 +770,10 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "data URL-safe base64 without padding",
-            req: Req::new("POST", "/push/wo").json(with_message(&format!(r#"{{"messageId": "m-url-nopad", "data": "{}"}}"#, base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(base64_sensitive())))),
+            req: Req::new("POST", "/push/wo").json(with_message(&format!(
+                r#"{{"messageId": "m-url-nopad", "data": "{}"}}"#,
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(base64_sensitive())
+            ))),
             sent: base64_sensitive(),
             answer: Outcome("inserted"),
             row: Row::Open("b64~~~?>?>"),
@@ -534,7 +782,10 @@ fn corpus() -> Vec<Case> {
         // --- odd but legal envelopes: stored, nothing lost -------------------------------
         Case {
             name: "unknown fields and an ordering key",
-            req: Req::new("POST", "/push/wo").json(with_message(&format!(r#"{{"messageId": "m-extra", "orderingKey": "k", "whatever": [1, {{"a": null}}], "data": "{}"}}"#, b64(&work_order("extra", 1))))),
+            req: Req::new("POST", "/push/wo").json(with_message(&format!(
+                r#"{{"messageId": "m-extra", "orderingKey": "k", "whatever": [1, {{"a": null}}], "data": "{}"}}"#,
+                b64(&work_order("extra", 1))
+            ))),
             sent: work_order("extra", 1),
             answer: Outcome("inserted"),
             row: Row::Open("extra"),
@@ -542,14 +793,28 @@ fn corpus() -> Vec<Case> {
         },
         bad_envelope(
             "the message twice in one body",
-            format!(r#"{{"message": {{"messageId": "m-first", "data": "{}"}}, "message": {{"messageId": "m-second"}}}}"#, b64(b"first")),
+            format!(
+                r#"{{"message": {{"messageId": "m-first", "data": "{}"}}, "message": {{"messageId": "m-second"}}}}"#,
+                b64(b"first")
+            ),
             "`message` appears twice in one object",
         ),
-        bad_envelope("the message id twice", with_message(r#"{"messageId": "m-a", "messageId": "m-b"}"#), "`message.messageId` appears twice"),
-        bad_envelope("an attribute twice", with_message(r#"{"messageId": "m", "attributes": {"eventId": "1", "eventId": "2"}}"#), "`message.attributes.eventId` appears twice"),
+        bad_envelope(
+            "the message id twice",
+            with_message(r#"{"messageId": "m-a", "messageId": "m-b"}"#),
+            "`message.messageId` appears twice",
+        ),
+        bad_envelope(
+            "an attribute twice",
+            with_message(r#"{"messageId": "m", "attributes": {"eventId": "1", "eventId": "2"}}"#),
+            "`message.attributes.eventId` appears twice",
+        ),
         Case {
             name: "a NUL in the message id",
-            req: Req::new("POST", "/push/wo").json(with_message(&format!(r#"{{"messageId": "m-\u0000-nul", "data": "{}"}}"#, b64(&work_order("nulid", 1))))),
+            req: Req::new("POST", "/push/wo").json(with_message(&format!(
+                r#"{{"messageId": "m-\u0000-nul", "data": "{}"}}"#,
+                b64(&work_order("nulid", 1))
+            ))),
             sent: work_order("nulid", 1),
             answer: Outcome(""),
             row: Row::Stored,
@@ -557,7 +822,10 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "a NUL in the publish time",
-            req: Req::new("POST", "/push/wo").json(with_message(&format!(r#"{{"messageId": "m-nultime", "publishTime": "2026\u0000", "data": "{}"}}"#, b64(&work_order("nultime", 1))))),
+            req: Req::new("POST", "/push/wo").json(with_message(&format!(
+                r#"{{"messageId": "m-nultime", "publishTime": "2026\u0000", "data": "{}"}}"#,
+                b64(&work_order("nultime", 1))
+            ))),
             sent: work_order("nultime", 1),
             answer: Outcome(""),
             row: Row::Stored,
@@ -565,7 +833,8 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "NUL in an attribute key and value",
-            req: Req::new("POST", "/push/wo").json(envelope(&work_order("nulattr", 1), json!({"a\u{0}b": "c\u{0}d"}), "m-nulattr").to_string()),
+            req: Req::new("POST", "/push/wo")
+                .json(envelope(&work_order("nulattr", 1), json!({"a\u{0}b": "c\u{0}d"}), "m-nulattr").to_string()),
             sent: work_order("nulattr", 1),
             answer: Outcome("inserted"),
             row: Row::Open("nulattr"),
@@ -573,7 +842,9 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "a 512 KiB attribute value",
-            req: Req::new("POST", "/push/wo").json(envelope(&work_order("bigattr", 1), json!({"big": "v".repeat(512 << 10)}), "m-bigattr").to_string()),
+            req: Req::new("POST", "/push/wo").json(
+                envelope(&work_order("bigattr", 1), json!({"big": "v".repeat(512 << 10)}), "m-bigattr").to_string(),
+            ),
             sent: work_order("bigattr", 1),
             answer: Outcome("inserted"),
             row: Row::Open("bigattr"),
@@ -581,7 +852,8 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "a 64 KiB attribute key",
-            req: Req::new("POST", "/push/wo").json(envelope(&work_order("bigkey", 1), json!({"k".repeat(64 << 10): "v"}), "m-bigkey").to_string()),
+            req: Req::new("POST", "/push/wo")
+                .json(envelope(&work_order("bigkey", 1), json!({"k".repeat(64 << 10): "v"}), "m-bigkey").to_string()),
             sent: work_order("bigkey", 1),
             answer: Outcome("inserted"),
             row: Row::Open("bigkey"),
@@ -589,7 +861,14 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "10,000 attributes",
-            req: Req::new("POST", "/push/wo").json(envelope(&work_order("manyattrs", 1), Value::Object((0..10_000).map(|i| (format!("a{i}"), json!("v"))).collect()), "m-manyattrs").to_string()),
+            req: Req::new("POST", "/push/wo").json(
+                envelope(
+                    &work_order("manyattrs", 1),
+                    Value::Object((0..10_000).map(|i| (format!("a{i}"), json!("v"))).collect()),
+                    "m-manyattrs",
+                )
+                .to_string(),
+            ),
             sent: work_order("manyattrs", 1),
             answer: Outcome("inserted"),
             row: Row::Open("manyattrs"),
@@ -597,19 +876,68 @@ fn corpus() -> Vec<Case> {
         },
         Case {
             name: "a 64 KiB message id",
-            req: Req::new("POST", "/push/wo").json(envelope(&work_order("longid", 1), json!({}), &"i".repeat(64 << 10)).to_string()),
+            req: Req::new("POST", "/push/wo")
+                .json(envelope(&work_order("longid", 1), json!({}), &"i".repeat(64 << 10)).to_string()),
             sent: work_order("longid", 1),
             answer: Outcome("inserted"),
             row: Row::Open("longid"),
             counted: ingested("wo", "inserted"),
         },
-        push("a message id of control characters and emoji", "wo", &work_order("oddid", 1), "m-\u{1}\u{7f}\u{2028}😀", Outcome("inserted"), Row::Open("oddid"), ingested("wo", "inserted")),
+        push(
+            "a message id of control characters and emoji",
+            "wo",
+            &work_order("oddid", 1),
+            "m-\u{1}\u{7f}\u{2028}😀",
+            Outcome("inserted"),
+            Row::Open("oddid"),
+            ingested("wo", "inserted"),
+        ),
         // --- plugins that choke ---------------------------------------------------------
-        push("plugin panics", "hostile", b"panic", "h-panic", Outcome("parked"), Row::Parked("plugin fault during decode"), ingested("hostile", "parked")),
-        push("plugin loops", "hostile", b"loop", "h-loop", Outcome("parked"), Row::Parked("plugin fault during decode"), ingested("hostile", "parked")),
-        push("plugin allocates 1 GiB", "hostile", b"alloc", "h-alloc", Outcome("parked"), Row::Parked("plugin fault during decode"), ingested("hostile", "parked")),
-        push("plugin answers 9 MiB", "hostile", b"big9", "h-big9", Outcome("parked"), Row::Parked("plugin returned 9437184 bytes, more than the 1048576 allowed"), ingested("hostile", "parked")),
-        push("plugin writes to stderr and panics", "hostile", b"chatty-panic:corpus-7", "h-chatty", Outcome("parked"), Row::Parked("corpus-7"), ingested("hostile", "parked")),
+        push(
+            "plugin panics",
+            "hostile",
+            b"panic",
+            "h-panic",
+            Outcome("parked"),
+            Row::Parked("plugin fault during decode"),
+            ingested("hostile", "parked"),
+        ),
+        push(
+            "plugin loops",
+            "hostile",
+            b"loop",
+            "h-loop",
+            Outcome("parked"),
+            Row::Parked("plugin fault during decode"),
+            ingested("hostile", "parked"),
+        ),
+        push(
+            "plugin allocates 1 GiB",
+            "hostile",
+            b"alloc",
+            "h-alloc",
+            Outcome("parked"),
+            Row::Parked("plugin fault during decode"),
+            ingested("hostile", "parked"),
+        ),
+        push(
+            "plugin answers 9 MiB",
+            "hostile",
+            b"big9",
+            "h-big9",
+            Outcome("parked"),
+            Row::Parked("plugin returned 9437184 bytes, more than the 1048576 allowed"),
+            ingested("hostile", "parked"),
+        ),
+        push(
+            "plugin writes to stderr and panics",
+            "hostile",
+            b"chatty-panic:corpus-7",
+            "h-chatty",
+            Outcome("parked"),
+            Row::Parked("corpus-7"),
+            ingested("hostile", "parked"),
+        ),
         Case {
             name: "plugin sleeps (first try: not acked)",
             req: Req::new("POST", "/push/hostile").json(envelope(b"sleep", json!({}), "h-sleep").to_string()),
@@ -618,28 +946,140 @@ fn corpus() -> Vec<Case> {
             row: Row::None,
             counted: rejected("hostile", "plugin_busy"),
         },
-        push("plugin sleeps (second try: parked)", "hostile", b"sleep", "h-sleep", Outcome("parked"), Row::Parked("2 times"), ingested("hostile", "parked")),
-        push("plugin key with a colon", "hostile", b"fine:1", "h-fine", Outcome("inserted"), Row::Open("fine"), ingested("hostile", "inserted")),
-        push("plugin key of 64 KiB", "unruly", br#"{"key_bytes": 65536}"#, "u-key", Outcome("parked"), Row::Parked("correlation-key.max-bytes"), rule_refused("unruly", "correlation-key.max-bytes")),
-        push("plugin dedup key of 64 KiB", "unruly", br#"{"dedup": "d", "dedup_bytes": 65536}"#, "u-dedup", Outcome("parked"), Row::Parked("dedup-key.max-bytes"), rule_refused("unruly", "dedup-key.max-bytes")),
-        push("plugin key with a line break", "unruly", br#"{"key": "a\nb"}"#, "u-lf", Outcome("parked"), Row::Parked("correlation-key.control-char"), rule_refused("unruly", "correlation-key.control-char")),
-        push("plugin empty key", "unruly", br#"{"key": ""}"#, "u-empty", Outcome("parked"), Row::Parked("correlation-key.empty"), rule_refused("unruly", "correlation-key.empty")),
-        push("plugin event type of 4 KiB", "unruly", format!(r#"{{"event_type": "{}"}}"#, "t".repeat(4096)).as_bytes(), "u-type", Outcome("parked"), Row::Parked("event-type.max-bytes"), rule_refused("unruly", "event-type.max-bytes")),
-        push("plugin decode error", "unruly", b"[1, 2, 3]", "u-bad", Outcome("parked"), Row::Parked("not unruly orders"), ingested("unruly", "parked")),
-        push("plugin ignores", "unruly", br#"{"ignore": "not for us"}"#, "u-ignore", Outcome("ignored"), Row::Ignored("ignored by the plugin: not for us"), ingested("unruly", "ignored")),
-        push("plugin ignores with a NUL in the reason", "unruly", br#"{"ignore": "not\u0000ours"}"#, "u-ignore-nul", Outcome("ignored"), Row::Ignored("ignored by the plugin: not\\u{0}ours"), ingested("unruly", "ignored")),
-        push("plugin ignores with a 100 KiB reason", "unruly", br#"{"ignore": "long", "ignore_bytes": 102400}"#, "u-ignore-long", Outcome("ignored"), Row::Ignored("ignored by the plugin: long"), ingested("unruly", "ignored")),
-        push("plugin good event", "unruly", br#"{"key": "u-1"}"#, "u-good", Outcome("inserted"), Row::Open("u-1"), ingested("unruly", "inserted")),
+        push(
+            "plugin sleeps (second try: parked)",
+            "hostile",
+            b"sleep",
+            "h-sleep",
+            Outcome("parked"),
+            Row::Parked("2 times"),
+            ingested("hostile", "parked"),
+        ),
+        push(
+            "plugin key with a colon",
+            "hostile",
+            b"fine:1",
+            "h-fine",
+            Outcome("inserted"),
+            Row::Open("fine"),
+            ingested("hostile", "inserted"),
+        ),
+        push(
+            "plugin key of 64 KiB",
+            "unruly",
+            br#"{"key_bytes": 65536}"#,
+            "u-key",
+            Outcome("parked"),
+            Row::Parked("correlation-key.max-bytes"),
+            rule_refused("unruly", "correlation-key.max-bytes"),
+        ),
+        push(
+            "plugin dedup key of 64 KiB",
+            "unruly",
+            br#"{"dedup": "d", "dedup_bytes": 65536}"#,
+            "u-dedup",
+            Outcome("parked"),
+            Row::Parked("dedup-key.max-bytes"),
+            rule_refused("unruly", "dedup-key.max-bytes"),
+        ),
+        push(
+            "plugin key with a line break",
+            "unruly",
+            br#"{"key": "a\nb"}"#,
+            "u-lf",
+            Outcome("parked"),
+            Row::Parked("correlation-key.control-char"),
+            rule_refused("unruly", "correlation-key.control-char"),
+        ),
+        push(
+            "plugin empty key",
+            "unruly",
+            br#"{"key": ""}"#,
+            "u-empty",
+            Outcome("parked"),
+            Row::Parked("correlation-key.empty"),
+            rule_refused("unruly", "correlation-key.empty"),
+        ),
+        push(
+            "plugin event type of 4 KiB",
+            "unruly",
+            format!(r#"{{"event_type": "{}"}}"#, "t".repeat(4096)).as_bytes(),
+            "u-type",
+            Outcome("parked"),
+            Row::Parked("event-type.max-bytes"),
+            rule_refused("unruly", "event-type.max-bytes"),
+        ),
+        push(
+            "plugin decode error",
+            "unruly",
+            b"[1, 2, 3]",
+            "u-bad",
+            Outcome("parked"),
+            Row::Parked("not unruly orders"),
+            ingested("unruly", "parked"),
+        ),
+        push(
+            "plugin ignores",
+            "unruly",
+            br#"{"ignore": "not for us"}"#,
+            "u-ignore",
+            Outcome("ignored"),
+            Row::Ignored("ignored by the plugin: not for us"),
+            ingested("unruly", "ignored"),
+        ),
+        push(
+            "plugin ignores with a NUL in the reason",
+            "unruly",
+            br#"{"ignore": "not\u0000ours"}"#,
+            "u-ignore-nul",
+            Outcome("ignored"),
+            Row::Ignored("ignored by the plugin: not\\u{0}ours"),
+            ingested("unruly", "ignored"),
+        ),
+        push(
+            "plugin ignores with a 100 KiB reason",
+            "unruly",
+            br#"{"ignore": "long", "ignore_bytes": 102400}"#,
+            "u-ignore-long",
+            Outcome("ignored"),
+            Row::Ignored("ignored by the plugin: long"),
+            ingested("unruly", "ignored"),
+        ),
+        push(
+            "plugin good event",
+            "unruly",
+            br#"{"key": "u-1"}"#,
+            "u-good",
+            Outcome("inserted"),
+            Row::Open("u-1"),
+            ingested("unruly", "inserted"),
+        ),
     ];
     // --- the admin API with hostile values: refused, nothing changes ---------------------
     let get = |path: &str| Req::new("GET", path.to_string());
     let post = |path: &str, body: &str| Req::new("POST", path.to_string()).json(body.to_string());
     let admin: Vec<(&'static str, Req, Answer)> = vec![
-        ("list: NUL in key", get("/api/entries?key=%00"), Refused(400, None, "query parameter `key` holds a NUL character")),
-        ("list: NUL in route", get("/api/entries?route=w%00o"), Refused(400, None, "query parameter `route` holds a NUL character")),
+        (
+            "list: NUL in key",
+            get("/api/entries?key=%00"),
+            Refused(400, None, "query parameter `key` holds a NUL character"),
+        ),
+        (
+            "list: NUL in route",
+            get("/api/entries?route=w%00o"),
+            Refused(400, None, "query parameter `route` holds a NUL character"),
+        ),
         ("list: NUL in status", get("/api/entries?status=%00"), Refused(400, None, "")),
-        ("list: NUL in text", get("/api/entries?text=a%00"), Refused(400, None, "query parameter `text` holds a NUL character")),
-        ("list: NUL in fingerprint", get("/api/entries?fingerprint=%00"), Refused(400, None, "query parameter `fingerprint` holds a NUL character")),
+        (
+            "list: NUL in text",
+            get("/api/entries?text=a%00"),
+            Refused(400, None, "query parameter `text` holds a NUL character"),
+        ),
+        (
+            "list: NUL in fingerprint",
+            get("/api/entries?fingerprint=%00"),
+            Refused(400, None, "query parameter `fingerprint` holds a NUL character"),
+        ),
         ("list: SQL wildcards in text", get("/api/entries?text=%25_%5C"), Json(200)),
         ("list: negative limit", get("/api/entries?limit=-1"), Refused(400, None, "limit")),
         ("list: limit past u32", get("/api/entries?limit=99999999999"), Refused(400, None, "limit")),
@@ -655,30 +1095,102 @@ fn corpus() -> Vec<Case> {
         ("show: negative id", get("/api/entries/-1"), Refused(404, None, "no entry -1")),
         ("show: id past i64", get("/api/entries/99999999999999999999"), Refused(400, None, "")),
         ("show: NUL id", get("/api/entries/%00"), Refused(400, None, "")),
-        ("failures: NUL route", get("/api/failures?route=%00"), Refused(400, None, "query parameter `route` holds a NUL character")),
+        (
+            "failures: NUL route",
+            get("/api/failures?route=%00"),
+            Refused(400, None, "query parameter `route` holds a NUL character"),
+        ),
         ("failures: limit not a number", get("/api/failures?limit=many"), Refused(400, None, "limit")),
         ("audit: after not a number", get("/api/audit?after=x"), Refused(400, None, "after")),
         ("repairs list: negative limit", get("/api/repairs?limit=-1"), Refused(400, None, "limit")),
         ("repairs list: unknown field", get("/api/repairs?bogus=1"), Refused(400, None, "bogus")),
-        ("repair: not JSON", Req::new("POST", "/api/repairs").header("content-type", b"text/plain").header("x", b"1"), Refused(415, None, "Content-Type")),
-        ("repair: NUL in text", post("/api/repairs", r#"{"action": "requeue", "text": "a\u0000", "dry_run": true}"#), Refused(400, None, "`text` holds a NUL character")),
-        ("repair: NUL in key", post("/api/repairs", r#"{"action": "requeue", "key": "\u0000", "dry_run": true}"#), Refused(400, None, "`key` holds a NUL character")),
-        ("repair: NUL in fingerprint", post("/api/repairs", r#"{"action": "requeue", "fingerprint": "\u0000"}"#), Refused(400, None, "`fingerprint` holds a NUL character")),
+        (
+            "repair: not JSON",
+            Req::new("POST", "/api/repairs").header("content-type", b"text/plain").header("x", b"1"),
+            Refused(415, None, "Content-Type"),
+        ),
+        (
+            "repair: NUL in text",
+            post("/api/repairs", r#"{"action": "requeue", "text": "a\u0000", "dry_run": true}"#),
+            Refused(400, None, "`text` holds a NUL character"),
+        ),
+        (
+            "repair: NUL in key",
+            post("/api/repairs", r#"{"action": "requeue", "key": "\u0000", "dry_run": true}"#),
+            Refused(400, None, "`key` holds a NUL character"),
+        ),
+        (
+            "repair: NUL in fingerprint",
+            post("/api/repairs", r#"{"action": "requeue", "fingerprint": "\u0000"}"#),
+            Refused(400, None, "`fingerprint` holds a NUL character"),
+        ),
         ("repair: unknown action", post("/api/repairs", r#"{"action": "explode"}"#), Refused(422, None, "explode")),
-        ("repair: rate 0", post("/api/repairs", r#"{"action": "requeue", "rate": 0}"#), Refused(400, None, "rate must be between")),
-        ("repair: rate past u32", post("/api/repairs", r#"{"action": "requeue", "rate": 99999999999}"#), Refused(422, None, "")),
-        ("repair: huge time", post("/api/repairs", r#"{"action": "requeue", "received_after": 1e300}"#), Refused(422, None, "")),
-        ("repair: park without reason", post("/api/repairs", r#"{"action": "park", "dry_run": true}"#), Refused(400, None, "needs a `reason`")),
-        ("repair: a recursion bomb", post("/api/repairs", &format!(r#"{{"action": "requeue", "x": {}}}"#, nested(10_000))), Refused(400, None, "recursion limit")),
-        ("park: NUL in the reason", post("/api/entries/@no data at all@/park", r#"{"reason": "a\u0000b"}"#), Refused(400, None, "`reason` holds a NUL character")),
-        ("ignore: NUL in the reason", post("/api/entries/@no data at all@/ignore", r#"{"reason": "\u0000"}"#), Refused(400, None, "`reason` holds a NUL character")),
-        ("ignore: reason a number", post("/api/entries/@no data at all@/ignore", r#"{"reason": 5}"#), Refused(422, None, "reason")),
-        ("ignore: unknown field", post("/api/entries/@no data at all@/ignore", r#"{"reason": "x", "force": true}"#), Refused(422, None, "force")),
-        ("pause: NUL in the reason", post("/api/routes/wo/pause", r#"{"reason": "a\u0000b"}"#), Refused(400, None, "`reason` holds a NUL character")),
-        ("pause: NUL in the route", post("/api/routes/w%00o/pause", r#"{"reason": "x"}"#), Refused(404, None, "no route named")),
-        ("resume: a route never paused", Req::new("POST", "/api/routes/wo/resume"), Refused(409, None, "is not paused")),
+        (
+            "repair: rate 0",
+            post("/api/repairs", r#"{"action": "requeue", "rate": 0}"#),
+            Refused(400, None, "rate must be between"),
+        ),
+        (
+            "repair: rate past u32",
+            post("/api/repairs", r#"{"action": "requeue", "rate": 99999999999}"#),
+            Refused(422, None, ""),
+        ),
+        (
+            "repair: huge time",
+            post("/api/repairs", r#"{"action": "requeue", "received_after": 1e300}"#),
+            Refused(422, None, ""),
+        ),
+        (
+            "repair: park without reason",
+            post("/api/repairs", r#"{"action": "park", "dry_run": true}"#),
+            Refused(400, None, "needs a `reason`"),
+        ),
+        (
+            "repair: a recursion bomb",
+            post("/api/repairs", &format!(r#"{{"action": "requeue", "x": {}}}"#, nested(10_000))),
+            Refused(400, None, "recursion limit"),
+        ),
+        (
+            "park: NUL in the reason",
+            post("/api/entries/@no data at all@/park", r#"{"reason": "a\u0000b"}"#),
+            Refused(400, None, "`reason` holds a NUL character"),
+        ),
+        (
+            "ignore: NUL in the reason",
+            post("/api/entries/@no data at all@/ignore", r#"{"reason": "\u0000"}"#),
+            Refused(400, None, "`reason` holds a NUL character"),
+        ),
+        (
+            "ignore: reason a number",
+            post("/api/entries/@no data at all@/ignore", r#"{"reason": 5}"#),
+            Refused(422, None, "reason"),
+        ),
+        (
+            "ignore: unknown field",
+            post("/api/entries/@no data at all@/ignore", r#"{"reason": "x", "force": true}"#),
+            Refused(422, None, "force"),
+        ),
+        (
+            "pause: NUL in the reason",
+            post("/api/routes/wo/pause", r#"{"reason": "a\u0000b"}"#),
+            Refused(400, None, "`reason` holds a NUL character"),
+        ),
+        (
+            "pause: NUL in the route",
+            post("/api/routes/w%00o/pause", r#"{"reason": "x"}"#),
+            Refused(404, None, "no route named"),
+        ),
+        (
+            "resume: a route never paused",
+            Req::new("POST", "/api/routes/wo/resume"),
+            Refused(409, None, "is not paused"),
+        ),
         ("purge: a negative age", post("/api/purge", r#"{"older_than": "-1d"}"#), Refused(400, None, "older_than")),
-        ("purge: NUL in the age", post("/api/purge", r#"{"older_than": "1d\u0000"}"#), Refused(400, None, "`older_than` holds a NUL character")),
+        (
+            "purge: NUL in the age",
+            post("/api/purge", r#"{"older_than": "1d\u0000"}"#),
+            Refused(400, None, "`older_than` holds a NUL character"),
+        ),
         ("purge: an age past any clock", post("/api/purge", r#"{"older_than": "99999999999d"}"#), Json(200)),
     ];
     for (name, req, answer) in admin {
@@ -710,7 +1222,8 @@ async fn send_head(inlet: &Inlet, req: &Req, declared: usize) -> Got {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = inlet.base.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let mut head = format!("{} {} HTTP/1.1\r\nHost: inlet\r\nContent-Length: {declared}\r\n", req.method, req.path).into_bytes();
+    let mut head =
+        format!("{} {} HTTP/1.1\r\nHost: inlet\r\nContent-Length: {declared}\r\n", req.method, req.path).into_bytes();
     for (name, value) in &req.headers {
         head.extend_from_slice(format!("{name}: ").as_bytes());
         head.extend_from_slice(value);
@@ -776,10 +1289,13 @@ fn check_answer(want: &Answer, got: &Got) -> Vec<String> {
     }
     let shown = got.text.chars().take(300).collect::<String>();
     match want {
-        Answer::Bare(status) => expect(got.status == *status, format!("status {} (want {status}): {shown}", got.status)),
-        Answer::Cut(status) => {
-            expect(got.status == *status || got.status == 0, format!("status {} (want {status} or a cut): {shown}", got.status))
+        Answer::Bare(status) => {
+            expect(got.status == *status, format!("status {} (want {status}): {shown}", got.status))
         }
+        Answer::Cut(status) => expect(
+            got.status == *status || got.status == 0,
+            format!("status {} (want {status} or a cut): {shown}", got.status),
+        ),
         Answer::Json(status) => {
             expect(got.status == *status, format!("status {} (want {status}): {shown}", got.status));
             expect(got.json.is_some(), format!("not JSON: {shown}"));
@@ -812,12 +1328,22 @@ fn check_answer(want: &Answer, got: &Got) -> Vec<String> {
 }
 
 /// Checks the rows the case left; the problems found, and the entry the case made or named.
-async fn check_rows(inlet: &Inlet, case: &Case, got: &Got, new: &[Entry], ids: &HashMap<&str, i64>) -> (Vec<String>, Option<i64>) {
+async fn check_rows(
+    inlet: &Inlet,
+    case: &Case,
+    got: &Got,
+    new: &[Entry],
+    ids: &HashMap<&str, i64>,
+) -> (Vec<String>, Option<i64>) {
     let mut problems = Vec::new();
     let answered = got.json.as_ref().and_then(|b| b["entry"].as_i64());
     let one = |problems: &mut Vec<String>| -> Option<Entry> {
         if new.len() != 1 {
-            problems.push(format!("{} new rows (want 1): {:?}", new.len(), new.iter().map(|e| (e.id, e.status)).collect::<Vec<_>>()));
+            problems.push(format!(
+                "{} new rows (want 1): {:?}",
+                new.len(),
+                new.iter().map(|e| (e.id, e.status)).collect::<Vec<_>>()
+            ));
             return None;
         }
         let e = new[0].clone();
@@ -842,7 +1368,10 @@ async fn check_rows(inlet: &Inlet, case: &Case, got: &Got, new: &[Entry], ids: &
                     problems.push(format!("status {:?} (want one to deliver): {}", e.status, error_of(&e)));
                 }
                 if e.correlation_key.as_deref() != Some(key) {
-                    problems.push(format!("key {:?} (want {key})", e.correlation_key.as_deref().map(|k| k.chars().take(40).collect::<String>())));
+                    problems.push(format!(
+                        "key {:?} (want {key})",
+                        e.correlation_key.as_deref().map(|k| k.chars().take(40).collect::<String>())
+                    ));
                 }
             }
         }
@@ -853,10 +1382,16 @@ async fn check_rows(inlet: &Inlet, case: &Case, got: &Got, new: &[Entry], ids: &
                     problems.push(format!("status {:?} (want {want:?})", e.status));
                 }
                 if !error_of(&e).contains(says) {
-                    problems.push(format!("the reason does not say `{says}`: {}", error_of(&e).chars().take(300).collect::<String>()));
+                    problems.push(format!(
+                        "the reason does not say `{says}`: {}",
+                        error_of(&e).chars().take(300).collect::<String>()
+                    ));
                 }
                 // Cut at `max_reason_bytes` (4096), plus the marker that gives the full size.
-                if e.last_error.as_ref().is_some_and(|r| r.len() > 4096 && !(r.len() < 4096 + 64 && r.contains("[cut: "))) {
+                if e.last_error
+                    .as_ref()
+                    .is_some_and(|r| r.len() > 4096 && !(r.len() < 4096 + 64 && r.contains("[cut: ")))
+                {
                     problems.push(format!("a reason of {} bytes is stored (the cap is 4096)", error_of(&e).len()));
                 }
             }
@@ -865,7 +1400,12 @@ async fn check_rows(inlet: &Inlet, case: &Case, got: &Got, new: &[Entry], ids: &
             if let Some(e) = one(&mut problems)
                 && (e.status != Status::Parked || e.conflict_of != ids.get(of).copied())
             {
-                problems.push(format!("status {:?}, conflict_of {:?} (want PARKED, {:?})", e.status, e.conflict_of, ids.get(of)));
+                problems.push(format!(
+                    "status {:?}, conflict_of {:?} (want PARKED, {:?})",
+                    e.status,
+                    e.conflict_of,
+                    ids.get(of)
+                ));
             }
         }
         Row::Duplicate(of) => {
@@ -998,7 +1538,11 @@ fn load_with_broken_team_file(bytes: &[u8]) -> Config {
     std::fs::write(dir.path().join("good.toml"), team_route("good")).unwrap();
     std::fs::write(dir.path().join("broken.toml"), bytes).unwrap();
     let config = Config::load_partial(dir.path()).unwrap_or_else(|e| panic!("a team's file stopped every team:\n{e}"));
-    assert_eq!(config.routes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["good"], "the good team's route runs");
+    assert_eq!(
+        config.routes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+        ["good"],
+        "the good team's route runs"
+    );
     std::mem::forget(dir); // the paths in `config` stay valid for the caller's messages
     config
 }
@@ -1041,7 +1585,8 @@ fn empty_and_bom_team_files_are_files_without_routes_or_with_them() {
     // A UTF-8 BOM, as some editors write: the file reads as if it were not there.
     let dir = tempfile::tempdir().unwrap();
     platform_file(dir.path());
-    std::fs::write(dir.path().join("bom.toml"), [b"\xef\xbb\xbf".as_slice(), team_route("bom").as_bytes()].concat()).unwrap();
+    std::fs::write(dir.path().join("bom.toml"), [b"\xef\xbb\xbf".as_slice(), team_route("bom").as_bytes()].concat())
+        .unwrap();
     let config = Config::load_partial(dir.path()).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
     assert_eq!((names, config.refused.len()), (vec!["bom"], 0), "{:?}", config.refused);
@@ -1090,8 +1635,11 @@ fn the_cli_reads_names_and_the_store_beside_a_team_file_that_is_not_utf8() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_file_turned_latin1_while_running_refuses_only_that_team_at_reload() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("00-platform.toml"), "[store]\nurl = \"sqlite://inbox.db\"\n\n[admin]\nauth = \"none-loopback\"\n")
-        .unwrap();
+    std::fs::write(
+        dir.path().join("00-platform.toml"),
+        "[store]\nurl = \"sqlite://inbox.db\"\n\n[admin]\nauth = \"none-loopback\"\n",
+    )
+    .unwrap();
     std::fs::write(dir.path().join("orders.toml"), team_route("orders")).unwrap();
     let billing = dir.path().join("billing.toml");
     std::fs::write(&billing, team_route("billing")).unwrap();
@@ -1116,7 +1664,8 @@ async fn a_team_file_turned_latin1_while_running_refuses_only_that_team_at_reloa
     latin1.extend_from_slice(b"# factur\xe9 par l'\xe9quipe\n");
     std::fs::write(&billing, latin1).unwrap();
     let report: Value =
-        serde_json::from_str(&http.post(format!("{base}/api/reload")).send().await.unwrap().text().await.unwrap()).unwrap();
+        serde_json::from_str(&http.post(format!("{base}/api/reload")).send().await.unwrap().text().await.unwrap())
+            .unwrap();
     assert_ne!(report["routing_file"]["result"], "refused", "one team's file does not refuse the reload: {report}");
     let refused = report["refused"].as_array().expect("refused routes");
     assert_eq!(refused.len(), 1, "{report}");

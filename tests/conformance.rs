@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use inlet::clock::Millis;
 use inlet::inbox::{
-    self, ClaimRequest, Claimed, Decoded, InsertOutcome, ListFilter, NewEntry, SettleRequest, Settlement, Status, Store,
-    StoreError,
+    self, ClaimRequest, Claimed, Decoded, InsertOutcome, ListFilter, NewEntry, SettleRequest, Settlement, Status,
+    Store, StoreError,
 };
 
 const T0: Millis = 1_800_000_000_000;
@@ -169,7 +169,8 @@ async fn insert_is_idempotent_and_conflicts_are_kept(store: Arc<dyn Store>) {
 /// with new rows behind it makes it redo the batch one by one).
 async fn a_batch_insert_answers_and_orders_as_one_by_one(store: Arc<dyn Store>) {
     let old = insert(&store, entry("r", "k", "old", "old payload")).await;
-    let ignored = NewEntry { status: Status::Ignored, last_error: Some("not for us".into()), ..entry("r", "k", "i1", "i") };
+    let ignored =
+        NewEntry { status: Status::Ignored, last_error: Some("not for us".into()), ..entry("r", "k", "i1", "i") };
     let batch = [
         entry("r", "k", "a1", "a1"),
         entry("r", "k", "old", "old payload"),
@@ -208,10 +209,14 @@ async fn a_batch_insert_answers_and_orders_as_one_by_one(store: Arc<dyn Store>) 
     ];
     let out = store.insert_batch(&batch, T0 + 1).await.unwrap();
     let InsertOutcome::Inserted { id: b1 } = out[0] else { panic!("b1: {:?}", out[0]) };
-    let InsertOutcome::Conflict { existing, entry: c_old, first: true } = out[1] else { panic!("conflict: {:?}", out[1]) };
+    let InsertOutcome::Conflict { existing, entry: c_old, first: true } = out[1] else {
+        panic!("conflict: {:?}", out[1])
+    };
     assert_eq!(existing, old);
     let InsertOutcome::Inserted { id: b2 } = out[2] else { panic!("b2: {:?}", out[2]) };
-    let InsertOutcome::Conflict { existing, entry: c_b1, first: true } = out[3] else { panic!("conflict: {:?}", out[3]) };
+    let InsertOutcome::Conflict { existing, entry: c_b1, first: true } = out[3] else {
+        panic!("conflict: {:?}", out[3])
+    };
     assert_eq!(existing, b1, "a conflict with a row earlier in the batch");
     assert!(b1 < c_old && c_old < b2 && b2 < c_b1, "ids in the batch's order: {b1} {c_old} {b2} {c_b1}");
     assert_eq!(store.get(c_old).await.unwrap().unwrap().status, Status::Parked);
@@ -367,7 +372,10 @@ async fn entry_parked_before_decoding_is_decoded_on_requeue(store: Arc<dyn Store
         schema_version: Some("2".into()),
         body: b"{}".to_vec(),
     };
-    store.settle(id, &c.lease, T0 + 1, &Settlement::Decoded { decoded: decoded.clone(), dedup_key: None }).await.unwrap();
+    store
+        .settle(id, &c.lease, T0 + 1, &Settlement::Decoded { decoded: decoded.clone(), dedup_key: None })
+        .await
+        .unwrap();
     let e = store.get(id).await.unwrap().unwrap();
     assert_eq!((e.status, e.attempts, e.decoded()), (Status::Open, 0, Some(decoded)));
     assert_eq!(e.raw_data, raw, "the raw payload stays as it arrived");
@@ -770,7 +778,10 @@ async fn maintenance_vacuums_the_inbox_once_enough_rows_died() {
 /// pairs) is parked by the claim that meets it, with the reason, and the claim goes on
 /// with the others, instead of failing every claim of its route. Listing and showing
 /// it still work, and say what could not be read, so a person can find and repair it.
-async fn an_unreadable_entry_is_parked_by_the_claim(store: Arc<dyn Store>, corrupt: impl std::future::Future<Output = ()>) {
+async fn an_unreadable_entry_is_parked_by_the_claim(
+    store: Arc<dyn Store>,
+    corrupt: impl std::future::Future<Output = ()>,
+) {
     let good = insert(&store, entry("u", "a", "u1", "fine")).await;
     let bad = insert(&store, entry("u", "b", "u2", "broken")).await;
     corrupt.await;
@@ -812,7 +823,10 @@ async fn an_unreadable_entry_is_parked_by_the_claim_on_postgres() {
     let store = inbox::open(&pg.url, 4).await.expect("open postgres");
     let corrupt = async {
         let mut conn = pg.connect().await;
-        sqlx::query("UPDATE inbox_entry SET attributes = '{}' WHERE dedup_key = 'u2'").execute(&mut conn).await.unwrap();
+        sqlx::query("UPDATE inbox_entry SET attributes = '{}' WHERE dedup_key = 'u2'")
+            .execute(&mut conn)
+            .await
+            .unwrap();
     };
     an_unreadable_entry_is_parked_by_the_claim(store, corrupt).await;
 }
@@ -889,7 +903,8 @@ async fn a_settle_batch_writes_what_settles_one_by_one_write(store: Arc<dyn Stor
         let mut these = Vec::new();
         for id in inserted {
             let e = store.get(id).await.unwrap().unwrap();
-            let dedup = e.dedup_key.replace(&format!("d{round}-"), "d-").replace(&format!("redecoded-{round}"), "redecoded");
+            let dedup =
+                e.dedup_key.replace(&format!("d{round}-"), "d-").replace(&format!("redecoded-{round}"), "redecoded");
             let key = e.correlation_key.clone().map(|k| k.replace(&format!("k{round}-"), "k-"));
             let attempts = store.attempts(id).await.unwrap();
             these.push(format!(

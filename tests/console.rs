@@ -119,7 +119,13 @@ async fn an_operator_repairs_a_failure_group_in_the_browser_and_a_viewer_cannot(
     // A payload with markup in it: the console must show it as text.
     for (i, key) in MULTI.iter().chain(&GONE).chain(&FINE).enumerate() {
         let envelope = push_envelope(&work_order(key), &[("note", "<script>alert(1)</script>")], &format!("m-{i}"));
-        let r = http.post(format!("{base}/push/orders")).header("content-type", "application/json").body(envelope.to_string()).send().await.unwrap();
+        let r = http
+            .post(format!("{base}/push/orders"))
+            .header("content-type", "application/json")
+            .body(envelope.to_string())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200, "push {key}: {}", r.text().await.unwrap());
     }
     let groups = wait_for("two failure groups with every refused key parked", WAIT, || {
@@ -245,7 +251,13 @@ async fn the_console_signs_in_by_token_checks_every_post_and_escapes_what_it_sho
         .unwrap();
     let markup = "<script>alert(1)</script>";
     let envelope = push_envelope(&work_order("k-1"), &[("note", markup)], "m-1");
-    let r = http.post(format!("{base}/push/orders")).header("content-type", "application/json").body(envelope.to_string()).send().await.unwrap();
+    let r = http
+        .post(format!("{base}/push/orders"))
+        .header("content-type", "application/json")
+        .body(envelope.to_string())
+        .send()
+        .await
+        .unwrap();
     let pushed: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
     let entry = pushed["entry"].as_i64().expect("the push names its entry");
 

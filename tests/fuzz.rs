@@ -82,7 +82,10 @@ fn hex(bytes: &[u8]) -> String {
 
 fn from_hex(hex: &str) -> Vec<u8> {
     assert!(hex.len().is_multiple_of(2), "INLET_FUZZ_REPLAY must be hex");
-    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("INLET_FUZZ_REPLAY must be hex")).collect()
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("INLET_FUZZ_REPLAY must be hex"))
+        .collect()
 }
 
 /// What a parser made of one input, when it kept its contract.
@@ -280,18 +283,107 @@ fn mutant(rng: &mut fastrand::Rng, seeds: &[Vec<u8>], tokens: &[&[u8]]) -> Vec<u
 // ---------------------------------------------------------------------------------------
 
 const TOML_TOKENS: &[&[u8]] = &[
-    b"[", b"]", b"[[", b"]]", b"{", b"}", b"=", b",", b".", b"\"", b"'", b"'''", b"\"\"\"", b"\n", b"#", b"\\",
-    b"\\u0000", b"\\U0010FFFF", b"\\ud800", b"\x00", b"\xff", b"\xef\xbb\xbf", b"\r\n", b"\t", b"1e999", b"-0",
-    b"nan", b"inf", b"-inf", b"0x7fffffffffffffff", b"99999999999999999999", b"-1", b"0", b"true", b"1979-05-27T07:32:00Z",
-    b"\"10s\"", b"\"0s\"", b"\"1ms\"", b"\"99999999999999d\"", b"\"-5s\"", b"\"\"", b"\"${INLET_X}\"", b"\"${\"",
-    b"\"${UNSET_VAR}\"", b"\"$${X}\"", b"[[route]]", b"[store]", b"[server]", b"[admin]", b"[push]", b"[plugins]",
-    b"[route.target]", b"name", b"plugin", b"source", b"target", b"kind", b"url", b"timeout", b"lease", b"retry",
-    b"not_yet", b"limits", b"ordering", b"parked", b"concurrency", b"max_steps", b"subscription", b"topic",
-    b"\"push\"", b"\"pubsub\"", b"\"http\"", b"\"log\"", b"\"per-key\"", b"\"block-key\"", b"\"pass\"", b"tokens",
-    b"role", b"routes", b"auth", b"\"none-loopback\"", b"audience", b"service_account", b"headers", b"attributes",
-    b"max_body_mib", b"request_timeout", b"memory_mib", b"fuel", b"call_timeout", b"max_attempts", b"jitter",
-    b"multiplier", b"initial", b"max", b"deadline", b"\"sqlite://x.db\"", b"\"postgres://u:p@h/db\"",
-    b"\"projects/p/subscriptions/s\"", b"\"projects/p/topics/t\"", b"\"http://127.0.0.1:1/x\"",
+    b"[",
+    b"]",
+    b"[[",
+    b"]]",
+    b"{",
+    b"}",
+    b"=",
+    b",",
+    b".",
+    b"\"",
+    b"'",
+    b"'''",
+    b"\"\"\"",
+    b"\n",
+    b"#",
+    b"\\",
+    b"\\u0000",
+    b"\\U0010FFFF",
+    b"\\ud800",
+    b"\x00",
+    b"\xff",
+    b"\xef\xbb\xbf",
+    b"\r\n",
+    b"\t",
+    b"1e999",
+    b"-0",
+    b"nan",
+    b"inf",
+    b"-inf",
+    b"0x7fffffffffffffff",
+    b"99999999999999999999",
+    b"-1",
+    b"0",
+    b"true",
+    b"1979-05-27T07:32:00Z",
+    b"\"10s\"",
+    b"\"0s\"",
+    b"\"1ms\"",
+    b"\"99999999999999d\"",
+    b"\"-5s\"",
+    b"\"\"",
+    b"\"${INLET_X}\"",
+    b"\"${\"",
+    b"\"${UNSET_VAR}\"",
+    b"\"$${X}\"",
+    b"[[route]]",
+    b"[store]",
+    b"[server]",
+    b"[admin]",
+    b"[push]",
+    b"[plugins]",
+    b"[route.target]",
+    b"name",
+    b"plugin",
+    b"source",
+    b"target",
+    b"kind",
+    b"url",
+    b"timeout",
+    b"lease",
+    b"retry",
+    b"not_yet",
+    b"limits",
+    b"ordering",
+    b"parked",
+    b"concurrency",
+    b"max_steps",
+    b"subscription",
+    b"topic",
+    b"\"push\"",
+    b"\"pubsub\"",
+    b"\"http\"",
+    b"\"log\"",
+    b"\"per-key\"",
+    b"\"block-key\"",
+    b"\"pass\"",
+    b"tokens",
+    b"role",
+    b"routes",
+    b"auth",
+    b"\"none-loopback\"",
+    b"audience",
+    b"service_account",
+    b"headers",
+    b"attributes",
+    b"max_body_mib",
+    b"request_timeout",
+    b"memory_mib",
+    b"fuel",
+    b"call_timeout",
+    b"max_attempts",
+    b"jitter",
+    b"multiplier",
+    b"initial",
+    b"max",
+    b"deadline",
+    b"\"sqlite://x.db\"",
+    b"\"postgres://u:p@h/db\"",
+    b"\"projects/p/subscriptions/s\"",
+    b"\"projects/p/topics/t\"",
+    b"\"http://127.0.0.1:1/x\"",
 ];
 
 fn toml_seeds() -> Vec<(PathBuf, Vec<u8>)> {
@@ -382,7 +474,12 @@ fn fuzz_routing_file_loader() {
             }
         },
     );
-    eprintln!("fuzz loader: {} inputs ({} loaded, {} refused), no finding", tally.accepted + tally.refused, tally.accepted, tally.refused);
+    eprintln!(
+        "fuzz loader: {} inputs ({} loaded, {} refused), no finding",
+        tally.accepted + tally.refused,
+        tally.accepted,
+        tally.refused
+    );
     assert!(tally.accepted > 0 && tally.refused > 0, "the mutants explore both outcomes: {tally:?}");
 }
 
@@ -404,7 +501,8 @@ fn fuzz_a_team_file_refuses_only_itself() {
     )
     .unwrap();
     let team = dir.path().join("team.toml");
-    let mut seeds: Vec<Vec<u8>> = toml_seeds().into_iter().map(|(_, b)| b).filter(|b| !b.windows(7).any(|w| w == b"[store]")).collect();
+    let mut seeds: Vec<Vec<u8>> =
+        toml_seeds().into_iter().map(|(_, b)| b).filter(|b| !b.windows(7).any(|w| w == b"[store]")).collect();
     seeds.push(std::fs::read(root.join("tests/ui/dir-valid/orders.toml")).unwrap());
     let plan = plan("team-file", 3_000);
     let dir_path = dir.path().to_path_buf();
@@ -418,7 +516,10 @@ fn fuzz_a_team_file_refuses_only_itself() {
             match Config::load_partial(&dir_path) {
                 Ok(config) => {
                     if !config.routes.iter().any(|r| r.name.as_str() == "platform") {
-                        return Err(format!("the platform's route did not load beside the team file: {:?}", config.refused));
+                        return Err(format!(
+                            "the platform's route did not load beside the team file: {:?}",
+                            config.refused
+                        ));
                     }
                     for refused in &config.refused {
                         if refused.file != team {
@@ -430,8 +531,8 @@ fn fuzz_a_team_file_refuses_only_itself() {
                 }
                 Err(errors) => {
                     let shared = ["store", "server", "plugins", "admin", "push"];
-                    let declares_shared = toml::from_str::<toml::Table>(&lossy)
-                        .is_ok_and(|t| shared.iter().any(|k| t.contains_key(*k)));
+                    let declares_shared =
+                        toml::from_str::<toml::Table>(&lossy).is_ok_and(|t| shared.iter().any(|k| t.contains_key(*k)));
                     if !declares_shared {
                         return Err(format!("a team file without shared tables stopped the load:\n{errors}"));
                     }
@@ -445,7 +546,12 @@ fn fuzz_a_team_file_refuses_only_itself() {
             }
         },
     );
-    eprintln!("fuzz team-file: {} inputs ({} loaded whole, {} refused), no finding", tally.accepted + tally.refused, tally.accepted, tally.refused);
+    eprintln!(
+        "fuzz team-file: {} inputs ({} loaded whole, {} refused), no finding",
+        tally.accepted + tally.refused,
+        tally.accepted,
+        tally.refused
+    );
     assert!(tally.accepted > 0 && tally.refused > 0, "the mutants explore both outcomes: {tally:?}");
 }
 
@@ -454,13 +560,59 @@ fn fuzz_a_team_file_refuses_only_itself() {
 // ---------------------------------------------------------------------------------------
 
 const JSON_TOKENS: &[&[u8]] = &[
-    b"{", b"}", b"[", b"]", b":", b",", b"\"", b"\\", b"null", b"true", b"false", b"0", b"-1", b"1.5", b"1e999",
-    b"-0", b"18446744073709551616", b"4294967296", b"4294967295", b"\"\"", b"\"message\"", b"\"data\"",
-    b"\"attributes\"", b"\"messageId\"", b"\"message_id\"", b"\"publishTime\"", b"\"publish_time\"",
-    b"\"subscription\"", b"\"deliveryAttempt\"", b"\"delivery_attempt\"", b"\"orderingKey\"", b"\\u0000", b"\\ud800",
-    b"\\udc00", b"\\uD83D\\uDE00", b"\x00", b"\xff", b"\xc3", b"\xef\xbb\xbf", b"\"eA==\"", b"\"eA\"", b"\"e-_A\"",
-    b"\"+/+/\"", b"\"====\"", b"\"QR==\"", b"\"!!\"", b"[[[[[[[[[[", b"]]]]]]]]]]", b"{\"a\":{\"a\":{\"a\":",
-    b"\"\\n\"", b" ", b"\n", b"\t",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b":",
+    b",",
+    b"\"",
+    b"\\",
+    b"null",
+    b"true",
+    b"false",
+    b"0",
+    b"-1",
+    b"1.5",
+    b"1e999",
+    b"-0",
+    b"18446744073709551616",
+    b"4294967296",
+    b"4294967295",
+    b"\"\"",
+    b"\"message\"",
+    b"\"data\"",
+    b"\"attributes\"",
+    b"\"messageId\"",
+    b"\"message_id\"",
+    b"\"publishTime\"",
+    b"\"publish_time\"",
+    b"\"subscription\"",
+    b"\"deliveryAttempt\"",
+    b"\"delivery_attempt\"",
+    b"\"orderingKey\"",
+    b"\\u0000",
+    b"\\ud800",
+    b"\\udc00",
+    b"\\uD83D\\uDE00",
+    b"\x00",
+    b"\xff",
+    b"\xc3",
+    b"\xef\xbb\xbf",
+    b"\"eA==\"",
+    b"\"eA\"",
+    b"\"e-_A\"",
+    b"\"+/+/\"",
+    b"\"====\"",
+    b"\"QR==\"",
+    b"\"!!\"",
+    b"[[[[[[[[[[",
+    b"]]]]]]]]]]",
+    b"{\"a\":{\"a\":{\"a\":",
+    b"\"\\n\"",
+    b" ",
+    b"\n",
+    b"\t",
 ];
 
 fn envelope_seeds() -> Vec<Vec<u8>> {
@@ -488,8 +640,17 @@ fn envelope_seeds() -> Vec<Vec<u8>> {
 /// The fields an envelope error may name.
 fn known_field(field: &str) -> bool {
     const FIELDS: &[&str] = &[
-        "body", "message", "message.messageId", "message.message_id", "message.data", "message.attributes",
-        "message.publishTime", "message.publish_time", "subscription", "deliveryAttempt", "delivery_attempt",
+        "body",
+        "message",
+        "message.messageId",
+        "message.message_id",
+        "message.data",
+        "message.attributes",
+        "message.publishTime",
+        "message.publish_time",
+        "subscription",
+        "deliveryAttempt",
+        "delivery_attempt",
     ];
     FIELDS.contains(&field) || field.starts_with("message.attributes.")
 }
@@ -545,15 +706,31 @@ fn envelope_contract(input: &[u8]) -> Result<Verdict, String> {
 }
 
 const FIELD_NAMES: &[&str] = &[
-    "message", "data", "attributes", "messageId", "message_id", "publishTime", "publish_time", "subscription",
-    "deliveryAttempt", "delivery_attempt", "orderingKey", "eventId", "", "\u{0}",
+    "message",
+    "data",
+    "attributes",
+    "messageId",
+    "message_id",
+    "publishTime",
+    "publish_time",
+    "subscription",
+    "deliveryAttempt",
+    "delivery_attempt",
+    "orderingKey",
+    "eventId",
+    "",
+    "\u{0}",
 ];
 
 /// A random JSON value of any type, nested at most `depth` deep.
 fn random_value(rng: &mut fastrand::Rng, depth: usize) -> serde_json::Value {
     use serde_json::{Value, json};
     let b64 = |bytes: &[u8], url: bool| {
-        let engine = if url { &base64::engine::general_purpose::URL_SAFE_NO_PAD } else { &base64::engine::general_purpose::STANDARD };
+        let engine = if url {
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+        } else {
+            &base64::engine::general_purpose::STANDARD
+        };
         base64::Engine::encode(engine, bytes)
     };
     match rng.u8(..if depth == 0 { 7 } else { 9 }) {
@@ -611,7 +788,11 @@ fn mutate_value(rng: &mut fastrand::Rng, v: &mut serde_json::Value) {
         }
         Value::Array(items) if !items.is_empty() && rng.bool() => {
             let i = rng.usize(..items.len());
-            if rng.bool() { items.remove(i); } else { mutate_value(rng, &mut items[i]); }
+            if rng.bool() {
+                items.remove(i);
+            } else {
+                mutate_value(rng, &mut items[i]);
+            }
         }
         _ => *v = random_value(rng, 3),
     }
@@ -639,9 +820,16 @@ fn fuzz_push_envelope_parser() {
     let plan = plan("envelope", 40_000);
     // Half byte-level mutants (mostly not JSON any more), half structural ones (JSON
     // of the wrong shape, which is where the field checks live).
-    let next = move |rng: &mut fastrand::Rng| if rng.bool() { mutant(rng, &seeds, JSON_TOKENS) } else { json_mutant(rng, &seeds) };
+    let next = move |rng: &mut fastrand::Rng| {
+        if rng.bool() { mutant(rng, &seeds, JSON_TOKENS) } else { json_mutant(rng, &seeds) }
+    };
     let tally = run("envelope", plan, next, envelope_contract);
-    eprintln!("fuzz envelope: {} inputs ({} parsed, {} refused), no finding", tally.accepted + tally.refused, tally.accepted, tally.refused);
+    eprintln!(
+        "fuzz envelope: {} inputs ({} parsed, {} refused), no finding",
+        tally.accepted + tally.refused,
+        tally.accepted,
+        tally.refused
+    );
     assert!(tally.accepted > 0 && tally.refused > 0, "the mutants explore both outcomes: {tally:?}");
 }
 

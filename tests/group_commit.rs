@@ -94,7 +94,10 @@ async fn batches_what_queued_up(store: Arc<dyn Store>, release: impl AsyncFnOnce
 
     // A redelivery through the committer is absorbed like any duplicate insert.
     let again = group.submit(entry(7, "K2")).await.unwrap();
-    assert!(matches!(again.outcome, Grouped::Stored(InsertOutcome::Duplicate { .. })), "a redelivered message is a duplicate");
+    assert!(
+        matches!(again.outcome, Grouped::Stored(InsertOutcome::Duplicate { .. })),
+        "a redelivered message is a duplicate"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,7 +144,8 @@ async fn a_refused_row_hands_its_whole_batch_back_to_be_inserted_alone() {
     until_queued(&group, 0).await;
     let mut poison = entry(1, "K");
     poison.decoded.as_mut().unwrap().correlation_key = "bad\0key".into();
-    let batch = [spawn_insert(&group, entry(2, "K")), spawn_insert(&group, poison), spawn_insert(&group, entry(3, "K"))];
+    let batch =
+        [spawn_insert(&group, entry(2, "K")), spawn_insert(&group, poison), spawn_insert(&group, entry(3, "K"))];
     until_queued(&group, 3).await;
     sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
 
@@ -175,6 +179,8 @@ async fn an_outage_fails_a_lone_insert_with_the_stores_error() {
     assert!(matches!(ok.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
     proxy.set_up(false);
     let failed = group.submit(entry(1, "K")).await.unwrap();
-    let Grouped::Failed(error) = failed.outcome else { panic!("a lone insert in an outage fails with the store's error") };
+    let Grouped::Failed(error) = failed.outcome else {
+        panic!("a lone insert in an outage fails with the store's error")
+    };
     assert!(error.is_transient(), "an outage is transient: {error}");
 }

@@ -39,10 +39,17 @@ async fn run_once(extra: &[&str], envs: &[(&str, &str)]) -> (String, i64) {
     let push = |envelope: serde_json::Value| {
         let (http, url) = (http.clone(), format!("{}/push/orders", inlet.base));
         async move {
-            let answer = http.post(url).header("content-type", "application/json").body(envelope.to_string()).send().await.expect("push");
+            let answer = http
+                .post(url)
+                .header("content-type", "application/json")
+                .body(envelope.to_string())
+                .send()
+                .await
+                .expect("push");
             assert_eq!(answer.status().as_u16(), 200, "push answered {}", answer.status());
             let body = answer.text().await.expect("the push answer");
-            serde_json::from_str::<serde_json::Value>(&body).unwrap_or_else(|e| panic!("the push answer is not JSON ({e}): {body}"))
+            serde_json::from_str::<serde_json::Value>(&body)
+                .unwrap_or_else(|e| panic!("the push answer is not JSON ({e}): {body}"))
         }
     };
     let delivered = push(push_envelope(DATA, &[], "m-good")).await;

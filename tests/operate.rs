@@ -100,7 +100,14 @@ impl Ops {
     async fn push(&self, route: &str, key: &str, seq: u32) -> i64 {
         let data = format!(r#"{{"workOrderId":"{key}","completedItems":{seq},"completionTimestamp":"t"}}"#);
         let envelope = push_envelope(data.as_bytes(), &[], &format!("{route}-{key}-{seq}"));
-        let r = self.http.post(format!("{}/push/{route}", self.base)).header("content-type", "application/json").body(envelope.to_string()).send().await.unwrap();
+        let r = self
+            .http
+            .post(format!("{}/push/{route}", self.base))
+            .header("content-type", "application/json")
+            .body(envelope.to_string())
+            .send()
+            .await
+            .unwrap();
         let answer: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
         assert_eq!(answer["outcome"], "inserted", "{answer}");
         answer["entry"].as_i64().unwrap()
@@ -299,7 +306,17 @@ impl Fleet {
         let envelope = push_envelope(data.as_bytes(), &[], &format!("{route}-{key}-{seq}"));
         let url = format!("{}/push/{route}", self.processes[via].base);
         let answer: Value = serde_json::from_str(
-            &self.http.post(url).header("content-type", "application/json").body(envelope.to_string()).send().await.unwrap().text().await.unwrap(),
+            &self
+                .http
+                .post(url)
+                .header("content-type", "application/json")
+                .body(envelope.to_string())
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
         )
         .unwrap();
         assert_eq!(answer["outcome"], "inserted", "ingest goes on: {answer}");

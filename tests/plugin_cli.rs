@@ -79,7 +79,11 @@ fn plugin_test(args: &[&str]) -> std::process::Output {
     cmd.args(["plugin", "test"]);
     for a in args {
         // Bare names of files under tests/plugin_cli are resolved there.
-        if a.ends_with(".json") || a.ends_with(".txt") { cmd.arg(dir.join(a)) } else { cmd.arg(a) };
+        if a.ends_with(".json") || a.ends_with(".txt") {
+            cmd.arg(dir.join(a))
+        } else {
+            cmd.arg(a)
+        };
     }
     cmd.env("NO_COLOR", "1").output().expect("run inlet plugin test")
 }

@@ -178,7 +178,12 @@ async fn wait_settled(rows: &Rows, n: i64, quiet: Duration, within: Duration) ->
         } else if now.0 == now.1 && since.elapsed() >= quiet {
             return now.0;
         }
-        assert!(tokio::time::Instant::now() < deadline, "not settled within {within:?}: {} rows, {} DONE", now.0, now.1);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not settled within {within:?}: {} rows, {} DONE",
+            now.0,
+            now.1
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

@@ -184,7 +184,14 @@ async fn pushed_message_is_delivered_once_and_done(backend: Backend) {
     let routes = route("wo", &url, "")
         .replace(&format!("target = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}"), &target);
     let inlet = Inlet::start(backend, &routes, None).await;
-    let not_an_envelope = inlet.http.post(format!("{}/push/wo", inlet.base)).header("content-type", "application/json").body("{\"nope\":1}").send().await.unwrap();
+    let not_an_envelope = inlet
+        .http
+        .post(format!("{}/push/wo", inlet.base))
+        .header("content-type", "application/json")
+        .body("{\"nope\":1}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(not_an_envelope.status().as_u16(), 400, "a body that is not a push envelope");
     assert_eq!(inlet.push("no-such-route", b"x", "m-0").await, 404);
     assert_eq!(inlet.push("wo", &work_order(3, "4711"), "m-1").await, 200);
@@ -265,7 +272,10 @@ async fn a_re_decoded_entry_takes_the_plugins_dedup_key_and_is_never_delivered_t
     let other = store.insert(&parked_undecoded("m-3", work_order(2, "B"), "evt-1"), 0).await.unwrap().id();
     let free = store.insert(&parked_undecoded("m-4", work_order(1, "C"), "evt-9"), 0).await.unwrap().id();
     // The same event, republished under a new message id, is decoded and delivered.
-    assert_eq!(inlet.push_envelope("wo", &push_envelope(&work_order(1, "A"), &[("eventId", "evt-1")], "m-2")).await, 200);
+    assert_eq!(
+        inlet.push_envelope("wo", &push_envelope(&work_order(1, "A"), &[("eventId", "evt-1")], "m-2")).await,
+        200
+    );
     let holder = inlet.entries("wo").await.into_iter().find(|e| e.dedup_key == "evt-1").expect("stored under evt-1").id;
     inlet.wait_status(holder, Status::Done).await;
 
@@ -333,7 +343,8 @@ async fn every_attempt_is_recorded_with_its_answer_request_and_outcome(backend: 
         assert!(a.started_at >= 1_800_000_000_000 && a.duration_ms >= 0 && !a.owner.is_empty());
     }
     let shown = inlet.get_json(&format!("/api/entries/{id}")).await;
-    let answers: Vec<&str> = shown["attempts"].as_array().unwrap().iter().map(|a| a["answer"].as_str().unwrap()).collect();
+    let answers: Vec<&str> =
+        shown["attempts"].as_array().unwrap().iter().map(|a| a["answer"].as_str().unwrap()).collect();
     assert_eq!(answers, ["not_yet", "retry", "done"], "{shown}");
     inlet.stop().await;
 }
@@ -365,7 +376,11 @@ async fn failing_entries_are_grouped_by_route_and_error_fingerprint(backend: Bac
         assert_eq!(inlet.push("wo", &work_order(1, &format!("down-{k}")), &format!("m-d{k}")).await, 200);
     }
     wait_until("every entry parked or retrying", WAIT, || async {
-        inlet.entries("wo").await.iter().all(|e| e.status == Status::Parked || (e.status == Status::Open && e.attempts > 0))
+        inlet
+            .entries("wo")
+            .await
+            .iter()
+            .all(|e| e.status == Status::Parked || (e.status == Status::Open && e.attempts > 0))
     })
     .await;
 

@@ -64,7 +64,13 @@ async fn replacing_a_plugin_while_messages_flow_loses_nothing_and_refuses_a_corr
                 }
                 let data = format!(r#"{{"workOrderId":"p{p}","completedItems":{n},"completionTimestamp":"t"}}"#);
                 let envelope = push_envelope(data.as_bytes(), &[], &format!("m-{p}-{n}"));
-                let res = http.post(format!("{base}/push/r")).header("content-type", "application/json").body(envelope.to_string()).send().await.unwrap();
+                let res = http
+                    .post(format!("{base}/push/r"))
+                    .header("content-type", "application/json")
+                    .body(envelope.to_string())
+                    .send()
+                    .await
+                    .unwrap();
                 assert_eq!(res.status().as_u16(), 200);
                 let body: serde_json::Value = serde_json::from_str(&res.text().await.unwrap()).unwrap();
                 ids.push(body["entry"].as_i64().unwrap());

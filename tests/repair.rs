@@ -43,7 +43,12 @@ fn parked(key: &str, seq: usize, error: String) -> NewEntry {
     }
 }
 
-async fn api(http: &reqwest::Client, method: reqwest::Method, url: &str, body: Option<serde_json::Value>) -> (u16, serde_json::Value) {
+async fn api(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
     let mut req = http.request(method, url);
     if let Some(body) = body {
         req = req.header("content-type", "application/json").body(body.to_string());
@@ -81,7 +86,11 @@ async fn a_failure_group_is_requeued_by_a_rate_limited_job_that_survives_a_kill(
         let key = format!("key-{k}");
         for seq in 1..=PER_KEY {
             let error = if k < 10 {
-                format!("gave up after {} attempts: target answered 503: gateway node {} busy", 3 + seq % 4, k * 7 + seq)
+                format!(
+                    "gave up after {} attempts: target answered 503: gateway node {} busy",
+                    3 + seq % 4,
+                    k * 7 + seq
+                )
             } else {
                 format!("Cannot correlate message 'WorkOrderCompleted': {} executions match", 2 + seq % 3)
             };
@@ -98,19 +107,17 @@ async fn a_failure_group_is_requeued_by_a_rate_limited_job_that_survives_a_kill(
     let (status, groups) = api(&http, reqwest::Method::GET, &format!("{base}/api/failures?route=wo"), None).await;
     assert_eq!(status, 200, "{groups}");
     let groups = groups["groups"].as_array().unwrap().clone();
-    let sizes: Vec<(i64, i64)> = groups.iter().map(|g| (g["parked"].as_i64().unwrap(), g["keys"].as_i64().unwrap())).collect();
+    let sizes: Vec<(i64, i64)> =
+        groups.iter().map(|g| (g["parked"].as_i64().unwrap(), g["keys"].as_i64().unwrap())).collect();
     assert_eq!(sizes, [(250, 10), (250, 10)], "{groups:#?}");
-    let outage = groups
-        .iter()
-        .find(|g| g["fingerprint"].as_str().unwrap().contains("answered 503"))
-        .expect("the outage group")["fingerprint"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let outage =
+        groups.iter().find(|g| g["fingerprint"].as_str().unwrap().contains("answered 503")).expect("the outage group")
+            ["fingerprint"]
+            .as_str()
+            .unwrap()
+            .to_string();
 
-    let request = |dry_run: bool| {
-        serde_json::json!({ "action": "requeue", "route": "wo", "fingerprint": outage, "rate": RATE, "dry_run": dry_run })
-    };
+    let request = |dry_run: bool| serde_json::json!({ "action": "requeue", "route": "wo", "fingerprint": outage, "rate": RATE, "dry_run": dry_run });
     let (status, dry) = api(&http, reqwest::Method::POST, &format!("{base}/api/repairs"), Some(request(true))).await;
     assert_eq!(status, 200, "{dry}");
     assert_eq!(dry["matches"]["count"], 250, "{dry}");

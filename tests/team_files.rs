@@ -47,7 +47,14 @@ async fn reload(http: &reqwest::Client, base: &str) -> Value {
 
 async fn push(http: &reqwest::Client, base: &str, route: &str, key: &str, seq: u32) -> u16 {
     let envelope = push_envelope(&work_order_event(key, seq), &[], &format!("{route}-{key}-{seq}"));
-    http.post(format!("{base}/push/{route}")).header("content-type", "application/json").body(envelope.to_string()).send().await.unwrap().status().as_u16()
+    http.post(format!("{base}/push/{route}"))
+        .header("content-type", "application/json")
+        .body(envelope.to_string())
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -61,7 +61,8 @@ async fn a_stream_of_announcements_is_spaced_and_its_last_is_heard() {
     while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), heard.recv()).await {}
 
     let clock = inlet::clock::ManualClock::starting_now();
-    let ingest = Ingest::new(speaker, clock, std::sync::Arc::new(inlet::telemetry::Metrics::new())).with_announcements();
+    let ingest =
+        Ingest::new(speaker, clock, std::sync::Arc::new(inlet::telemetry::Metrics::new())).with_announcements();
     let start = Instant::now();
     let mut calls = 0;
     while start.elapsed() < Duration::from_millis(500) {
@@ -105,7 +106,8 @@ async fn claims(http: &reqwest::Client, base: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_requeue_from_the_cli_wakes_a_running_instance_at_once() {
     let pg = TestPg::new().await;
-    let camunda = FakeCamunda::with_behaviour(|_, attempt| if attempt == 1 { Reply::SeveralMatch } else { Reply::Ok }).await;
+    let camunda =
+        FakeCamunda::with_behaviour(|_, attempt| if attempt == 1 { Reply::SeveralMatch } else { Reply::Ok }).await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("inlet.toml");
     std::fs::write(
@@ -137,10 +139,7 @@ async fn a_requeue_from_the_cli_wakes_a_running_instance_at_once() {
     // waits for its (five-minute) poll. Its claims are counted: at start, on the push,
     // after the attempt. Should a later claim still be on its way, the test would pass
     // without a wake-up, never fail.
-    wait_until("the relay's claim after the attempt", WITHIN, || async {
-        claims(&http, &inlet.base).await >= 3
-    })
-    .await;
+    wait_until("the relay's claim after the attempt", WITHIN, || async { claims(&http, &inlet.base).await >= 3 }).await;
 
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"))
         .args(["inbox", "requeue", &id.to_string(), "--config"])

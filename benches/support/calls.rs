@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 use inlet::plugin::{Plugin, wit};
 use serde_json::json;
 
-pub const PAYLOAD: &[u8] =
-    br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
+pub const PAYLOAD: &[u8] = br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
 
 fn message() -> wit::Message {
     wit::Message {

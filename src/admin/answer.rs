@@ -117,7 +117,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
         if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes)
             && let Some(field) = nul_in(&value, "")
         {
-            return Err(ApiError::bad_request(format!("`{field}` holds a NUL character, which the inbox cannot store")));
+            return Err(ApiError::bad_request(format!(
+                "`{field}` holds a NUL character, which the inbox cannot store"
+            )));
         }
         Ok(Body(v))
     }
@@ -127,7 +129,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
 fn nul_in(value: &serde_json::Value, path: &str) -> Option<String> {
     let at = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
     match value {
-        serde_json::Value::String(s) if s.contains('\0') => Some(if path.is_empty() { "body".into() } else { path.into() }),
+        serde_json::Value::String(s) if s.contains('\0') => {
+            Some(if path.is_empty() { "body".into() } else { path.into() })
+        }
         serde_json::Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| nul_in(v, &at(&i.to_string()))),
         serde_json::Value::Object(map) => map.iter().find_map(|(k, v)| {
             if k.contains('\0') { Some(at(&k.escape_debug().to_string())) } else { nul_in(v, &at(k)) }

@@ -104,7 +104,9 @@ pub async fn create(
     };
     super::audit::record(s.store.as_ref(), audit, now).await;
     match created {
-        Ok(job) => (StatusCode::ACCEPTED, Json(json!({ "job": job, "rate": rate, "matches": matches }))).into_response(),
+        Ok(job) => {
+            (StatusCode::ACCEPTED, Json(json!({ "job": job, "rate": rate, "matches": matches }))).into_response()
+        }
         Err(e) => store_error(e),
     }
 }

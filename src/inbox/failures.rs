@@ -156,7 +156,10 @@ mod tests {
         assert_eq!(fingerprint("key-17 and key-4"), "key-# and key-#");
         // Different errors stay apart.
         assert_ne!(fingerprint("target answered 500"), fingerprint("connect error reaching the target"));
-        assert_eq!(fingerprint("gave up after 7 attempts: target answered 503"), "gave up after # attempts: target answered 503");
+        assert_eq!(
+            fingerprint("gave up after 7 attempts: target answered 503"),
+            "gave up after # attempts: target answered 503"
+        );
         assert_ne!(fingerprint("decode failed: missing field"), fingerprint("decode failed: expected value"));
     }
 

@@ -307,7 +307,10 @@ pub enum Settlement {
     /// id); if another entry of the route holds that key the settle fails with
     /// [`StoreError::holds_dedup_key`] and nothing changes, so one event is never
     /// stored, and delivered, twice under two keys.
-    Decoded { decoded: Decoded, dedup_key: Option<String> },
+    Decoded {
+        decoded: Decoded,
+        dedup_key: Option<String>,
+    },
 }
 
 /// The columns a settle writes, as both settle statements (one entry, or a batch)
@@ -338,13 +341,16 @@ impl Settlement {
         };
         match self {
             Settlement::Done => (c.status, c.finished_at) = (Status::Done, Some(now)),
-            Settlement::Ignored { reason } => (c.status, c.error, c.finished_at) = (Status::Ignored, Some(reason.as_str()), Some(now)),
+            Settlement::Ignored { reason } => {
+                (c.status, c.error, c.finished_at) = (Status::Ignored, Some(reason.as_str()), Some(now))
+            }
             Settlement::Retry { at, error, not_yet_since } => {
                 (c.next_attempt_at, c.error, c.not_yet_since) = (Some(*at), Some(error.as_str()), *not_yet_since)
             }
             Settlement::Parked { error } => (c.status, c.error) = (Status::Parked, Some(error.as_str())),
             Settlement::Decoded { decoded, dedup_key } => {
-                (c.next_attempt_at, c.decoded, c.reset, c.dedup_key) = (Some(now), Some(decoded), true, dedup_key.as_deref())
+                (c.next_attempt_at, c.decoded, c.reset, c.dedup_key) =
+                    (Some(now), Some(decoded), true, dedup_key.as_deref())
             }
         }
         c
@@ -485,7 +491,9 @@ impl StoreError {
     /// dedup key (the unique index `inbox_entry_dedup`).
     pub fn holds_dedup_key(&self) -> bool {
         let StoreError::Database(sqlx::Error::Database(db)) = self else { return false };
-        db.constraint() == Some(DEDUP_CONSTRAINT) || (db.kind() == sqlx::error::ErrorKind::UniqueViolation && db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some())
+        db.constraint() == Some(DEDUP_CONSTRAINT)
+            || (db.kind() == sqlx::error::ErrorKind::UniqueViolation
+                && db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some())
     }
 
     /// The SQLSTATE (PostgreSQL) or extended result code (SQLite) of a database error.
@@ -644,7 +652,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The oldest running job nobody holds (or whose holder's lease expired), now
     /// leased to `owner`.
-    async fn take_repair_job(&self, owner: &str, now: Millis, lease_ms: i64) -> Result<Option<crate::repair::RepairJob>, StoreError>;
+    async fn take_repair_job(
+        &self,
+        owner: &str,
+        now: Millis,
+        lease_ms: i64,
+    ) -> Result<Option<crate::repair::RepairJob>, StoreError>;
 
     /// Records a tick of `owner`'s job: the cursor, `moved` more entries changed, the
     /// lease renewed; `finished` ends it. False when the lease was lost.

@@ -321,13 +321,17 @@ impl PgStore {
     /// [`super::Store::settle_batch`] in one statement: whether each item settled
     /// (`false`: its lease is gone, nothing of it was written). `None` (done one by
     /// one instead) if an entry appears twice.
-    async fn settle_many(conn: &mut PgConnection, items: &[super::SettleRequest]) -> Result<Option<Vec<bool>>, StoreError> {
+    async fn settle_many(
+        conn: &mut PgConnection,
+        items: &[super::SettleRequest],
+    ) -> Result<Option<Vec<bool>>, StoreError> {
         let mut seen = std::collections::HashSet::with_capacity(items.len());
         if !items.iter().all(|i| seen.insert(i.id)) {
             return Ok(None);
         }
         let cols: Vec<super::SettleColumns<'_>> = items.iter().map(|i| i.settlement.columns(i.now)).collect();
-        let decoded = |f: fn(&super::Decoded) -> Option<&str>| cols.iter().map(|c| c.decoded.and_then(f)).collect::<Vec<_>>();
+        let decoded =
+            |f: fn(&super::Decoded) -> Option<&str>| cols.iter().map(|c| c.decoded.and_then(f)).collect::<Vec<_>>();
         let attempts: Vec<(i64, &super::failures::Attempt)> =
             items.iter().filter_map(|i| i.attempt.as_ref().map(|a| (i.id, a))).collect();
         let requests: Vec<String> = attempts
@@ -469,8 +473,7 @@ impl PgStore {
         }
         let (ids, keys): (Vec<i64>, Vec<Option<String>>) = candidates.into_iter().unzip();
         let held: Vec<String> = keys.into_iter().flatten().collect();
-        let claim =
-            candidates!(sqlx::query(CLAIM_HELD_SQL)).bind(req.owner).bind(req.lease_ms).bind(&ids).bind(&held);
+        let claim = candidates!(sqlx::query(CLAIM_HELD_SQL)).bind(req.owner).bind(req.lease_ms).bind(&ids).bind(&held);
         let rows = claim.fetch_all(&mut *tx).await?;
         tx.commit().await?;
         Ok(rows)
@@ -495,7 +498,8 @@ impl PgStore {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         // A pool of one of its own, so the listener does not hold one of the store's.
         let options = (*self.pool.connect_options()).clone();
-        let pool = PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(3)).connect_lazy_with(options);
+        let pool =
+            PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(3)).connect_lazy_with(options);
         tokio::spawn(listen(pool, tx));
         Some(rx)
     }

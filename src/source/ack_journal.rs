@@ -43,7 +43,9 @@ impl AckJournal {
             // the format, so such an id is written escaped rather than trusted.
             lines.push_str(route);
             lines.push('\t');
-            lines.extend(id.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }));
+            lines.extend(
+                id.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }),
+            );
             lines.push('\n');
         }
         if lines.is_empty() {

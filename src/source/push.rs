@@ -68,11 +68,13 @@ impl EnvelopeError {
 /// missing padding too. Trailing bits must be zero (a canonical encoding).
 const DATA_STANDARD: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
     &base64::alphabet::STANDARD,
-    base64::engine::GeneralPurposeConfig::new().with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    base64::engine::GeneralPurposeConfig::new()
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
 );
 const DATA_URL_SAFE: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
     &base64::alphabet::URL_SAFE,
-    base64::engine::GeneralPurposeConfig::new().with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    base64::engine::GeneralPurposeConfig::new()
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
 );
 
 /// The JSON type of a value, for error messages.
@@ -112,11 +114,11 @@ fn opt_str<'a>(obj: &'a Map<String, Value>, prefix: &str, name: &str) -> Result<
 fn opt_attempt(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>, EnvelopeError> {
     match obj.get(name) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| EnvelopeError::new(name, format!("must be a whole number from 0 to {}, not {n}", u32::MAX))),
+        Some(Value::Number(n)) => {
+            n.as_u64().and_then(|n| u32::try_from(n).ok()).map(Some).ok_or_else(|| {
+                EnvelopeError::new(name, format!("must be a whole number from 0 to {}, not {n}", u32::MAX))
+            })
+        }
         Some(other) => Err(EnvelopeError::new(name, format!("must be a number, not {}", kind(other)))),
     }
 }
@@ -254,7 +256,9 @@ impl PushEnvelope {
         let message = match top.get("message") {
             Some(Value::Object(m)) => m,
             None | Some(Value::Null) => return Err(EnvelopeError::new("message", "is missing")),
-            Some(other) => return Err(EnvelopeError::new("message", format!("must be an object, not {}", kind(other)))),
+            Some(other) => {
+                return Err(EnvelopeError::new("message", format!("must be an object, not {}", kind(other))));
+            }
         };
         opt_str(&top, "", "subscription")?;
         let delivery_attempt = opt_attempt(&top, "deliveryAttempt")?.or(opt_attempt(&top, "delivery_attempt")?);
@@ -374,9 +378,14 @@ pub async fn handle(
         // A refused route answers 503, so Pub/Sub redelivers once it is fixed.
         if let Some(p) = routes.refusal(&route) {
             let error = format!("route `{route}` is refused: {}", p.error);
-            return Err(refused(&shared, &route, PushError::new(StatusCode::SERVICE_UNAVAILABLE, "route_refused", error)));
+            return Err(refused(
+                &shared,
+                &route,
+                PushError::new(StatusCode::SERVICE_UNAVAILABLE, "route_refused", error),
+            ));
         }
-        let error = PushError::new(StatusCode::NOT_FOUND, "no_route", format!("no route named `{}`", shown_key(&route)));
+        let error =
+            PushError::new(StatusCode::NOT_FOUND, "no_route", format!("no route named `{}`", shown_key(&route)));
         return Err(refused(&shared, &route, error));
     };
     // A pull route takes no pushes.
@@ -398,7 +407,11 @@ pub async fn handle(
         let sent = sent.map_or("none".to_string(), |v| format!("`{}`", shown_key(&v)));
         tracing::warn!(route = route.name(), content_type = %sent, "rejected a push request that is not JSON");
         let error = format!("a push body must be sent as `Content-Type: application/json` (this one: {sent})");
-        return Err(refused(&shared, route.name(), PushError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "not_json", error)));
+        return Err(refused(
+            &shared,
+            route.name(),
+            PushError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "not_json", error),
+        ));
     }
     let incoming = match PushEnvelope::parse(&body) {
         Ok(i) => i,
