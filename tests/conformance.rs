@@ -76,6 +76,7 @@ conformance!(
     a_settle_batch_commits_each_settle_and_fences_a_lost_lease_alone,
     a_batch_insert_answers_and_orders_as_one_by_one,
     a_settle_batch_writes_what_settles_one_by_one_write,
+    heads_behind_a_long_backlog_of_one_key_are_claimed,
 );
 
 fn entry(route: &str, key: &str, dedup: &str, payload: &str) -> NewEntry {
@@ -278,6 +279,35 @@ async fn parked_entry_blocks_its_key_unless_the_route_lets_it_pass(store: Arc<dy
     assert_eq!(ids(&store.claim(&pass).await.unwrap()), vec![a1]);
     let parked = store.get(a1).await.unwrap().unwrap();
     assert_eq!(parked.last_error.as_deref(), Some("two executions match"), "the last error is kept");
+}
+
+/// A key whose head sits behind thousands of entries of another key is claimed as
+/// soon as it is free, however far back its head is (PostgreSQL's claim reads only a
+/// window of the oldest entries and finds the heads beyond it key by key); a head that
+/// is PARKED where parked blocks, in flight, or not yet due is not claimed there either.
+async fn heads_behind_a_long_backlog_of_one_key_are_claimed(store: Arc<dyn Store>) {
+    const AHEAD: usize = 5_000; // more than the window of a claim of 10
+    let ahead: Vec<NewEntry> = (0..AHEAD).map(|i| entry("r", "a", &format!("a{i}"), "a")).collect();
+    let mut a = Vec::with_capacity(AHEAD);
+    for chunk in ahead.chunks(256) {
+        a.extend(store.insert_batch(chunk, T0).await.expect("insert a batch").iter().map(|o| o.id()));
+    }
+    let b1 = insert(&store, entry("r", "b", "b1", "b1")).await;
+    let parked = NewEntry { status: Status::Parked, last_error: Some("stuck".into()), ..entry("r", "c", "c1", "c1") };
+    let c1 = insert(&store, parked).await;
+    let c2 = insert(&store, entry("r", "c", "c2", "c2")).await;
+    let d1 = insert(&store, entry("r", "d", "d1", "d1")).await;
+
+    let first = store.claim(&req("r", "w", T0, 10)).await.unwrap();
+    assert_eq!(ids(&first), vec![a[0], b1, d1], "one head per free key; c is held back by its parked head {c1}");
+    let d = &first[2];
+    let retry = Settlement::Retry { at: T0 + 1_000, error: "503".into(), not_yet_since: None };
+    store.settle(d1, &d.lease, T0, &retry).await.unwrap();
+    let pass = |now| ClaimRequest { parked_blocks: false, ..req("r", "w", now, 10) };
+    assert_eq!(ids(&store.claim(&pass(T0 + 1)).await.unwrap()), vec![c2], "a and b in flight, d not due yet");
+    assert_eq!(ids(&store.claim(&pass(T0 + 1_000)).await.unwrap()), vec![d1], "d due again");
+    store.settle(a[0], &first[0].lease, T0, &Settlement::Done).await.unwrap();
+    assert_eq!(ids(&store.claim(&pass(T0 + 1_000)).await.unwrap()), vec![a[1]], "a's next, in order");
 }
 
 async fn unordered_route_claims_every_due_entry(store: Arc<dyn Store>) {
@@ -771,7 +801,21 @@ async fn maintenance_vacuums_the_inbox_once_enough_rows_died() {
     .await
     .unwrap();
     assert_eq!(vacuumed, Some(1), "one manual vacuum: {done}");
-    assert_eq!(store.maintain().await.unwrap(), None, "nothing left to do after the vacuum: {done}");
+    // Statistics of the last updates may reach the server after the vacuum decided not
+    // to analyze (seen under a loaded machine): then one ANALYZE is still due, never a
+    // second vacuum.
+    let done = done.as_str();
+    let settled = common::wait_for("maintenance to have nothing left", std::time::Duration::from_secs(30), || {
+        let store = Arc::clone(&store);
+        async move {
+            match store.maintain().await.unwrap() {
+                None => Some(()),
+                Some(again) if again.starts_with("analyzed") => None,
+                Some(again) => panic!("a second vacuum after {done}: {again}"),
+            }
+        }
+    });
+    settled.await;
 }
 
 /// An entry whose stored row cannot be read (here: attributes that are not a list of
