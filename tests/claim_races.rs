@@ -119,6 +119,7 @@ async fn pg_claim_held_open(conn: &mut sqlx::PgConnection, owner: &str, parked_b
         .bind(r.ordered)
         .bind(r.parked_blocks)
         .bind(i64::from(r.limit))
+        .bind(4_096i64) // the window: every entry here
         .fetch_all(&mut *conn)
         .await
         .unwrap();
