@@ -196,19 +196,18 @@ async fn wait_settled(rows: &Rows, n: i64, quiet: Duration, within: Duration) ->
 /// row, one row per message. `published - stored` is the emulator's stranding,
 /// printed. Returns how many messages are stored.
 async fn assert_acked_were_stored(rows: &Rows, journal: &Path, published: usize) -> usize {
-    let acked: HashSet<String> = inlet::source::ack_journal::read(journal)
-        .unwrap_or_else(|e| panic!("cannot read the ack journal {}: {e}", journal.display()))
-        .into_iter()
-        .map(|(_route, id)| id)
-        .collect();
+    let journal = inlet::source::ack_journal::read(journal)
+        .unwrap_or_else(|e| panic!("cannot read the ack journal {}: {e}", journal.display()));
+    let acked: HashSet<String> = journal.acks.into_iter().map(|(_route, id)| id).collect();
     let stored = rows.message_ids().await;
     let missing: Vec<&String> = acked.difference(&stored).take(20).collect();
     assert!(missing.is_empty(), "acked without a row (of {} acked): {missing:?}", acked.len());
     assert_eq!(rows.rows().await, stored.len() as i64, "one row per message id");
     assert!(acked.len() >= stored.len().min(1), "the journal recorded the acks ({} acked)", acked.len());
     println!(
-        "ack journal: {} acked, {} stored, {} published; {} stranded by the emulator",
+        "ack journal: {} acked ({} lines cut short by a kill, dropped), {} stored, {} published; {} stranded by the emulator",
         acked.len(),
+        journal.torn,
         stored.len(),
         published,
         published - stored.len()
