@@ -27,6 +27,9 @@
 //!   `scripts/ensure-graphile`), beside Inlet relaying a preloaded backlog to the HTTP
 //!   target with per-key order. The relay's rate runs from its first delivery to its
 //!   last (start-up is not counted).
+//!   Beside the rates, the CPU each part spent per unit of work (`support::cpu`):
+//!   PostgreSQL, inlet and this process's HTTP target per delivery; PostgreSQL and the
+//!   peer's node per job; and what the whole machine has per job at the peer's rate.
 //! - `latency`: push → delivered as fast as it goes (closed loop), then at half that
 //!   rate (open loop) with the p50/p99 time from sending a push to the target seeing
 //!   its delivery. A push shed with 503 (more than `max_concurrent_pushes` in flight)
@@ -55,6 +58,7 @@ use inlet::inbox::{Pause, Store};
 use inlet::plugin::Plugin;
 use support::RawRow;
 use support::calls::{native_cycle, per_call, plugin_cycle};
+use support::cpu::{CpuMeter, CpuSpent};
 
 const ROUTE: &str = "bench";
 /// Connections of every pool here: Inlet's default `store.max_connections`.
@@ -536,17 +540,27 @@ async fn push_all(
 async fn relay_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {
     let peer = Peer::install();
     let (mut relay, mut peers) = (vec![], vec![]);
+    let (mut relay_cpu, mut peer_cpu) = (vec![], vec![]);
     let mut version = String::new();
     for round in 1..=args.rounds {
         let run = peer.run(args.peer_jobs, args.keys, args.peer_concurrency).await;
         let p = run.jobs_per_s;
         version = run.version;
-        let r = relay_drain(args, plugin, target, args.relay_backlog, 1).await.rate;
-        eprintln!("relay round {round}: graphile-worker {p:.0} jobs/s, inlet relay {r:.0} deliveries/s");
+        let drain = relay_drain(args, plugin, target, args.relay_backlog, 1).await;
+        let r = drain.rate;
+        eprintln!(
+            "relay round {round}: graphile-worker {p:.0} jobs/s, inlet relay {r:.0} deliveries/s; CPU per job: {}; \
+             per delivery: {}",
+            run.cpu.describe(),
+            drain.cpu.describe()
+        );
         peers.push(p);
         relay.push(r);
+        peer_cpu.push(run.cpu);
+        relay_cpu.push(drain.cpu);
     }
     let (relay, peer_rate) = (median(relay), median(peers));
+    let (relay_cpu, peer_cpu) = (CpuPer::median(&relay_cpu), CpuPer::median(&peer_cpu));
     report.row(
         "relay pg",
         &format!("inlet relay, {} backlog over {} keys, per-key order, HTTP", args.relay_backlog, args.keys),
@@ -562,6 +576,100 @@ async fn relay_section(args: &Args, plugin: &Path, target: &Target, report: &mut
         ratio(relay, peer_rate),
         Some(Goal::at_least(1.0, relay / peer_rate)),
     );
+    // Where the cores went, per unit of work: what stands between the two rates. At the
+    // peer's rate the whole machine has `cores / rate` of CPU per job.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    report.row(
+        "relay pg",
+        "CPU per delivery: postgres / inlet / HTTP target / other, idle",
+        relay_cpu.describe(),
+        format!(
+            "graphile-worker per job: {}; all {cores:.0} cores at its rate: {:.0} µs per job",
+            peer_cpu.describe(),
+            cores * 1e6 / peer_rate
+        ),
+        None,
+        None,
+    );
+}
+
+/// CPU per unit of work by part, in µs, and the share of the machine left idle: from a
+/// [`CpuMeter`] over the phase that did the work.
+#[derive(Clone, Copy, Default)]
+struct CpuPer {
+    postgres: f64,
+    inlet: f64,
+    /// The benchmark's own process: the HTTP target (and its polling).
+    bench: f64,
+    /// The peer's Node.js process.
+    node: f64,
+    other: f64,
+    idle: f64,
+}
+
+impl CpuPer {
+    fn of(spent: &CpuSpent, units: usize) -> CpuPer {
+        CpuPer {
+            postgres: spent.micros_per("postgres", units),
+            inlet: spent.micros_per("inlet", units),
+            bench: spent.micros_per("bench", units),
+            node: spent.micros_per("node", units),
+            other: spent.micros_per("other", units),
+            idle: spent.idle,
+        }
+    }
+
+    /// The group of a process: this benchmark, one of `inlets`, the peer `node`, a
+    /// PostgreSQL process, or other.
+    fn part(inlets: &[u32], node: Option<u32>) -> impl Fn(u32, &str) -> &'static str {
+        move |pid, comm| {
+            if pid == std::process::id() {
+                "bench"
+            } else if inlets.contains(&pid) {
+                "inlet"
+            } else if Some(pid) == node {
+                "node"
+            } else if comm == "postgres" {
+                "postgres"
+            } else {
+                "other"
+            }
+        }
+    }
+
+    /// The median of each figure over the rounds.
+    fn median(rounds: &[CpuPer]) -> CpuPer {
+        let m = |f: fn(&CpuPer) -> f64| median(rounds.iter().map(f).collect());
+        CpuPer {
+            postgres: m(|c| c.postgres),
+            inlet: m(|c| c.inlet),
+            bench: m(|c| c.bench),
+            node: m(|c| c.node),
+            other: m(|c| c.other),
+            idle: m(|c| c.idle),
+        }
+    }
+
+    fn describe(&self) -> String {
+        if self.node > 0.0 {
+            format!(
+                "postgres {:.0} / node {:.0} / other {:.0} µs, idle {:.0} %",
+                self.postgres,
+                self.node,
+                self.bench + self.other + self.inlet,
+                self.idle * 100.0
+            )
+        } else {
+            format!(
+                "{:.0} / {:.0} / {:.0} / {:.0} µs, idle {:.0} %",
+                self.postgres,
+                self.inlet,
+                self.bench,
+                self.other,
+                self.idle * 100.0
+            )
+        }
+    }
 }
 
 /// What one drain measured.
@@ -573,6 +681,8 @@ struct Drain {
     after_60s: Option<f64>,
     claim_ms: Option<f64>,
     peak_rss_mib: Option<f64>,
+    /// CPU per delivery by part, from the route's resume to the last delivery seen.
+    cpu: CpuPer,
 }
 
 /// A fresh database with `backlog` OPEN entries, `instances` processes working it off
@@ -603,6 +713,7 @@ async fn relay_drain_for(
     }
     let claims_before = sum_metric(&running, "inlet_claim_duration_seconds").await;
     target.reset();
+    let meter = CpuMeter::start();
     store.resume_route(ROUTE).await.expect("resume");
     store.announce(&[ROUTE.to_string()]).await.expect("announce");
 
@@ -628,6 +739,8 @@ async fn relay_drain_for(
         }
         assert!(began.elapsed() < STALL_LIMIT, "only {n} of {backlog} delivered after {STALL_LIMIT:?}");
     }
+    let inlets: Vec<u32> = running.iter().map(|i| i.process.pid()).collect();
+    let cpu = CpuPer::of(&meter.stop(CpuPer::part(&inlets, None)), target.count() as usize);
     let claims_after = sum_metric(&running, "inlet_claim_duration_seconds").await;
     let first = target.first().expect("a first delivery");
     let (rate, drained) = if target.count() >= backlog as u64 {
@@ -668,7 +781,7 @@ async fn relay_drain_for(
     pool.close().await;
     drop(store);
     drop(pg);
-    Drain { rate, first_5s, after_60s, claim_ms, peak_rss_mib: Some(peak_kib as f64 / 1024.0) }
+    Drain { rate, first_5s, after_60s, claim_ms, peak_rss_mib: Some(peak_kib as f64 / 1024.0), cpu }
 }
 
 /// `n` OPEN entries as the work-order plugin decodes them, entry `i` of key
@@ -1077,6 +1190,8 @@ struct Peer {
 struct PeerRun {
     jobs_per_s: f64,
     version: String,
+    /// CPU per job by part, over the runner's timed phase.
+    cpu: CpuPer,
 }
 
 impl Peer {
@@ -1094,10 +1209,13 @@ impl Peer {
         Peer { node: node.into(), modules: modules.into(), script: repo.join("benches/peer/graphile.mjs") }
     }
 
-    /// One run on a fresh database: its jobs per second.
+    /// One run on a fresh database: its jobs per second, and the CPU spent while the
+    /// runner timed them (between its `{"phase":"timed"}` and `{"phase":"untimed"}`
+    /// lines).
     async fn run(&self, jobs: usize, queues: usize, concurrency: usize) -> PeerRun {
+        use tokio::io::AsyncBufReadExt as _;
         let pg = TestPg::new().await;
-        let out = tokio::process::Command::new(&self.node)
+        let mut child = tokio::process::Command::new(&self.node)
             .arg(&self.script)
             .args(["--db", &pg.url, "--jobs", &jobs.to_string(), "--keys", &queues.to_string()])
             // Batched fetch and completion (its fastest settings), and jobs of a queue in
@@ -1105,12 +1223,25 @@ impl Peer {
             .args(["--concurrency", &concurrency.to_string(), "--batch", "--fifo"])
             .env("INLET_PEER_MODULES", &self.modules)
             .current_dir(self.modules.parent().unwrap_or(&self.modules))
+            .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
-            .output()
-            .await
+            .kill_on_drop(true)
+            .spawn()
             .expect("run the graphile-worker runner");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "graphile-worker runner failed ({}): {stdout}", out.status);
+        let node = child.id();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+        let (mut meter, mut spent, mut stdout) = (None, None, Vec::new());
+        while let Some(line) = lines.next_line().await.expect("read the runner's output") {
+            match line.as_str() {
+                r#"{"phase":"timed"}"# => meter = Some(CpuMeter::start()),
+                r#"{"phase":"untimed"}"# => spent = meter.take().map(|m| m.stop(CpuPer::part(&[], node))),
+                _ => stdout.push(line),
+            }
+        }
+        let status = child.wait().await.expect("wait for the graphile-worker runner");
+        let stdout = stdout.join("\n");
+        assert!(status.success(), "graphile-worker runner failed ({status}): {stdout}");
+        let spent = spent.expect("the runner printed no {\"phase\":\"untimed\"} line");
         let line = stdout.lines().last().unwrap_or_default();
         let v: serde_json::Value =
             serde_json::from_str(line).unwrap_or_else(|e| panic!("runner printed `{line}`: {e}"));
@@ -1119,6 +1250,7 @@ impl Peer {
         PeerRun {
             jobs_per_s: v["jobs_per_s"].as_f64().unwrap_or_else(|| panic!("runner: no jobs_per_s in {line}")),
             version: v["version"].as_str().unwrap_or("?").to_string(),
+            cpu: CpuPer::of(&spent, jobs),
         }
     }
 }

@@ -16,7 +16,8 @@
 // INLET_PEER_MODULES environment variable (scripts/ensure-graphile prints it), else from
 // node_modules next to this file. ESM ignores NODE_PATH, hence createRequire.
 //
-// Output: one JSON line on stdout,
+// Output: on stdout, {"phase":"timed"} as the timed part starts and {"phase":"untimed"} as
+// it ends (so a caller can measure what the machine spent in between), then one JSON line,
 //   {"peer":"graphile-worker","version":"0.18.0","jobs":N,"keys":K,"concurrency":C,
 //    "batch":true,"seconds":S,"jobs_per_s":R}
 // everything else goes to stderr. Exits 1 without printing a result when the jobs did not
@@ -268,6 +269,8 @@ async function main() {
     // Handled where it is raced; this keeps a late rejection from being "unhandled".
     deadline.catch(() => {});
 
+    // The caller measures the CPU spent between these two lines.
+    process.stdout.write(`${JSON.stringify({ phase: "timed" })}\n`);
     const start = performance.now();
     const runner = await gw.run({
         preset: { worker },
@@ -300,6 +303,7 @@ async function main() {
             await Promise.race([new Promise((r) => setTimeout(r, 2)), deadline]);
         }
         seconds = (performance.now() - start) / 1000;
+        process.stdout.write(`${JSON.stringify({ phase: "untimed" })}\n`);
         clearTimeout(timer);
         if (failed > 0) throw new Error(`${failed} jobs failed`);
         process.stderr.write(

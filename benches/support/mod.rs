@@ -17,6 +17,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 
 pub mod calls;
+pub mod cpu;
 
 /// Connections of the baseline's pool: Inlet's default `store.max_connections`.
 pub const POOL_SIZE: u32 = 8;
