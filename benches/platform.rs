@@ -278,29 +278,39 @@ async fn ingest_section(args: &Args, plugin: &Path, target: &Target, report: &mu
     let bodies = Arc::new(push_bodies(n, args.keys));
     let (mut one, mut conflict, mut batched, mut pushed, mut dup) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut wal, mut sqlite_pushed) = (vec![], vec![]);
+    // CPU per row or push, by part: raw conflicting, raw 100/tx, Inlet's push, Inlet's duplicate.
+    let (mut conflict_cpu, mut batched_cpu, mut pushed_cpu, mut dup_cpu) = (vec![], vec![], vec![], vec![]);
+    let everyone = CpuPer::part(&[], None);
     for round in 1..=args.rounds {
         // PostgreSQL: the anchors on a fresh database…
         let pg = TestPg::new().await;
         let pool = pg_pool(&pg.url).await;
         sqlx::raw_sql(RAW_TABLE).execute(&pool).await.expect("create the raw table");
         one.push(rate(n, raw_pg_one_per_tx(&pool, &rows, c).await));
+        let meter = CpuMeter::start();
         conflict.push(rate(n, raw_pg_one_per_tx(&pool, &rows, c).await));
+        conflict_cpu.push(CpuPer::of(&meter.stop(&everyone), n));
         sqlx::raw_sql("TRUNCATE bench_raw").execute(&pool).await.expect("truncate");
+        let meter = CpuMeter::start();
         batched.push(rate(n, raw_pg_batched(&pool, &rows, 100, c).await));
+        batched_cpu.push(CpuPer::of(&meter.stop(&everyone), n));
         pool.close().await;
         drop(pg);
         // …then Inlet on another.
         let pg = TestPg::new().await;
-        let (first, again) = inlet_ingest(&pg.url, plugin, target, &bodies, args.keys, c).await;
+        let ((first, first_cpu), (again, again_cpu)) =
+            inlet_ingest(&pg.url, plugin, target, &bodies, args.keys, c).await;
         pushed.push(rate(n, first));
         dup.push(rate(n, again));
+        pushed_cpu.push(first_cpu);
+        dup_cpu.push(again_cpu);
         drop(pg);
         // SQLite: the plain loop, then Inlet.
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}", dir.path().join("raw.db").display());
         wal.push(rate(n, raw_sqlite_loop(&url, &rows, c).await));
         let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
-        let (first, _) = inlet_ingest(&url, plugin, target, &bodies, args.keys, c).await;
+        let ((first, _), _) = inlet_ingest(&url, plugin, target, &bodies, args.keys, c).await;
         sqlite_pushed.push(rate(n, first));
         eprintln!(
             "ingest round {round}: pg raw 1/tx {:.0}, conflicting {:.0}, 100/tx {:.0}; inlet {:.0}, duplicates {:.0}; \
@@ -317,6 +327,8 @@ async fn ingest_section(args: &Args, plugin: &Path, target: &Target, report: &mu
     let (one, conflict, batched, pushed, dup) =
         (median(one), median(conflict), median(batched), median(pushed), median(dup));
     let (wal, sqlite_pushed) = (median(wal), median(sqlite_pushed));
+    let (conflict_cpu, batched_cpu) = (CpuPer::median(&conflict_cpu), CpuPer::median(&batched_cpu));
+    let (pushed_cpu, dup_cpu) = (CpuPer::median(&pushed_cpu), CpuPer::median(&dup_cpu));
     report.row(
         "ingest pg",
         "raw INSERT … ON CONFLICT DO NOTHING, 1 row/tx",
@@ -334,6 +346,16 @@ async fn ingest_section(args: &Args, plugin: &Path, target: &Target, report: &mu
         ratio(pushed, batched),
         Some(Goal::at_least(0.75, pushed / batched)),
     );
+    // Where the cores went: the raw rows cost only PostgreSQL and the benchmark's
+    // client; a push also costs its HTTP request (the clients are this process) and Inlet.
+    report.row(
+        "ingest pg",
+        "CPU per push: postgres / inlet / HTTP clients / other, idle",
+        pushed_cpu.describe(),
+        format!("raw 100/tx per row: {}", batched_cpu.describe_raw()),
+        None,
+        None,
+    );
     report.row(
         "ingest pg",
         "inlet push ingest vs raw 1 row/tx",
@@ -350,6 +372,14 @@ async fn ingest_section(args: &Args, plugin: &Path, target: &Target, report: &mu
         format!("raw conflicting insert {:.0} µs", 1e6 / conflict),
         ratio(conflict, dup),
         Some(Goal::at_most(1.33, conflict / dup)),
+    );
+    report.row(
+        "ingest pg",
+        "CPU per duplicate: postgres / inlet / HTTP clients / other, idle",
+        dup_cpu.describe(),
+        format!("raw conflicting insert: {}", conflict_cpu.describe_raw()),
+        None,
+        None,
     );
     report.row(
         "ingest sqlite",
@@ -457,7 +487,8 @@ async fn raw_sqlite_loop(url: &str, rows: &Arc<Vec<RawRow>>, batch: usize) -> Du
 }
 
 /// Inlet with its route paused: `bodies` pushed from `clients` clients (a key's
-/// messages in order from one client), then the same again. The two push times.
+/// messages in order from one client), then the same again. The two push times, each
+/// with the CPU spent per push.
 async fn inlet_ingest(
     url: &str,
     plugin: &Path,
@@ -465,13 +496,19 @@ async fn inlet_ingest(
     bodies: &Arc<Vec<(usize, String)>>,
     keys: usize,
     clients: usize,
-) -> (Duration, Duration) {
+) -> ((Duration, CpuPer), (Duration, CpuPer)) {
     let store = inlet::inbox::open(url, 2).await.expect("open the store");
     pause(&store).await;
     let inlet = Instance::start(url, plugin, target, 8, "ingest").await;
     warm_up(&inlet).await;
+    let pids = [inlet.process.pid()];
+    let part = CpuPer::part(&pids, None);
+    let meter = CpuMeter::start();
     let first = push_all(&inlet.push_url(), bodies, keys, clients, "inserted").await;
+    let first = (first, CpuPer::of(&meter.stop(&part), bodies.len()));
+    let meter = CpuMeter::start();
     let again = push_all(&inlet.push_url(), bodies, keys, clients, "duplicate").await;
+    let again = (again, CpuPer::of(&meter.stop(&part), bodies.len()));
     let stored = count_entries(&store).await;
     assert_eq!(stored, bodies.len() as u64 + 1, "inlet stored {stored} rows for {} pushes and a warm-up", bodies.len());
     inlet.stop();
@@ -648,6 +685,17 @@ impl CpuPer {
             other: m(|c| c.other),
             idle: m(|c| c.idle),
         }
+    }
+
+    /// For a raw anchor: only PostgreSQL and this process (its client) take part.
+    fn describe_raw(&self) -> String {
+        format!(
+            "postgres {:.0} / client {:.0} / other {:.0} µs, idle {:.0} %",
+            self.postgres,
+            self.bench,
+            self.other + self.inlet + self.node,
+            self.idle * 100.0
+        )
     }
 
     fn describe(&self) -> String {
