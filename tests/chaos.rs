@@ -488,28 +488,15 @@ async fn pulled_rows(pool: &sqlx::PgPool) -> i64 {
         .unwrap_or(0)
 }
 
-/// The journal's message ids, in order, from its complete lines. Several processes
-/// append to it and any may be killed mid-write: a torn fragment left without its
-/// newline is then glued to the front of the next process's line, which is why each
-/// line is read from the last `ROUTE<TAB>` in it. Returns the ids and how many torn
-/// fragments were dropped.
+/// The pull route's message ids in the journal, in order. Several processes append to
+/// it and any may be killed mid-write: a torn fragment left without its newline is then
+/// glued to the front of the next process's line, and each line's check tells such a
+/// line from a whole one (`ack_journal::parse`). Returns the ids and how many torn
+/// lines were dropped.
 fn journal_ids(text: &str) -> (Vec<String>, usize) {
-    let complete = match text.rfind('\n') {
-        Some(end) => &text[..=end],
-        None => "",
-    };
-    let marker = format!("{PULL_ROUTE}\t");
-    let mut torn = 0;
-    let mut ids = Vec::new();
-    for line in complete.lines() {
-        let Some(at) = line.rfind(&marker) else {
-            torn += usize::from(!line.is_empty());
-            continue;
-        };
-        torn += usize::from(at > 0);
-        ids.push(line[at + marker.len()..].to_owned());
-    }
-    (ids, torn)
+    let journal = inlet::source::ack_journal::parse(text);
+    let ids = journal.acks.into_iter().filter(|(route, _)| route == PULL_ROUTE).map(|(_, id)| id).collect();
+    (ids, journal.torn)
 }
 
 /// Length of the journal's complete lines now.

@@ -75,7 +75,11 @@ pub struct Journal {
 
 /// Reads a journal: every line whose check matches; the others are counted as torn.
 pub fn read(path: &Path) -> std::io::Result<Journal> {
-    let text = std::fs::read_to_string(path)?;
+    Ok(parse(&std::fs::read_to_string(path)?))
+}
+
+/// [`read`] on a journal's text (or a part of it that starts at a line).
+pub fn parse(text: &str) -> Journal {
     let mut journal = Journal::default();
     for line in text.lines() {
         let intact = line
@@ -87,7 +91,7 @@ pub fn read(path: &Path) -> std::io::Result<Journal> {
             None => journal.torn += 1,
         }
     }
-    Ok(journal)
+    journal
 }
 
 /// The check of one record: 64-bit FNV-1a, as 16 lowercase hex digits. Not a defence
