@@ -58,6 +58,16 @@ async fn until_queued(group: &GroupCommit, n: usize) {
     common::wait_until(&format!("{n} inserts queued"), Duration::from_secs(8), || async { group.queued() == n }).await;
 }
 
+/// Waits until a writer has taken `n` inserts. (Not `queued() == 0`: that also holds
+/// before a spawned insert has been submitted, and a writer that then finds it and
+/// the ones behind it queued takes them all into one batch.)
+async fn until_taken(group: &GroupCommit, n: u64) {
+    common::wait_until(&format!("{n} inserts taken by a writer"), Duration::from_secs(8), || async {
+        group.taken() == n
+    })
+    .await;
+}
+
 /// Two inserts taken by the two writers (each blocked on the lock), then `QUEUED` more
 /// behind them; `release` lets the database go. Every insert must be stored, in
 /// exactly three commits, and each answered row readable by another connection.
@@ -66,7 +76,7 @@ async fn batches_what_queued_up(store: Arc<dyn Store>, release: impl AsyncFnOnce
     let mut inserts = Vec::new();
     for n in 0..2 {
         inserts.push(spawn_insert(&group, entry(n, "K")));
-        until_queued(&group, 0).await;
+        until_taken(&group, n as u64 + 1).await;
     }
     for n in 2..2 + QUEUED {
         inserts.push(spawn_insert(&group, entry(n, &format!("K{}", n % 5))));
@@ -141,7 +151,7 @@ async fn a_refused_row_hands_its_whole_batch_back_to_be_inserted_alone() {
 
     let group = Arc::new(GroupCommit::start(inserts(&store), 1));
     let first = spawn_insert(&group, entry(0, "K"));
-    until_queued(&group, 0).await;
+    until_taken(&group, 1).await;
     let mut poison = entry(1, "K");
     poison.decoded.as_mut().unwrap().correlation_key = "bad\0key".into();
     let batch =

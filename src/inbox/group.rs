@@ -63,6 +63,8 @@ pub struct Group<W: BatchWrite> {
 struct Counters {
     /// Writes queued and not yet taken into a batch.
     queued: AtomicUsize,
+    /// Writes taken into a batch so far.
+    taken: AtomicU64,
     /// Batches committed.
     commits: AtomicU64,
     /// Batches that failed, their writes handed back.
@@ -105,6 +107,13 @@ impl<W: BatchWrite> Group<W> {
         self.counters.queued.load(Ordering::SeqCst)
     }
 
+    /// Writes taken into a batch so far, committed or not (for tests: a write is in a
+    /// writer's hands once this counts it, which `queued` cannot tell from a write not
+    /// submitted yet).
+    pub fn taken(&self) -> u64 {
+        self.counters.taken.load(Ordering::SeqCst)
+    }
+
     /// Batches committed so far.
     pub fn commits(&self) -> u64 {
         self.counters.commits.load(Ordering::SeqCst)
@@ -133,6 +142,7 @@ async fn run<W: BatchWrite>(write: Arc<W>, rx: Queue<W::Item, W::Output>, counte
                 }
             }
             counters.queued.fetch_sub(batch.len(), Ordering::SeqCst);
+            counters.taken.fetch_add(batch.len() as u64, Ordering::SeqCst);
             batch
         };
         let (items, answers): (Vec<W::Item>, Vec<_>) = batch.into_iter().map(|p| (p.item, p.answer)).unzip();
