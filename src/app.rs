@@ -439,14 +439,15 @@ async fn wake_on_announcements(
 
 /// Tasks committing push inserts (and, apart, settles) in groups, by backend. On
 /// PostgreSQL two: one gathers a batch while the other's round trips and commit are
-/// out. More only make the batches smaller, and a small batch costs PostgreSQL more
-/// per row (measured on 2 cores, 64 push clients, `scripts/bench --only ingest
-/// --rounds 1`: 8,612 msg/s and 71 µs of PostgreSQL CPU per push with two writers,
-/// 7,463 msg/s and 103 µs with eight; batches of 12–32 pushes with two). On SQLite one: the file has one writer lock, and a second writer only waits in
-/// SQLite's busy handler, which sleeps in steps of milliseconds; one writer takes the
-/// next batch the moment the last commits (measured on 2 cores: push ingest 7,623 and
-/// 9,984 msg/s with one writer against 5,880 and 4,862 with two, `scripts/bench --only
-/// ingest --rounds 1`, four runs alternating).
+/// out. More only make the batches smaller, and a small batch costs PostgreSQL more per
+/// row (measured on 2 cores, 64 push clients, `scripts/bench --only ingest --rounds 1`:
+/// 8,612 msg/s and 71 µs of PostgreSQL CPU per push with two writers, 7,463 msg/s and
+/// 103 µs with eight; batches of 12–32 pushes with two). On SQLite one: the file has
+/// one writer lock, and a second writer only waits in SQLite's busy handler, which
+/// sleeps in steps of milliseconds; one writer takes the next batch the moment the last
+/// commits (measured on 2 cores: push ingest 7,623 and 9,984 msg/s with one writer
+/// against 5,880 and 4,862 with two, `scripts/bench --only ingest --rounds 1`, four
+/// runs alternating).
 fn group_commit_writers(backend: &str) -> usize {
     if backend == "sqlite" { 1 } else { 2 }
 }
