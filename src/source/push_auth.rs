@@ -3,7 +3,8 @@
 //!
 //! The token must be RS256, signed by a key of the configured JWKS (Google's by
 //! default), issued by `accounts.google.com`, for the configured audience, unexpired
-//! (10 s skew), and name the configured service account as a verified `email`.
+//! (10 s skew), not issued in the future (`iat`, same skew), and name the configured
+//! service account as a verified `email`.
 //! Parsing and signature checks are `jsonwebtoken`'s; this module only fetches and
 //! caches the keys and says why a token failed.
 //!
@@ -100,6 +101,8 @@ impl Refused {
 struct Claims {
     email: Option<String>,
     email_verified: Option<bool>,
+    /// Issued at, seconds since the epoch; `jsonwebtoken` does not check it.
+    iat: Option<serde_json::Value>,
 }
 
 /// The signing keys of every JWKS URL in use, shared by all routes.
@@ -147,7 +150,13 @@ impl Verifier {
     pub fn new() -> Verifier {
         // rustls has no built-in provider in this build (see src/pubsub.rs).
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder().timeout(FETCH_TIMEOUT).build().expect("the HTTP client builds");
+        // A 3xx from the JWKS URL is a failed fetch, not a pointer to the keys: the
+        // keys come from where the routing file says, nowhere else.
+        let http = reqwest::Client::builder()
+            .timeout(FETCH_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("the HTTP client builds");
         Verifier { http, sets: Mutex::default() }
     }
 
@@ -167,6 +176,7 @@ impl Verifier {
         validation.set_audience(&[rule.audience.as_str()]);
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         let data = jsonwebtoken::decode::<Claims>(token, &key, &validation).map_err(|e| classify(e.kind()))?;
+        check_issued_at(data.claims.iat.as_ref(), jsonwebtoken::get_current_timestamp())?;
         if data.claims.email.as_deref() != Some(rule.service_account.as_str()) {
             return Err(Refused::Email);
         }
@@ -231,6 +241,18 @@ impl Verifier {
             .filter_map(|jwk| Some((jwk.common.key_id.clone()?, DecodingKey::from_jwk(jwk).ok()?)))
             .collect())
     }
+}
+
+/// A token issued in the future (beyond the skew) is refused as not yet valid: a
+/// clock that far off, or a token minted to outlive its key's rotation, is not one to
+/// trust. Google's tokens always carry `iat`; one without it is left to `exp`.
+fn check_issued_at(iat: Option<&serde_json::Value>, now: u64) -> Result<(), Refused> {
+    let Some(iat) = iat else { return Ok(()) };
+    let iat = iat.as_f64().ok_or(Refused::Malformed)?;
+    if iat > (now + SKEW.as_secs()) as f64 {
+        return Err(Refused::NotYetValid);
+    }
+    Ok(())
 }
 
 /// The token of `Authorization: Bearer <token>`.
