@@ -188,3 +188,48 @@ async fn a_cache_file_is_loaded_only_when_it_is_inlets_own_and_no_link() {
     let lines = logged(&foreign_file);
     assert!(lines.iter().any(|l| l.contains("owned by uid 65534")), "logged: {lines:#?}");
 }
+
+/// The same, as an operator meets it: `inlet run` with its default cache folder
+/// (`$XDG_CACHE_HOME/inlet/components`) owned by another user logs the refusal and
+/// serves, its plugins compiled without the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inlet_run_with_a_foreign_cache_folder_logs_it_and_delivers() {
+    let dir = tempfile::tempdir().unwrap();
+    let components = dir.path().join("xdg").join("inlet").join("components");
+    std::fs::create_dir_all(&components).unwrap();
+    std::fs::set_permissions(&components, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&components, Some(OTHER_UID), Some(OTHER_UID)).unwrap();
+    let target = common::FakeCamunda::start().await;
+    let config = dir.path().join("inlet.toml");
+    let text = format!(
+        "[store]\nurl = \"sqlite://{}\"\n\n[[route]]\nname = \"orders\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\n\
+         target = {{ kind = \"http\", url = \"{}\", timeout = \"2s\" }}\n",
+        dir.path().join("inbox.db").display(),
+        plugin_path("work_order").display(),
+        target.url()
+    );
+    std::fs::write(&config, text).unwrap();
+    let listen = format!("127.0.0.1:{}", common::free_port());
+    let xdg = dir.path().join("xdg");
+    let mut inlet = common::InletProcess::spawn_with_args(
+        &config,
+        &["--listen", &listen],
+        &[("XDG_CACHE_HOME", xdg.to_str().unwrap())],
+    );
+    inlet.wait_healthy(std::time::Duration::from_secs(60)).await;
+    let data = br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
+    let envelope = common::push_envelope(data, &[], "m-1");
+    assert_eq!(common::post_push(&reqwest::Client::new(), &inlet.base, "orders", &envelope).await, 200);
+    common::wait_until("the message to be delivered", std::time::Duration::from_secs(30), || async {
+        target.count() == 1
+    })
+    .await;
+    let log = inlet.log();
+    assert!(
+        log.lines().any(|l| l.contains("ERROR")
+            && l.contains("owned by another user")
+            && l.contains(&*components.to_string_lossy())),
+        "the refusal is logged as an error:\n{log}"
+    );
+    assert!(cwasm_files(&components).is_empty(), "nothing was written to the foreign folder");
+}
