@@ -272,3 +272,21 @@ fn classify(kind: &ErrorKind) -> Refused {
         _ => Refused::Malformed,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_issued_in_the_future_is_not_yet_valid() {
+        let now = 1_800_000_000;
+        let iat = |v: serde_json::Value| check_issued_at(Some(&v), now);
+        assert_eq!(check_issued_at(None, now), Ok(()));
+        assert_eq!(iat(serde_json::json!(now - 3600)), Ok(()));
+        assert_eq!(iat(serde_json::json!(now + SKEW.as_secs())), Ok(()), "within the skew");
+        assert_eq!(iat(serde_json::json!(now + SKEW.as_secs() + 1)), Err(Refused::NotYetValid));
+        assert_eq!(iat(serde_json::json!(now + 86_400)), Err(Refused::NotYetValid));
+        assert_eq!(iat(serde_json::json!((now + 86_400) as f64 + 0.5)), Err(Refused::NotYetValid));
+        assert_eq!(iat(serde_json::json!("yesterday")), Err(Refused::Malformed));
+    }
+}
