@@ -187,6 +187,16 @@ async fn a_cache_file_is_loaded_only_when_it_is_inlets_own_and_no_link() {
     assert_eq!(decoded_key(&loaded).await, "wo-7", "another user's file was not loaded");
     let lines = logged(&foreign_file);
     assert!(lines.iter().any(|l| l.contains("owned by uid 65534")), "logged: {lines:#?}");
+
+    // And one of Inlet's own that others may write.
+    let writable = root.path().join("writable-file");
+    std::fs::create_dir(&writable).unwrap();
+    std::fs::copy(&unruly, writable.join(&name)).unwrap();
+    std::fs::set_permissions(writable.join(&name), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let loaded = Plugin::load(&plugin, limits(), Some(&writable)).unwrap();
+    assert_eq!(decoded_key(&loaded).await, "wo-7", "a file others may write was not loaded");
+    let lines = logged(&writable);
+    assert!(lines.iter().any(|l| l.contains("writable by group or others")), "logged: {lines:#?}");
 }
 
 /// The same, as an operator meets it: `inlet run` with its default cache folder

@@ -511,8 +511,8 @@ pub fn compile_cached(
         }
         Ok(None) => {}
         Err(problem) => {
-            // Only this user can have put it there; still, it is not what this
-            // function writes. Compiled afresh, the new file replaces it.
+            // Not a file this function wrote (a link, another user's, one others
+            // may write): compiled afresh, the new file replaces it.
             tracing::error!(file = %file.display(), %problem, "cached component not loaded; compiling again");
         }
     }
@@ -532,7 +532,7 @@ pub fn compile_cached(
 
 /// The cached component at `file`, if there is one this process may load: opened
 /// without following a symbolic link, and only a regular file owned by Inlet's
-/// effective user. `Ok(None)` when there is no file; `Err` says why one is refused.
+/// effective user that no one else may write. `Ok(None)` when there is no file; `Err` says why one is refused.
 fn read_own_file(file: &Path) -> Result<Option<Vec<u8>>, String> {
     #[cfg(unix)]
     {
@@ -552,6 +552,9 @@ fn read_own_file(file: &Path) -> Result<Option<Vec<u8>>, String> {
         }
         if m.uid() != effective_uid() {
             return Err(format!("it is owned by uid {}, not Inlet's user (uid {})", m.uid(), effective_uid()));
+        }
+        if m.mode() & 0o022 != 0 {
+            return Err(format!("it is writable by group or others (mode {:o})", m.mode() & 0o777));
         }
         let mut data = Vec::with_capacity(m.len() as usize);
         f.read_to_end(&mut data).map_err(|e| format!("cannot read it: {e}"))?;
