@@ -261,3 +261,24 @@ async fn a_jwks_url_answering_a_redirect_gives_no_keys() {
     assert!(setup.stored_message_ids().await.is_empty());
     setup.instance.running.stop().await;
 }
+
+/// A JWKS URL answering more than 1 MiB, or something that is no JWKS, gives no keys
+/// (503, Pub/Sub retries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwks_url_answering_too_much_or_no_jwks_gives_no_keys() {
+    let k1 = Key::generate("k1");
+    let app = axum::Router::new()
+        .route("/huge", axum::routing::get(|| async { format!("{{\"keys\":[],\"pad\":\"{}\"}}", "x".repeat(2 << 20)) }))
+        .route("/other", axum::routing::get(|| async { "{\"keys\": \"not a list\"}" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    for path in ["huge", "other"] {
+        let setup = Setup::start(&format!("{base}/{path}")).await;
+        let (status, _) = setup.push(Some(&k1.sign(&good_claims()))).await;
+        assert_eq!(status, 503, "{path}: no keys");
+        assert_eq!(setup.refused("keys_unavailable"), 1, "{path}");
+        assert!(setup.stored_message_ids().await.is_empty(), "{path}");
+        setup.instance.running.stop().await;
+    }
+}

@@ -41,6 +41,8 @@ const KEY_TTL: Duration = Duration::from_secs(3600);
 /// Fewest seconds between two fetches of one JWKS, whatever tokens arrive.
 pub const MIN_REFETCH: Duration = Duration::from_secs(5);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest JWKS read (Google's is about 2 KiB).
+const MAX_JWKS_BYTES: usize = 1024 * 1024;
 
 /// Why a push request was refused; the label of `inlet_push_auth_refused_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,8 +235,18 @@ impl Verifier {
         if !response.status().is_success() {
             return Err(format!("answered {}", response.status()));
         }
-        let body = response.bytes().await.map_err(|e| e.without_url().to_string())?;
-        let set: JwkSet = serde_json::from_slice(&body).map_err(|e| format!("not a JWKS: {e}"))?;
+        let mut response = response;
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| e.without_url().to_string())? {
+            if body.len() + chunk.len() > MAX_JWKS_BYTES {
+                return Err(format!("answered more than {MAX_JWKS_BYTES} bytes"));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        // Where the text went wrong, not what it says: serde quotes the values it
+        // refuses, and the URL may answer something other than keys.
+        let set: JwkSet = serde_json::from_slice(&body)
+            .map_err(|e| format!("not a JWKS (line {}, column {})", e.line(), e.column()))?;
         Ok(set
             .keys
             .iter()
