@@ -1,6 +1,8 @@
 //! Secrets out of output: URLs are shown without their password and query values
 //! wherever Inlet prints, logs or stores text that may contain one (`inlet check`,
-//! configuration errors, transport errors that end in `last_error`).
+//! configuration errors). Where a URL's path may be a secret too and the path adds
+//! nothing (a transport error stored in `last_error`: a webhook URL such as
+//! `/hooks/T000/B000/SECRET`), only its [`origin`] is shown.
 
 /// What replaces a secret.
 pub const MASK: &str = "***";
@@ -25,6 +27,16 @@ pub fn url(u: &str) -> String {
         None => tail.to_string(),
     };
     format!("{scheme}://{authority}{tail}")
+}
+
+/// `scheme://user:password@host:port/path?query` → `scheme://host:port`: no userinfo,
+/// path, query or fragment. Text without `://` gives [`MASK`], as nothing in it is
+/// known not to be secret.
+pub fn origin(u: &str) -> String {
+    let Some((scheme, rest)) = u.split_once("://") else { return MASK.to_string() };
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    format!("{scheme}://{host}")
 }
 
 /// A request path with its query values masked: `/hook?token=abc` → `/hook?token=***`.
@@ -78,6 +90,15 @@ mod tests {
         assert_eq!(url("http://h:80/x?a=1#frag"), "http://h:80/x?a=***");
         assert_eq!(url("sqlite:///var/lib/inlet.db"), "sqlite:///var/lib/inlet.db");
         assert_eq!(url("no url"), "no url");
+    }
+
+    #[test]
+    fn origins() {
+        assert_eq!(origin("https://hooks.example/hooks/T000/B000/SECRET"), "https://hooks.example");
+        assert_eq!(origin("http://u:pw@h:8080/a?token=x#f"), "http://h:8080");
+        assert_eq!(origin("http://[::1]:9/x"), "http://[::1]:9");
+        assert_eq!(origin("http://h?token=x"), "http://h");
+        assert_eq!(origin("no url"), MASK);
     }
 
     #[test]

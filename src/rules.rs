@@ -173,8 +173,15 @@ fn check_http(req: &wit::Request, configured: impl Fn(&str) -> bool) -> Result<(
 
 /// The path is appended to the target's base URL, so it must not be able to leave
 /// it: it starts with `/` (or `?`, or is empty), holds only visible ASCII (percent-
-/// encode the rest), no backslash, no `//` at the start (another host), and no `.` or
-/// `..` segment, also percent-encoded (`%2e%2e`, even twice).
+/// encode the rest), no backslash, no `//` at the start (another host), no `.` or
+/// `..` segment, and no `;` before the query. All of these also percent-encoded,
+/// even twice (`%2e%2e`, `%252e`, `%3b`, `%5c`): what the target decodes is checked.
+///
+/// `;` starts a path parameter, which Tomcat, Jetty and Spring (the servers Camunda
+/// runs on) cut from a segment before resolving dot segments, so `/b/..;/admin`
+/// leaves `/b` there while it is no dot segment to a URL parser. Every `;` in the
+/// path is refused, `/x;` and `/x;jsessionid=1` too: a target API that needs path
+/// parameters is rare enough not to be worth a rule that tells them apart.
 fn check_path(path: &str) -> Result<(), Violation> {
     if path.is_empty() {
         return Ok(());
@@ -200,11 +207,22 @@ fn check_path(path: &str) -> Result<(), Violation> {
     let before_query = path.split(['?', '#']).next().unwrap_or_default();
     for segment in before_query.split('/') {
         let decoded = percent_decoded(segment);
-        if decoded.split(['/', '\\']).any(|s| s == "." || s == "..") {
+        // `..;x` is `..` to the servers that drop path parameters.
+        let dot = |s: &str| matches!(s.split(';').next(), Some("." | ".."));
+        if decoded.split(['/', '\\']).any(dot) {
             return Err(Violation::new(
                 "request.path.dot-segment",
                 format!("segment `{}` would leave the target's base path", shown(segment)),
             ));
+        }
+        if decoded.contains(';') {
+            return Err(Violation::new(
+                "request.path.parameter",
+                format!("segment `{}` holds `;`, a path parameter the target may cut away", shown(segment)),
+            ));
+        }
+        if decoded.contains('\\') {
+            return Err(Violation::new("request.path.backslash", "an encoded backslash in the path"));
         }
     }
     Ok(())
@@ -379,6 +397,36 @@ mod tests {
         assert_eq!(check("/a/%252e%252e/x"), "request.path.dot-segment");
         assert_eq!(check("/a/%2e%2e%2fx"), "request.path.dot-segment");
         assert_eq!(check("/a/./x"), "request.path.dot-segment");
+        // Path parameters (issue 23, finding 8): `..;` is `..` to Tomcat and Spring.
+        for dot in [
+            "/..;/x",
+            "/b/..;/admin/x",
+            "/b/..;jsessionid=1/admin",
+            "/b/%2e%2e;/x",
+            "/b/%2E%2e;/x",
+            "/b/%2e%2e%3b/x",
+            "/b/.%2e/x",
+            "/b/%2e./x",
+            "/b/%252e%252e/x",
+            "/b/%252e%252e%253b/x",
+            "/b/.;/x",
+            "/b/./",
+            "/b/..",
+            "/b/%2e",
+            "/b/..%2f",
+        ] {
+            assert_eq!(check(dot), "request.path.dot-segment", "{dot}");
+        }
+        for parameter in ["/x;", "/b/x;jsessionid=1", "/b;/x", "/b/x%3b", "/b/x%253B", "/b/...;/x"] {
+            assert_eq!(check(parameter), "request.path.parameter", "{parameter}");
+        }
+        assert_eq!(check("/a/%5c../x"), "request.path.dot-segment");
+        assert_eq!(check("/a/b%5cc"), "request.path.backslash");
+        assert_eq!(check("/a/b%255cc"), "request.path.backslash");
+        // What stays ordinary: dots inside names, `;` and dots in the query.
+        for ok in ["/engine-rest/message", "/a.b/c", "/a/.../b", "/a/...", "/v1/x.json?a=..;b", "/a/%2e%2ex"] {
+            assert_eq!(check(ok), "ok", "{ok}");
+        }
         assert_eq!(check("/a\\..\\x"), "request.path.backslash");
         assert_eq!(check("//evil.example/x"), "request.path.authority");
         assert_eq!(check("http://evil.example/x"), "request.path.relative");

@@ -153,11 +153,17 @@ async fn only_a_valid_token_from_the_subscription_stores_a_row() {
 
     let (status, accepted) = setup.push(Some(&k1.sign(&good_claims()))).await;
     assert_eq!(status, 200, "a valid token is accepted");
+    // Within the skew, a sender's clock slightly ahead is tolerated.
+    let (status, ahead) = setup.push(Some(&k1.sign(&with(good_claims(), "iat", json!(now() + 5))))).await;
+    assert_eq!(status, 200, "a token issued 5 s ahead is accepted");
 
     let cases: Vec<(&str, Option<String>, u16, &str)> = vec![
         ("no token", None, 401, "missing"),
         ("not a JWT", Some("abc.def".into()), 401, "malformed"),
         ("expired", Some(k1.sign(&with(good_claims(), "exp", json!(now() - 600)))), 401, "expired"),
+        ("issued a day ahead", Some(k1.sign(&with(good_claims(), "iat", json!(now() + 86_400)))), 401, "not_yet_valid"),
+        ("issued a minute ahead", Some(k1.sign(&with(good_claims(), "iat", json!(now() + 60)))), 401, "not_yet_valid"),
+        ("issued at no time", Some(k1.sign(&with(good_claims(), "iat", json!("yesterday")))), 401, "malformed"),
         ("wrong audience", Some(k1.sign(&with(good_claims(), "aud", json!("https://other.test")))), 401, "audience"),
         ("wrong issuer", Some(k1.sign(&with(good_claims(), "iss", json!("https://evil.example")))), 401, "issuer"),
         ("wrong signature", Some(stranger.sign_as("k1", &good_claims())), 401, "signature"),
@@ -175,7 +181,7 @@ async fn only_a_valid_token_from_the_subscription_stores_a_row() {
         assert_eq!(status, expected, "{what}");
         assert_eq!(setup.refused(reason), before + 1, "{what}: inlet_push_auth_refused_total{{reason=\"{reason}\"}}");
     }
-    assert_eq!(setup.stored_message_ids().await, vec![accepted], "only the accepted push left a row");
+    assert_eq!(setup.stored_message_ids().await, vec![accepted, ahead], "only the accepted pushes left a row");
     assert_eq!(jwks.fetches.load(Ordering::SeqCst), 1, "the keys were fetched once and cached");
     setup.instance.running.stop().await;
 }
@@ -224,4 +230,55 @@ async fn a_rotated_key_is_picked_up_and_unknown_keys_do_not_hammer_the_jwks() {
     .await;
     assert_eq!(setup.push(Some(&k1.sign(&good_claims()))).await.0, 401, "a withdrawn key no longer verifies");
     setup.instance.running.stop().await;
+}
+
+/// The JWKS fetch follows no redirect: a JWKS URL answering 3xx (whatever it points
+/// to, here the real keys) is a failed fetch, and the token waits for a fetch that
+/// works (503, Pub/Sub retries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwks_url_answering_a_redirect_gives_no_keys() {
+    let k1 = Key::generate("k1");
+    let jwks = Jwks::default();
+    jwks.publish(&[&k1]);
+    let keys_url = jwks.serve().await;
+    let moved = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&moved);
+    let app = axum::Router::new().fallback(move || {
+        count.fetch_add(1, Ordering::SeqCst);
+        let location = keys_url.clone();
+        async move { (axum::http::StatusCode::FOUND, [(axum::http::header::LOCATION, location)]) }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/certs", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let setup = Setup::start(&url).await;
+    let (status, _) = setup.push(Some(&k1.sign(&good_claims()))).await;
+    assert_eq!(status, 503, "no keys: the redirect was not followed");
+    assert_eq!(setup.refused("keys_unavailable"), 1);
+    assert_eq!(moved.load(Ordering::SeqCst), 1, "the JWKS URL was asked once");
+    assert_eq!(jwks.fetches.load(Ordering::SeqCst), 0, "the redirect's target was never asked");
+    assert!(setup.stored_message_ids().await.is_empty());
+    setup.instance.running.stop().await;
+}
+
+/// A JWKS URL answering more than 1 MiB, or something that is no JWKS, gives no keys
+/// (503, Pub/Sub retries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwks_url_answering_too_much_or_no_jwks_gives_no_keys() {
+    let k1 = Key::generate("k1");
+    let app = axum::Router::new()
+        .route("/huge", axum::routing::get(|| async { format!("{{\"keys\":[],\"pad\":\"{}\"}}", "x".repeat(2 << 20)) }))
+        .route("/other", axum::routing::get(|| async { "{\"keys\": \"not a list\"}" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    for path in ["huge", "other"] {
+        let setup = Setup::start(&format!("{base}/{path}")).await;
+        let (status, _) = setup.push(Some(&k1.sign(&good_claims()))).await;
+        assert_eq!(status, 503, "{path}: no keys");
+        assert_eq!(setup.refused("keys_unavailable"), 1, "{path}");
+        assert!(setup.stored_message_ids().await.is_empty(), "{path}");
+        setup.instance.running.stop().await;
+    }
 }

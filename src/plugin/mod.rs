@@ -474,8 +474,9 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 /// compiled before by a compatible engine. The file name is the SHA-256 of the
 /// component's bytes plus a hash of the engine's compatibility settings (wasmtime
 /// version and configuration), so a new wasmtime or other settings never load a
-/// stale file. Only files this function wrote are ever loaded: the cache folder must
-/// not be writable by anyone the host does not trust, since loading skips validation.
+/// stale file. Only files this function wrote are ever loaded: the cache folder and
+/// each file in it must be Inlet's user's own and not writable by anyone else (files
+/// are opened without following links), since loading skips validation.
 /// A cache that cannot be read or written is logged and bypassed, never fatal.
 pub fn compile_cached(
     engine: &Engine,
@@ -495,22 +496,32 @@ pub fn compile_cached(
     let file = dir.join(format!("{}-{:016x}.cwasm", crate::inbox::digest_hex(bytes), h.finish()));
     // Read into memory rather than `deserialize_file`: that maps the file, and a file
     // truncated or rewritten in place while mapped kills the process with SIGBUS.
-    if let Ok(data) = std::fs::read(&file) {
-        // SAFETY: the file was written by `Component::serialize` below, into a folder
-        // only this host writes, under a name that pins the bytes and the engine.
-        match unsafe { Component::deserialize(engine, &data) } {
-            Ok(c) => return Ok(c),
-            Err(error) => {
-                tracing::warn!(file = %file.display(), %error, "cached component unusable; compiling again");
-                let _ = std::fs::remove_file(&file);
+    match read_own_file(&file) {
+        Ok(Some(data)) => {
+            // SAFETY: the file was written by `Component::serialize` below, into a
+            // folder only this host's user owns and writes, under a name that pins the
+            // bytes and the engine; it is that user's own regular file, not a link.
+            match unsafe { Component::deserialize(engine, &data) } {
+                Ok(c) => return Ok(c),
+                Err(error) => {
+                    tracing::warn!(file = %file.display(), %error, "cached component unusable; compiling again");
+                    let _ = std::fs::remove_file(&file);
+                }
             }
+        }
+        Ok(None) => {}
+        Err(problem) => {
+            // Not a file this function wrote (a link, another user's, one others
+            // may write): compiled afresh, the new file replaces it.
+            tracing::error!(file = %file.display(), %problem, "cached component not loaded; compiling again");
         }
     }
     let component = compile()?;
     let written = component.serialize().map_err(std::io::Error::other).and_then(|data| {
         std::fs::create_dir_all(dir)?;
         let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, data)?;
+        write_new_file(&tmp, &data)?;
+        // `rename` replaces a link at `file` itself, never what it points to.
         std::fs::rename(&tmp, &file)
     });
     if let Err(error) = written {
@@ -519,19 +530,94 @@ pub fn compile_cached(
     Ok(component)
 }
 
+/// The cached component at `file`, if there is one this process may load: opened
+/// without following a symbolic link, and only a regular file owned by Inlet's
+/// effective user that no one else may write. `Ok(None)` when there is no file; `Err` says why one is refused.
+fn read_own_file(file: &Path) -> Result<Option<Vec<u8>>, String> {
+    #[cfg(unix)]
+    {
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let opened =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(file);
+        let mut f = match opened {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err("it is a symbolic link".into()),
+            Err(e) => return Err(format!("cannot open it: {e}")),
+        };
+        let m = f.metadata().map_err(|e| format!("cannot inspect it: {e}"))?;
+        if !m.is_file() {
+            return Err("it is not a regular file".into());
+        }
+        if m.uid() != effective_uid() {
+            return Err(format!("it is owned by uid {}, not Inlet's user (uid {})", m.uid(), effective_uid()));
+        }
+        if m.mode() & 0o022 != 0 {
+            return Err(format!("it is writable by group or others (mode {:o})", m.mode() & 0o777));
+        }
+        let mut data = Vec::with_capacity(m.len() as usize);
+        f.read_to_end(&mut data).map_err(|e| format!("cannot read it: {e}"))?;
+        Ok(Some(data))
+    }
+    #[cfg(not(unix))]
+    {
+        match std::fs::read(file) {
+            Ok(data) => Ok(Some(data)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("cannot read it: {e}")),
+        }
+    }
+}
+
+/// Writes a file that did not exist (a leftover of a crashed run is removed first),
+/// private to this user, never through a link.
+fn write_new_file(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    }
+    options.open(path)?.write_all(data)
+}
+
+/// The effective uid of this process: whose files the cache may hold.
+#[cfg(unix)]
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid takes nothing, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() }
+}
+
 /// Creates the compiled-component cache 0700 where missing, and says whether it is
-/// safe to use: a folder that group or others can write to is refused (logged, and
-/// plugins are compiled without it), because whoever writes a `.cwasm` there runs
-/// native code in the host.
+/// safe to use: a folder owned by another user than Inlet's effective one, or that
+/// group or others can write to, is refused (logged as an error, and plugins are
+/// compiled without it), because whoever writes a `.cwasm` there runs native code in
+/// the host.
 fn private_cache_dir(dir: &Path) -> bool {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
         if let Err(error) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
             tracing::warn!(dir = %dir.display(), %error, "cannot create the compiled-component cache; compiling without it");
             return false;
         }
         match std::fs::metadata(dir) {
+            Ok(m) if m.uid() != effective_uid() => {
+                tracing::error!(
+                    dir = %dir.display(),
+                    owner = m.uid(),
+                    uid = effective_uid(),
+                    "the compiled-component cache is owned by another user; not using it (chown it to Inlet's user)"
+                );
+                false
+            }
             Ok(m) if m.permissions().mode() & 0o022 != 0 => {
                 tracing::error!(
                     dir = %dir.display(),

@@ -3,7 +3,8 @@
 //!
 //! The token must be RS256, signed by a key of the configured JWKS (Google's by
 //! default), issued by `accounts.google.com`, for the configured audience, unexpired
-//! (10 s skew), and name the configured service account as a verified `email`.
+//! (10 s skew), not issued in the future (`iat`, same skew), and name the configured
+//! service account as a verified `email`.
 //! Parsing and signature checks are `jsonwebtoken`'s; this module only fetches and
 //! caches the keys and says why a token failed.
 //!
@@ -40,6 +41,8 @@ const KEY_TTL: Duration = Duration::from_secs(3600);
 /// Fewest seconds between two fetches of one JWKS, whatever tokens arrive.
 pub const MIN_REFETCH: Duration = Duration::from_secs(5);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest JWKS read (Google's is about 2 KiB).
+const MAX_JWKS_BYTES: usize = 1024 * 1024;
 
 /// Why a push request was refused; the label of `inlet_push_auth_refused_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +103,8 @@ impl Refused {
 struct Claims {
     email: Option<String>,
     email_verified: Option<bool>,
+    /// Issued at, seconds since the epoch; `jsonwebtoken` does not check it.
+    iat: Option<serde_json::Value>,
 }
 
 /// The signing keys of every JWKS URL in use, shared by all routes.
@@ -147,7 +152,13 @@ impl Verifier {
     pub fn new() -> Verifier {
         // rustls has no built-in provider in this build (see src/pubsub.rs).
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder().timeout(FETCH_TIMEOUT).build().expect("the HTTP client builds");
+        // A 3xx from the JWKS URL is a failed fetch, not a pointer to the keys: the
+        // keys come from where the routing file says, nowhere else.
+        let http = reqwest::Client::builder()
+            .timeout(FETCH_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("the HTTP client builds");
         Verifier { http, sets: Mutex::default() }
     }
 
@@ -167,6 +178,7 @@ impl Verifier {
         validation.set_audience(&[rule.audience.as_str()]);
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         let data = jsonwebtoken::decode::<Claims>(token, &key, &validation).map_err(|e| classify(e.kind()))?;
+        check_issued_at(data.claims.iat.as_ref(), jsonwebtoken::get_current_timestamp())?;
         if data.claims.email.as_deref() != Some(rule.service_account.as_str()) {
             return Err(Refused::Email);
         }
@@ -223,14 +235,36 @@ impl Verifier {
         if !response.status().is_success() {
             return Err(format!("answered {}", response.status()));
         }
-        let body = response.bytes().await.map_err(|e| e.without_url().to_string())?;
-        let set: JwkSet = serde_json::from_slice(&body).map_err(|e| format!("not a JWKS: {e}"))?;
+        let mut response = response;
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| e.without_url().to_string())? {
+            if body.len() + chunk.len() > MAX_JWKS_BYTES {
+                return Err(format!("answered more than {MAX_JWKS_BYTES} bytes"));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        // Where the text went wrong, not what it says: serde quotes the values it
+        // refuses, and the URL may answer something other than keys.
+        let set: JwkSet = serde_json::from_slice(&body)
+            .map_err(|e| format!("not a JWKS (line {}, column {})", e.line(), e.column()))?;
         Ok(set
             .keys
             .iter()
             .filter_map(|jwk| Some((jwk.common.key_id.clone()?, DecodingKey::from_jwk(jwk).ok()?)))
             .collect())
     }
+}
+
+/// A token issued in the future (beyond the skew) is refused as not yet valid: a
+/// clock that far off, or a token minted to outlive its key's rotation, is not one to
+/// trust. Google's tokens always carry `iat`; one without it is left to `exp`.
+fn check_issued_at(iat: Option<&serde_json::Value>, now: u64) -> Result<(), Refused> {
+    let Some(iat) = iat else { return Ok(()) };
+    let iat = iat.as_f64().ok_or(Refused::Malformed)?;
+    if iat > (now + SKEW.as_secs()) as f64 {
+        return Err(Refused::NotYetValid);
+    }
+    Ok(())
 }
 
 /// The token of `Authorization: Bearer <token>`.
@@ -248,5 +282,23 @@ fn classify(kind: &ErrorKind) -> Refused {
         ErrorKind::InvalidAudience => Refused::Audience,
         ErrorKind::InvalidAlgorithm => Refused::Algorithm,
         _ => Refused::Malformed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_issued_in_the_future_is_not_yet_valid() {
+        let now = 1_800_000_000;
+        let iat = |v: serde_json::Value| check_issued_at(Some(&v), now);
+        assert_eq!(check_issued_at(None, now), Ok(()));
+        assert_eq!(iat(serde_json::json!(now - 3600)), Ok(()));
+        assert_eq!(iat(serde_json::json!(now + SKEW.as_secs())), Ok(()), "within the skew");
+        assert_eq!(iat(serde_json::json!(now + SKEW.as_secs() + 1)), Err(Refused::NotYetValid));
+        assert_eq!(iat(serde_json::json!(now + 86_400)), Err(Refused::NotYetValid));
+        assert_eq!(iat(serde_json::json!((now + 86_400) as f64 + 0.5)), Err(Refused::NotYetValid));
+        assert_eq!(iat(serde_json::json!("yesterday")), Err(Refused::Malformed));
     }
 }

@@ -22,6 +22,8 @@ pub enum Target {
 pub struct HttpTarget {
     client: reqwest::Client,
     base: String,
+    /// `scheme://host:port` of `base`: all a transport error says of the URL.
+    origin: String,
     timeout: Duration,
     headers: Vec<(String, String)>,
 }
@@ -48,6 +50,11 @@ impl Clients {
             // deliveries, a third of the relay's CPU in the kernel).
             .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
             .tcp_nodelay(true)
+            // A target's 3xx is its answer, for `classify`: following it would send the
+            // method, body, idempotency key and the route's secret headers to wherever
+            // `Location` points (any host Inlet can reach), and store that host's answer
+            // in `last_error` for the team to read.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .expect("the HTTP client configuration is valid");
         Clients { http, pubsub }
@@ -69,6 +76,7 @@ impl Target {
             TargetConfig::Http(h) => Target::Http(HttpTarget {
                 client: clients.http.clone(),
                 base: h.url.clone(),
+                origin: crate::redact::origin(&h.url),
                 timeout: h.timeout,
                 headers: h.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             }),
@@ -119,7 +127,7 @@ impl HttpTarget {
         }
         let mut response = match builder.send().await {
             Ok(r) => r,
-            Err(e) => return transport_error(e),
+            Err(e) => return transport_error(e, &self.origin),
         };
         let status = response.status().as_u16();
         let headers = response
@@ -138,7 +146,7 @@ impl HttpTarget {
                     }
                 }
                 Ok(None) => break,
-                Err(e) => return transport_error(e),
+                Err(e) => return transport_error(e, &self.origin),
             }
         }
         wit::Outcome::Response(wit::Response { status, headers, body })
@@ -149,7 +157,10 @@ pub(crate) fn transport(kind: wit::TransportErrorKind, message: String) -> wit::
     wit::Outcome::TransportError(wit::TransportError { kind, message })
 }
 
-fn transport_error(e: reqwest::Error) -> wit::Outcome {
+/// A transport error as stored in `last_error`: the target named by its origin only.
+/// reqwest names the full URL, whose path may itself be a credential (a webhook's
+/// `/hooks/T000/B000/SECRET`), as may its query or userinfo.
+fn transport_error(e: reqwest::Error, origin: &str) -> wit::Outcome {
     let kind = if e.is_timeout() {
         wit::TransportErrorKind::Timeout
     } else if e.is_connect() {
@@ -157,15 +168,16 @@ fn transport_error(e: reqwest::Error) -> wit::Outcome {
     } else {
         wit::TransportErrorKind::Other
     };
+    let e = e.without_url();
     // The error's source chain says why (refused, reset, …); keep all of it.
-    let mut message = e.to_string();
+    let mut message = format!("{origin}: {e}");
     let mut source = std::error::Error::source(&e);
     while let Some(s) = source {
         message.push_str(": ");
         message.push_str(&s.to_string());
         source = s.source();
     }
-    // reqwest names the URL, whose query or userinfo may hold a credential.
+    // No source is known to quote the URL; should one, its query and userinfo go.
     transport(kind, crate::redact::text(&message))
 }
 

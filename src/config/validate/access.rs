@@ -141,19 +141,13 @@ pub(super) fn push_auth(c: &mut Checker<'_>, raw: &Spanned<RawPushAuth>, field: 
             let service_account = non_empty(c, &o.service_account, &format!("{field}.service_account"));
             let jwks_url = match &o.jwks_url {
                 None => Some(GOOGLE_JWKS_URL.to_string()),
-                Some(u) => c.expand(u, &format!("{field}.jwks_url")).and_then(|url| {
-                    if url.starts_with("https://") || url.starts_with("http://") {
-                        Some(url)
-                    } else {
-                        c.error(
-                            u.span(),
-                            format!("{field}.jwks_url"),
-                            ConfigErrorKind::Invalid(format!(
-                                "`{}` is not an http:// or https:// URL",
-                                crate::redact::url(&url)
-                            )),
-                        )
-                    }
+                Some(u) => c.expand(u, &format!("{field}.jwks_url")).and_then(|url| match jwks_url_problem(&url) {
+                    None => Some(url),
+                    Some(problem) => c.error(
+                        u.span(),
+                        format!("{field}.jwks_url"),
+                        ConfigErrorKind::Invalid(format!("`{}` {problem}", crate::redact::url(&url))),
+                    ),
                 }),
             };
             Some(PushAuth::Oidc(OidcPush {
@@ -162,6 +156,26 @@ pub(super) fn push_auth(c: &mut Checker<'_>, raw: &Spanned<RawPushAuth>, field: 
                 jwks_url: jwks_url?,
             }))
         }
+    }
+}
+
+/// Why a JWKS URL is refused, if it is: the keys decide who may push, so they come
+/// over `https`, or over plain `http` only from this host (a local JWKS, tests), where
+/// nobody on the network can swap them.
+fn jwks_url_problem(url: &str) -> Option<&'static str> {
+    let Ok(parsed) = reqwest::Url::parse(url) else { return Some("is not an http:// or https:// URL") };
+    match parsed.scheme() {
+        "https" => None,
+        "http" => {
+            // The parser has normalised the host: `127.1` is `127.0.0.1`, IPv6 in brackets.
+            let host = parsed.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+            let loopback = host.eq_ignore_ascii_case("localhost")
+                || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+            (!loopback).then_some(
+                "is plain http to a host other than this one: use https (http only for 127.0.0.0/8, ::1 or localhost)",
+            )
+        }
+        _ => Some("is not an http:// or https:// URL"),
     }
 }
 
