@@ -491,6 +491,10 @@ async fn one_tokens_sign_ins_sign_no_one_else_out_and_wrong_tokens_are_slowed() 
     let r = sign_in(&guesser, &base, OPS).await;
     assert_eq!(r.status(), 429, "while it waits, even a right token from that peer is not looked at");
     assert!(r.headers().get("set-cookie").is_none());
+    // The admin API takes the same tokens: the same wait.
+    let r = guesser.get(format!("{base}/api/routes")).bearer_auth(ROOT).send().await.unwrap();
+    assert_eq!(r.status(), 429, "the API's bearer tokens wait with the sign-in");
+    assert!(r.headers().contains_key("retry-after"));
 
     // Another peer is not affected.
     let other = client_from("127.0.0.3");
@@ -503,6 +507,7 @@ async fn one_tokens_sign_ins_sign_no_one_else_out_and_wrong_tokens_are_slowed() 
     assert_eq!(metric(&metrics, &series("unknown_token")), unknown, "{metrics}");
     assert_eq!(metric(&metrics, &series("rate_limited")), waited + 1, "{metrics}");
     assert_eq!(metric(&metrics, &series("too_many_sessions")), 0);
+    assert_eq!(metric(&metrics, "inlet_sign_in_refused_total{via=\"api\",reason=\"rate_limited\"}"), 1);
     let log = inlet.log();
     assert!(log.contains("this peer now waits before its next token is looked at"), "the waits are logged");
     inlet.assert_running();
