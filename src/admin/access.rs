@@ -14,9 +14,10 @@
 //!
 //! In front of everything a listener serves, [`gate`] answers only the listener's own
 //! names ([`own_host`]) where no credential binds the request to Inlet: pushes to
-//! routes without push auth, the probes, `/metrics` without a token, and every request
-//! in `none-loopback` mode; and it refuses any request with `Origin` there (a browser
-//! page; Inlet serves pages only under `/console`, which checks `Origin` itself).
+//! routes without OIDC push auth, the probes, `/metrics` without a token, and every
+//! request in `none-loopback` mode but verified pushes; and it refuses any request
+//! with `Origin` there and on every push (a browser page; Inlet serves pages only
+//! under `/console`, which checks `Origin` itself).
 //!
 //! Wrong tokens are guesses: [`Guesses`] counts them per peer, and after
 //! [`FREE_FAILURES`] makes that peer wait, twice as long after each further failure
@@ -357,7 +358,9 @@ pub async fn gate(State(gate): State<Gate>, req: Request, next: Next) -> Respons
             .get(&path["/push/".len()..])
             .is_some_and(|r| matches!(r.config.push_auth, Some(PushAuth::Oidc(_))));
     let open = matches!(path, "/healthz" | "/readyz") || (path == "/metrics" && !metrics_need_token);
-    let host_rule = loopback || open || (push && !verified);
+    // In none-loopback mode nothing else binds a request to Inlet, but a verified push
+    // (say, through a developer's tunnel) still carries its token.
+    let host_rule = (loopback && !verified) || open || (push && !verified);
     // The console is a browser's: it checks `Origin` against `Host` itself.
     let origin_rule = push || open || (loopback && !(path == "/console" || path.starts_with("/console/")));
     let refusal = if origin_rule && req.headers().contains_key(header::ORIGIN) {
@@ -377,7 +380,7 @@ pub async fn gate(State(gate): State<Gate>, req: Request, next: Next) -> Respons
         listener = gate.listener,
         method = %req.method(),
         path,
-        host = host.as_deref().unwrap_or("-"),
+        host = ?host,
         reason,
         "refused a request that is not for this listener's own names (DNS rebinding, a browser page)"
     );
