@@ -427,10 +427,11 @@ pub enum Checked {
 }
 
 impl Guesses {
-    /// Looks a token up with `find` unless `peer` has to wait, and keeps count: an
-    /// unknown token is a failure, a known one forgets the peer's failures. Counts
-    /// refusals in `inlet_sign_in_refused_total{via}` and logs the failure that starts
-    /// or lengthens a wait.
+    /// Looks a token up with `find` unless `peer` has to wait, and counts an unknown
+    /// token as a failure. A known token does not forget the peer's failures: a holder
+    /// of one token would otherwise mix it into its guesses at another. Counts refusals
+    /// in `inlet_sign_in_refused_total{via}` and logs the failure that starts or
+    /// lengthens a wait.
     pub fn check(
         &self,
         shared: &Shared,
@@ -446,12 +447,7 @@ impl Guesses {
             return Checked::Wait(wait);
         }
         match find() {
-            Some(caller) => {
-                if let Some(k) = key {
-                    self.peers.lock().expect("guesses lock").remove(&k);
-                }
-                Checked::Found(caller)
-            }
+            Some(caller) => Checked::Found(caller),
             None => {
                 count("unknown_token");
                 let (failures, wait) = key.map_or((0, None), |k| self.failed(k));
