@@ -39,6 +39,8 @@ pub struct Shared {
     ack_journal: Option<Arc<crate::source::ack_journal::AckJournal>>,
     /// Signing keys for push routes that require an OIDC token.
     pub push_verifier: crate::source::push_auth::Verifier,
+    /// Unknown admin tokens by peer (sign-in and API), for the backoff.
+    pub guesses: admin::access::Guesses,
     /// The routing file as last applied, and where it lives.
     pub(crate) config: Mutex<Config>,
     pub(crate) config_seen: Mutex<crate::reload::Seen>,
@@ -310,6 +312,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         pubsub: options.pubsub.clone(),
         ack_journal,
         push_verifier: crate::source::push_auth::Verifier::new(),
+        guesses: admin::access::Guesses::default(),
         routes: RwLock::new(Arc::new(Routes::empty(None, clients))),
         store,
         clock,
@@ -341,12 +344,12 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         Some(configured) => {
             let admin_listener = bind(options.admin_listen.unwrap_or(configured)).await?;
             let admin_addr = admin_listener.local_addr().map_err(|source| StartError::Listen { addr, source })?;
-            servers.push((admin_listener, admin.merge(probes(&shared))));
-            servers.push((listener, push.merge(probes(&shared))));
+            servers.push(("admin", admin_listener, admin.merge(probes(&shared))));
+            servers.push(("server", listener, push.merge(probes(&shared))));
             admin_addr
         }
         None => {
-            servers.push((listener, push.merge(admin).merge(probes(&shared))));
+            servers.push(("server", listener, push.merge(admin).merge(probes(&shared))));
             addr
         }
     };
@@ -357,10 +360,27 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     let routes = Arc::new(routes);
     shared.replace_routes(Arc::clone(&routes), &names);
     crate::reload::report(&shared, &routes);
-    for (listener, app) in servers {
-        // Paths and methods no endpoint serves are answered as JSON too.
-        let app = app.fallback(admin::answer::not_found).method_not_allowed_fallback(admin::answer::method_not_allowed);
-        tasks.spawn(crate::server::serve(listener, app, config.server.header_read_timeout, shutdown_rx.clone()));
+    for (name, listener, app) in servers {
+        // Paths and methods no endpoint serves are answered as JSON too. The gate and
+        // the body bounds are layered last, so they stand in front of the fallbacks too.
+        let body_bounds = crate::server::BodyBounds {
+            listener: name,
+            metrics: Arc::clone(&shared.metrics),
+            timeout: config.server.request_timeout,
+        };
+        let gate = admin::access::Gate { shared: Arc::clone(&shared), listener: name };
+        let app = app
+            .fallback(admin::answer::not_found)
+            .method_not_allowed_fallback(admin::answer::method_not_allowed)
+            .layer(axum::middleware::from_fn_with_state(body_bounds, crate::server::bound_body))
+            .layer(axum::middleware::from_fn_with_state(gate, admin::access::gate));
+        let bounds = crate::server::Bounds {
+            name,
+            header_read_timeout: config.server.header_read_timeout,
+            max_connections: config.server.max_connections,
+            max_connections_per_peer: config.server.max_connections_per_peer,
+        };
+        tasks.spawn(crate::server::serve(listener, app, bounds, Arc::clone(&shared.metrics), shutdown_rx.clone()));
     }
     crate::reload::remember_applied(&shared);
     tracing::info!(

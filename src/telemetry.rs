@@ -49,6 +49,27 @@ pub struct RouteReason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    /// `server` (`[server] listen`) or `admin` (`[admin] listen`).
+    pub listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerReason {
+    pub listener: &'static str,
+    /// One of [`LISTENER_REFUSALS`].
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignInLabels {
+    /// `console` (`POST /console/login`) or `api` (a bearer token).
+    pub via: &'static str,
+    /// One of [`SIGN_IN_REFUSALS`].
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteCall {
     pub route: String,
     /// `decode`, `render` or `classify`.
@@ -88,6 +109,13 @@ pub const FAULT_KINDS: [&str; 8] =
     ["timeout", "fuel", "out_of_memory", "trap", "oversized_output", "instantiate", "busy", "host_memory"];
 /// Why the listener refuses a push (`source::push::Rejection`'s labels).
 pub const PUSH_REJECTIONS: [&str; 4] = ["shed", "too_large", "body_timeout", "timeout"];
+/// Why a listener refused a connection or a request before any handler saw it
+/// (`crate::server`, `crate::admin::access::gate`).
+pub const LISTENER_REFUSALS: [&str; 6] =
+    ["max_connections", "max_connections_per_peer", "foreign_host", "origin", "body_timeout", "too_large"];
+/// Why a token was refused (`crate::admin::access::Guesses`): not configured, the
+/// peer's failures are being waited out, or no room for another console session.
+pub const SIGN_IN_REFUSALS: [&str; 3] = ["unknown_token", "rate_limited", "too_many_sessions"];
 /// Unresolved states, as the `status` label spells them.
 pub const UNRESOLVED: [crate::inbox::Status; 3] =
     [crate::inbox::Status::Open, crate::inbox::Status::InProgress, crate::inbox::Status::Parked];
@@ -173,6 +201,12 @@ pub struct Metrics {
     pub push_in_flight: Gauge,
     /// Push requests refused by push auth, by reason (missing, expired, audience, …).
     pub push_auth_refused: Family<RouteReason, Counter>,
+    /// Connections and requests a listener refused before any handler saw them.
+    pub listener_refused: Family<ListenerReason, Counter>,
+    /// Connections open now, per listener (what `max_connections` caps).
+    pub listener_connections: Family<ListenerLabel, Gauge>,
+    /// Tokens refused at sign-in or by the API, and sign-ins refused, by reason.
+    pub sign_in_refused: Family<SignInLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -233,8 +267,16 @@ impl Metrics {
             push_rejected: Family::default(),
             push_in_flight: Gauge::default(),
             push_auth_refused: Family::default(),
+            listener_refused: Family::default(),
+            listener_connections: Family::default(),
+            sign_in_refused: Family::default(),
             registry: Registry::default(),
         };
+        for via in ["console", "api"] {
+            for reason in SIGN_IN_REFUSALS {
+                let _ = m.sign_in_refused.get_or_create(&SignInLabels { via, reason });
+            }
+        }
         for outcome in ["ok", "refused"] {
             let _ = m.config_reloads.get_or_create(&OutcomeLabel { outcome });
         }
@@ -367,7 +409,31 @@ impl Metrics {
             "Push requests refused by push auth, by reason",
             m.push_auth_refused.clone(),
         );
+        registry.register(
+            "listener_refused",
+            "Connections and requests a listener refused before any handler saw them, by listener and reason: max_connections, max_connections_per_peer (the connection is answered 503 and closed), foreign_host, origin (403), body_timeout (408), too_large (413)",
+            m.listener_refused.clone(),
+        );
+        registry.register("listener_connections", "Connections open now, by listener", m.listener_connections.clone());
+        registry.register(
+            "sign_in_refused",
+            "Tokens refused, by where they were presented (console, api) and reason: unknown_token, rate_limited (429, the peer's failures are waited out), too_many_sessions (console)",
+            m.sign_in_refused.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Creates a listener's series at 0 (called when it starts serving).
+    pub fn register_listener(&self, listener: &'static str) {
+        let _ = self.listener_connections.get_or_create(&ListenerLabel { listener });
+        for reason in LISTENER_REFUSALS {
+            let _ = self.listener_refused.get_or_create(&ListenerReason { listener, reason });
+        }
+    }
+
+    /// Counts a refusal of `listener` in `inlet_listener_refused_total`.
+    pub fn listener_refused(&self, listener: &'static str, reason: &'static str) {
+        self.listener_refused.get_or_create(&ListenerReason { listener, reason }).inc();
     }
 
     /// Prometheus text exposition.

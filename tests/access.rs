@@ -446,3 +446,120 @@ fn check_warns_about_open_pushes_and_an_admin_api_without_tokens_on_a_network() 
     assert!(!warned("verified"), "{stderr}");
     assert!(stderr.contains("no [[admin.token]] defined"), "{stderr}");
 }
+
+/// A push request as a page sends it after rebinding its own name to Inlet's address
+/// (`host`), or from another site (`origin`).
+async fn push_as(
+    http: &reqwest::Client,
+    base: &str,
+    route: &str,
+    id: &str,
+    host: Option<&str>,
+    origin: Option<&str>,
+) -> (u16, Value) {
+    let mut req = http.post(format!("{base}/push/{route}")).header("content-type", "application/json").body(
+        push_envelope(
+            format!(r#"{{"workOrderId":"{id}","completedItems":1,"completionTimestamp":"t"}}"#).as_bytes(),
+            &[],
+            id,
+        )
+        .to_string(),
+    );
+    if let Some(h) = host {
+        req = req.header("host", h);
+    }
+    if let Some(o) = origin {
+        req = req.header("origin", o);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, serde_json::from_str(&r.text().await.unwrap()).unwrap_or(Value::Null))
+}
+
+/// Message ids of a route's entries, as the unrestricted admin sees them.
+async fn message_ids(http: &reqwest::Client, base: &str, route: &str) -> Vec<String> {
+    let (status, body) = get(http, &format!("{base}/api/entries?route={route}"), Some(ROOT)).await;
+    assert_eq!(status, 200, "{body}");
+    let mut ids: Vec<String> =
+        body["entries"].as_array().unwrap().iter().map(|e| e["message_id"].as_str().unwrap().to_string()).collect();
+    ids.sort();
+    ids
+}
+
+/// Issue 23, finding 5: DNS rebinding. A page the developer opens rebinds its name
+/// (`evil.example`) to 127.0.0.1: its pushes carry `Host: evil.example` and `Origin`.
+/// To a route without push auth, each of the two alone is refused (403) and nothing
+/// is stored; the probes and `/metrics` do not answer that name either. Loopback and
+/// a configured public name are served. In `none-loopback` mode every endpoint
+/// refuses the foreign name, the console included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebinding_page_can_neither_push_nor_read_the_probes() {
+    let dir = tempfile::tempdir().unwrap();
+    let sections = format!("[server]\npublic_hosts = [\"inlet.example.com\"]\n\n{}", token_section(dir.path()));
+    let inlet = spawn(dir.path(), &sections, &TOKEN_ENV).await;
+    let (http, base) = (reqwest::Client::new(), inlet.base.clone());
+    let port = base.rsplit(':').next().unwrap().to_string();
+    let evil = format!("evil.example:{port}");
+
+    let (status, body) = push_as(&http, &base, "a", "rebound-both", Some(&evil), Some("http://evil.example")).await;
+    assert_eq!((status, body["reason"].as_str()), (403, Some("origin")), "{body}");
+    let (status, body) = push_as(&http, &base, "a", "rebound-host", Some(&evil), None).await;
+    assert_eq!((status, body["reason"].as_str()), (403, Some("foreign_host")), "{body}");
+    let (status, body) = push_as(&http, &base, "a", "cross-origin", None, Some("http://evil.example")).await;
+    assert_eq!((status, body["reason"].as_str()), (403, Some("origin")), "{body}");
+    let (status, body) = push_as(&http, &base, "a", "subdomain", Some("inlet.example.com.evil.example"), None).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(message_ids(&http, &base, "a").await, Vec::<String>::new(), "no row for a refused push");
+
+    let (status, body) = push_as(&http, &base, "a", "loopback", None, None).await;
+    assert_eq!(status, 200, "a push to 127.0.0.1: {body}");
+    let (status, body) = push_as(&http, &base, "a", "localhost", Some(&format!("localhost:{port}")), None).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = push_as(&http, &base, "a", "public", Some("Inlet.Example.Com"), None).await;
+    assert_eq!(status, 200, "a configured public name: {body}");
+    assert_eq!(message_ids(&http, &base, "a").await, ["localhost", "loopback", "public"]);
+
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let r = http.get(format!("{base}{path}")).header("host", &evil).send().await.unwrap();
+        assert_eq!(r.status(), 403, "{path} under a rebound name");
+        let r = http.get(format!("{base}{path}")).header("origin", "http://evil.example").send().await.unwrap();
+        assert_eq!(r.status(), 403, "{path} from another site");
+        assert_eq!(http.get(format!("{base}{path}")).send().await.unwrap().status(), 200, "{path} to 127.0.0.1");
+    }
+    let metrics = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let count = |reason: &str| {
+        let series = format!("inlet_listener_refused_total{{listener=\"server\",reason=\"{reason}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&series)).map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    assert_eq!((count("foreign_host"), count("origin")), (5, 5), "{metrics}");
+    // A token-holding API call is not a page's: the token binds it.
+    let r = http.get(format!("{base}/api/entries")).header("host", &evil).bearer_auth(ROOT).send().await.unwrap();
+    assert_eq!(r.status(), 200, "token mode: the API's bearer token is the credential");
+    drop(inlet);
+
+    // none-loopback: no credential at all, so every endpoint answers only its names.
+    let dir = tempfile::tempdir().unwrap();
+    let inlet = spawn(dir.path(), "[admin]\nauth = \"none-loopback\"\n\n", &[]).await;
+    let base = inlet.base.clone();
+    let port = base.rsplit(':').next().unwrap().to_string();
+    let evil = format!("evil.example:{port}");
+    for path in ["/api/entries", "/console/login", "/console", "/healthz", "/metrics"] {
+        let r = http.get(format!("{base}{path}")).header("host", &evil).send().await.unwrap();
+        assert_eq!(r.status(), 403, "{path} under a rebound name in none-loopback mode");
+    }
+    let r = http
+        .post(format!("{base}/console/login"))
+        .header("host", &evil)
+        .header("origin", "http://evil.example")
+        .form(&[("token", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "a rebound sign-in");
+    let (status, _) = push_as(&http, &base, "b", "rebound", Some(&evil), None).await;
+    assert_eq!(status, 403);
+    let (status, body) = get(&http, &format!("{base}/api/entries"), None).await;
+    assert_eq!((status, body["entries"].as_array().map(Vec::len)), (200, Some(0)), "nothing stored: {body}");
+    let r = http.get(format!("{base}/console/login")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "the console answers to 127.0.0.1");
+}

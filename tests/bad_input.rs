@@ -593,7 +593,8 @@ fn corpus() -> Vec<Case> {
             Req::new("OPTIONS", "/push/wo")
                 .header("origin", b"https://evil.example")
                 .header("access-control-request-method", b"POST"),
-            Refused(405, None, "does not take OPTIONS"),
+            // A page's request: Origin is refused before the method is looked at.
+            Refused(403, Some("origin"), "Origin"),
         ),
         refused("an unknown path", Req::new("GET", "/nothing/here"), Refused(404, None, "no endpoint /nothing/here")),
         refused(
@@ -1222,8 +1223,8 @@ async fn send_head(inlet: &Inlet, req: &Req, declared: usize) -> Got {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = inlet.base.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let mut head =
-        format!("{} {} HTTP/1.1\r\nHost: inlet\r\nContent-Length: {declared}\r\n", req.method, req.path).into_bytes();
+    let mut head = format!("{} {} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {declared}\r\n", req.method, req.path)
+        .into_bytes();
     for (name, value) in &req.headers {
         head.extend_from_slice(format!("{name}: ").as_bytes());
         head.extend_from_slice(value);

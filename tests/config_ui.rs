@@ -205,6 +205,8 @@ fn server_limits_are_read_and_default_to_a_ten_megabyte_pubsub_message() {
     assert_eq!(config.server.header_read_timeout, Duration::from_secs(5));
     assert_eq!(config.server.request_timeout, Duration::from_secs(120));
     assert_eq!(config.server.max_concurrent_pushes, 64);
+    assert_eq!(config.server.public_hosts, ["inlet.example.com", "push.example.org"]);
+    assert_eq!((config.server.max_connections, config.server.max_connections_per_peer), (2048, 16));
 
     let defaults = valid().server;
     // 10 MB of data is 13.4 MB as base64, plus the envelope around it.
@@ -212,6 +214,8 @@ fn server_limits_are_read_and_default_to_a_ten_megabyte_pubsub_message() {
     assert_eq!(defaults.header_read_timeout, Duration::from_secs(10));
     assert_eq!(defaults.request_timeout, Duration::from_secs(60));
     assert_eq!(defaults.max_concurrent_pushes, 128);
+    assert!(defaults.public_hosts.is_empty());
+    assert_eq!((defaults.max_connections, defaults.max_connections_per_peer), (1024, 256));
 }
 
 #[test]

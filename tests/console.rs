@@ -383,3 +383,132 @@ async fn the_console_signs_in_by_token_checks_every_post_and_escapes_what_it_sho
     assert_eq!(status, 303, "the old cookie no longer signs in");
     inlet.assert_running();
 }
+
+/// A client whose connections come from `local` (127.0.0.1 and 127.0.0.2 are both
+/// loopback on Linux, so the server sees two peers), never following redirects.
+fn client_from(local: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(local.parse::<std::net::IpAddr>().unwrap())
+        .timeout(Duration::from_secs(10))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// The session cookie (`name=value`) a sign-in answer sets.
+fn session_cookie(r: &reqwest::Response) -> String {
+    let cookie = r.headers().get("set-cookie").expect("a sign-in sets the session cookie");
+    cookie.to_str().unwrap().split(';').next().unwrap().to_string()
+}
+
+async fn sign_in(http: &reqwest::Client, base: &str, token: &str) -> reqwest::Response {
+    http.post(format!("{base}/console/login")).form(&[("token", token)]).send().await.unwrap()
+}
+
+/// Whether the console takes `cookie` as a live session.
+async fn signed_in(http: &reqwest::Client, base: &str, cookie: &str) -> bool {
+    let r = http.get(format!("{base}/console")).header("cookie", cookie).send().await.unwrap();
+    match r.status().as_u16() {
+        200 => true,
+        303 => false,
+        other => panic!("GET /console answered {other}"),
+    }
+}
+
+/// A metric's value in a Prometheus text exposition, 0 when the series is absent.
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')).map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// Issue 23, finding 7: 10,001 sign-ins of one token end only that token's oldest
+/// sessions (another token's session stays valid); 1,000 wrong tokens from one peer
+/// are slowed (429 with `Retry-After`), then even its right token waits, every refusal
+/// is counted in `/metrics` and logged, and a right token from another peer signs in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tokens_sign_ins_sign_no_one_else_out_and_wrong_tokens_are_slowed() {
+    let camunda = FakeCamunda::start().await;
+    let (mut inlet, _dir) = start(&camunda.url()).await;
+    let base = inlet.base.clone();
+    let local = client_from("127.0.0.1");
+
+    let r = sign_in(&local, &base, ROOT).await;
+    assert_eq!(r.status(), 303);
+    let root = session_cookie(&r);
+    let r = sign_in(&local, &base, VIEWER).await;
+    assert_eq!(r.status(), 303);
+    let first_viewer = session_cookie(&r);
+
+    // 10,001 more sign-ins of the viewer token, 16 at a time.
+    let started = std::time::Instant::now();
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let workers: Vec<_> = (0..16)
+        .map(|_| {
+            let (http, base, next) = (local.clone(), base.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut last = None;
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 10_001 {
+                    let r = sign_in(&http, &base, VIEWER).await;
+                    assert_eq!(r.status(), 303, "a right token signs in");
+                    last = Some(session_cookie(&r));
+                }
+                last
+            })
+        })
+        .collect();
+    let mut last_viewer = None;
+    for w in workers {
+        last_viewer = w.await.unwrap().or(last_viewer);
+    }
+    eprintln!("figure: 10,001 console sign-ins of one token took {:?}", started.elapsed());
+    assert!(signed_in(&local, &base, &root).await, "another token's session is still valid");
+    assert!(!signed_in(&local, &base, &first_viewer).await, "the viewer's own oldest session made room");
+    assert!(signed_in(&local, &base, &last_viewer.unwrap()).await, "the viewer's newest session is valid");
+
+    // 1,000 wrong tokens from 127.0.0.2.
+    let guesser = client_from("127.0.0.2");
+    let started = std::time::Instant::now();
+    let (mut unknown, mut waited) = (0u64, 0u64);
+    for i in 0..1_000 {
+        let r = sign_in(&guesser, &base, &format!("wrong-token-{i:04}-0123456789")).await;
+        match r.status().as_u16() {
+            401 => unknown += 1,
+            429 => {
+                let wait: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+                assert!((1..=300).contains(&wait), "Retry-After {wait}");
+                assert!(r.headers().get("set-cookie").is_none());
+                waited += 1;
+            }
+            other => panic!("wrong token {i}: {other}"),
+        }
+    }
+    eprintln!(
+        "figure: 1,000 wrong sign-ins in {:?}: {unknown} looked at (401), {waited} refused unread (429)",
+        started.elapsed()
+    );
+    assert!(unknown >= 5, "the first few are looked at: {unknown}");
+    assert!(unknown <= 20, "the rest wait: {unknown} were looked at");
+    assert_eq!(unknown + waited, 1_000);
+    let r = sign_in(&guesser, &base, OPS).await;
+    assert_eq!(r.status(), 429, "while it waits, even a right token from that peer is not looked at");
+    assert!(r.headers().get("set-cookie").is_none());
+    // The admin API takes the same tokens: the same wait.
+    let r = guesser.get(format!("{base}/api/routes")).bearer_auth(ROOT).send().await.unwrap();
+    assert_eq!(r.status(), 429, "the API's bearer tokens wait with the sign-in");
+    assert!(r.headers().contains_key("retry-after"));
+
+    // Another peer is not affected.
+    let other = client_from("127.0.0.3");
+    let r = sign_in(&other, &base, OPS).await;
+    assert_eq!(r.status(), 303, "a right token from another peer signs in");
+    assert!(signed_in(&other, &base, &session_cookie(&r)).await);
+
+    let metrics = local.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let series = |reason: &str| format!("inlet_sign_in_refused_total{{via=\"console\",reason=\"{reason}\"}}");
+    assert_eq!(metric(&metrics, &series("unknown_token")), unknown, "{metrics}");
+    assert_eq!(metric(&metrics, &series("rate_limited")), waited + 1, "{metrics}");
+    assert_eq!(metric(&metrics, &series("too_many_sessions")), 0);
+    assert_eq!(metric(&metrics, "inlet_sign_in_refused_total{via=\"api\",reason=\"rate_limited\"}"), 1);
+    let log = inlet.log();
+    assert!(log.contains("this peer now waits before its next token is looked at"), "the waits are logged");
+    inlet.assert_running();
+}

@@ -210,7 +210,7 @@ fn status_of(response: &str) -> Option<u16> {
 }
 
 fn request_head(route: &str, extra: &str) -> String {
-    format!("POST /push/{route} HTTP/1.1\r\nHost: inlet\r\nContent-Type: application/json\r\n{extra}\r\n")
+    format!("POST /push/{route} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}\r\n")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -475,5 +475,148 @@ async fn pushes_over_the_concurrency_cap_are_shed_at_once_and_nothing_is_lost() 
     keys.sort();
     assert_eq!(keys, ["held-1", "held-2", "shed-3"], "nothing lost");
     wait_until("all three delivered", WAIT, || async { target.bodies().len() == 3 }).await;
+    inlet.running.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Every endpoint's body, and connection caps (issue 23, finding 6)
+// ---------------------------------------------------------------------------------------
+
+/// A connection to the listener from `local` (any 127.0.0.0/8 address is loopback on
+/// Linux, so each is a peer of its own).
+async fn connect_from(local: &str, to: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{local}:0").parse().unwrap()).unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// A metric of the in-process instance (read without a connection of its own).
+fn metric_in(inlet: &Inlet, series: &str) -> Option<u64> {
+    let text = inlet.running.shared.metrics.render();
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')).map(|v| v.trim().parse().unwrap())
+}
+
+fn listener_refused(reason: &str) -> String {
+    format!("inlet_listener_refused_total{{listener=\"server\",reason=\"{reason}\"}}")
+}
+
+/// Sends a request head declaring a `length`-byte form body, then the body one byte at
+/// a time every `every`, until the server answers and closes; the answer and when it
+/// came.
+async fn trickle(addr: SocketAddr, path: &str, body: &[u8], every: Duration) -> (String, Duration) {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    writer.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let body = body.to_vec();
+    let sender = tokio::spawn(async move {
+        for b in body {
+            if writer.write_all(&[b]).await.is_err() {
+                return; // the server stopped reading, as it should
+            }
+            tokio::time::sleep(every).await;
+        }
+    });
+    let mut received = Vec::new();
+    tokio::time::timeout(WAIT, reader.read_to_end(&mut received)).await.expect("answered in time").ok();
+    let took = started.elapsed();
+    sender.abort();
+    (String::from_utf8_lossy(&received).into_owned(), took)
+}
+
+/// A sign-in whose body comes one byte every 400 ms (it would take 40 s) is answered
+/// 408 at `request_timeout` (2 s) and the connection closed; so is an admin API POST;
+/// both are counted. A body over 2 MiB to the console is 413.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_sign_in_body_is_cut_at_the_deadline() {
+    let target = Recorder::start().await;
+    let inlet = Inlet::start(None, "request_timeout = \"2s\"", &route("big", &target.url(), PUSH), None).await;
+    let addr = inlet.running.addr;
+    let deadline = Duration::from_secs(2);
+
+    let body = format!("token={}", "x".repeat(94));
+    let (answer, took) = trickle(addr, "/console/login", body.as_bytes(), Duration::from_millis(400)).await;
+    assert_eq!(status_of(&answer), Some(408), "a sign-in body that trickles: {answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    assert!(took >= deadline - Duration::from_millis(100), "cut after {took:?}, before the deadline");
+    assert!(took < deadline * 4, "cut after {took:?}, long after the 2 s deadline");
+    eprintln!("figure: a sign-in body sent a byte every 400 ms was cut after {took:?} (request_timeout 2s)");
+
+    let (answer, _) =
+        trickle(addr, "/api/repairs", b"{\"action\": \"requeue\", \"dry_run\": true}", Duration::from_millis(400))
+            .await;
+    assert_eq!(status_of(&answer), Some(408), "an admin API body that trickles: {answer}");
+    assert_eq!(metric_in(&inlet, &listener_refused("body_timeout")), Some(2));
+
+    let big = inlet
+        .http
+        .post(format!("{}/console/login", inlet.base()))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={}", "x".repeat(3 << 20)))
+        .send()
+        .await;
+    // The server may close before it has read the whole upload: a cut is a refusal too.
+    if let Ok(r) = big {
+        assert_eq!(r.status().as_u16(), 413);
+    }
+    assert_eq!(metric_in(&inlet, &listener_refused("too_large")), Some(1));
+
+    // A body in time is served as before.
+    let r = inlet
+        .http
+        .post(format!("{}/console/login", inlet.base()))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("token=not-a-token-0123456789")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401, "looked at and refused: no token is configured");
+    inlet.running.stop().await;
+}
+
+/// With `max_connections = 4` and `max_connections_per_peer = 2`: a third connection
+/// from one peer, and a fifth in all, are answered 503 and closed before a byte of
+/// theirs is read, and counted; once the held connections close, the peer is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_caps_are_refused_and_counted() {
+    let target = Recorder::start().await;
+    let server = "max_connections = 4\nmax_connections_per_peer = 2";
+    let inlet = Inlet::start(None, server, &route("big", &target.url(), PUSH), None).await;
+    let addr = inlet.running.addr;
+    let open = "inlet_listener_connections{listener=\"server\"}";
+    let held_open = |n: u64| {
+        let inlet = &inlet;
+        move || async move { metric_in(inlet, open) == Some(n) }
+    };
+
+    let a1 = connect_from("127.0.0.1", addr).await;
+    let a2 = connect_from("127.0.0.1", addr).await;
+    wait_until("two connections held", WAIT, held_open(2)).await;
+    let mut a3 = connect_from("127.0.0.1", addr).await;
+    let answer = read_until_closed(&mut a3, WAIT).await;
+    assert_eq!(status_of(&answer), Some(503), "a third from one peer: {answer}");
+    assert!(answer.contains("max_connections_per_peer"), "{answer}");
+
+    let b1 = connect_from("127.0.0.3", addr).await;
+    let b2 = connect_from("127.0.0.3", addr).await;
+    wait_until("four connections held", WAIT, held_open(4)).await;
+    let mut c1 = connect_from("127.0.0.4", addr).await;
+    let answer = read_until_closed(&mut c1, WAIT).await;
+    assert_eq!(status_of(&answer), Some(503), "a fifth in all: {answer}");
+    assert!(answer.contains("\"max_connections\""), "{answer}");
+    assert_eq!(metric_in(&inlet, &listener_refused("max_connections_per_peer")), Some(1));
+    assert_eq!(metric_in(&inlet, &listener_refused("max_connections")), Some(1));
+
+    drop((a1, a2, b1, b2));
+    wait_until("the held connections are closed", WAIT, held_open(0)).await;
+    let data = event("after-1", "K", 100);
+    assert_eq!(inlet.push("big", &data, "m-1").await.status().as_u16(), 200, "served again");
+    assert_eq!(inlet.entries("big").await.len(), 1);
+    assert_eq!(metric_in(&inlet, &listener_refused("max_connections_per_peer")), Some(1), "no more refusals");
+    assert_eq!(metric_in(&inlet, &listener_refused("max_connections")), Some(1));
     inlet.running.stop().await;
 }

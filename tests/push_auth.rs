@@ -186,6 +186,42 @@ async fn only_a_valid_token_from_the_subscription_stores_a_row() {
     setup.instance.running.stop().await;
 }
 
+/// Issue 23, finding 5: on a verified route the token binds the request to its
+/// audience, so the `Host` rule does not apply (a load balancer's name need not be in
+/// `public_hosts`); `Origin` is refused on every push all the same (a browser page never
+/// holds Pub/Sub's token), before the token is looked at, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_push_needs_no_own_host_but_no_push_takes_an_origin() {
+    let k1 = Key::generate("k1");
+    let jwks = Jwks::default();
+    jwks.publish(&[&k1]);
+    let setup = Setup::start(&jwks.serve().await).await;
+    let push = |host: Option<&str>, origin: Option<&str>, token: Option<String>, id: &str| {
+        let data = format!(r#"{{"workOrderId":"{id}","completedItems":1,"completionTimestamp":"t"}}"#);
+        let mut req = setup
+            .http
+            .post(format!("{}/push/orders", setup.instance.base()))
+            .header("content-type", "application/json")
+            .body(push_envelope(data.as_bytes(), &[], id).to_string());
+        if let Some(h) = host {
+            req = req.header("host", h);
+        }
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    let token = || Some(k1.sign(&good_claims()));
+    assert_eq!(push(Some("push.example.net"), None, token(), "lb").await, 200, "any Host with a valid token");
+    assert_eq!(push(Some("push.example.net"), None, None, "no-token").await, 401, "push auth answers, not the gate");
+    assert_eq!(push(None, Some("https://evil.example"), token(), "origin").await, 403, "Origin on a verified push");
+    assert_eq!(setup.stored_message_ids().await, ["lb"]);
+    setup.instance.running.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_key_is_picked_up_and_unknown_keys_do_not_hammer_the_jwks() {
     let (k1, k2) = (Key::generate("k1"), Key::generate("k2"));

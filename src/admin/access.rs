@@ -9,14 +9,27 @@
 //! query string, so a page in a browser cannot borrow them (a cross-site form can
 //! send cookies but cannot set that header without a CORS preflight, which Inlet
 //! never grants). The loopback mode, which needs no token, refuses requests that
-//! carry browser cross-site markers or a non-loopback `Host` (DNS rebinding).
+//! carry browser cross-site markers or a `Host` that is not the listener's own name
+//! (DNS rebinding).
+//!
+//! In front of everything a listener serves, [`gate`] answers only the listener's own
+//! names ([`own_host`]) where no credential binds the request to Inlet: pushes to
+//! routes without OIDC push auth, the probes, `/metrics` without a token, and every
+//! request in `none-loopback` mode but verified pushes; and it refuses any request
+//! with `Origin` there and on every push (a browser page; Inlet serves pages only
+//! under `/console`, which checks `Origin` itself).
+//!
+//! Wrong tokens are guesses: [`Guesses`] counts them per peer, and after
+//! [`FREE_FAILURES`] makes that peer wait, twice as long after each further failure
+//! up to [`MAX_WAIT`], before a token of its is looked at again (429 and `Retry-After`).
 
-use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
@@ -24,7 +37,8 @@ use subtle::ConstantTimeEq;
 
 use super::answer::ApiError;
 use crate::app::Shared;
-use crate::config::{AdminAuth, AdminConfig, Role};
+use crate::config::{AdminAuth, AdminConfig, PushAuth, Role};
+use crate::telemetry::SignInLabels;
 
 /// An authenticated caller of the admin API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,8 +162,11 @@ impl IntoResponse for Forbidden {
 /// extensions, or 401 / 403.
 pub async fn authenticate(State(shared): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
     let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
-    let admin = shared.config.lock().expect("config lock").admin.clone();
-    match caller(&admin, req.headers(), peer) {
+    let (admin, public) = {
+        let config = shared.config.lock().expect("config lock");
+        (config.admin.clone(), config.server.public_hosts.clone())
+    };
+    match caller(&shared, &admin, &public, req.headers(), peer) {
         Ok(caller) => {
             req.extensions_mut().insert(caller);
             next.run(req).await
@@ -177,21 +194,31 @@ pub async fn metrics_gate(State(shared): State<Arc<Shared>>, req: Request, next:
 struct Refusal {
     status: StatusCode,
     why: &'static str,
+    /// Seconds to wait (429).
+    retry_after: Option<u64>,
 }
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         let mut r = ApiError::new(self.status, self.why).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer realm=\"inlet\""));
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"inlet\""));
+        }
+        if let Some(secs) = self.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         r
     }
 }
 
-fn caller(admin: &AdminConfig, headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<Caller, Refusal> {
-    let unauthorized = |why| Refusal { status: StatusCode::UNAUTHORIZED, why };
+fn caller(
+    shared: &Shared,
+    admin: &AdminConfig,
+    public: &[String],
+    headers: &HeaderMap,
+    peer: Option<SocketAddr>,
+) -> Result<Caller, Refusal> {
+    let unauthorized = |why| Refusal { status: StatusCode::UNAUTHORIZED, why, retry_after: None };
     if let Some(value) = headers.get(header::AUTHORIZATION) {
         let presented = value
             .to_str()
@@ -200,7 +227,15 @@ fn caller(admin: &AdminConfig, headers: &HeaderMap, peer: Option<SocketAddr>) ->
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, token)| token.trim())
             .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
-        return find_token(admin, presented).ok_or_else(|| unauthorized("unknown token"));
+        return match shared.guesses.check(shared, "api", peer, || find_token(admin, presented)) {
+            Checked::Found(caller) => Ok(caller),
+            Checked::Unknown => Err(unauthorized("unknown token")),
+            Checked::Wait(wait) => Err(Refusal {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                why: "too many unknown tokens from this address; wait (Retry-After) before the next",
+                retry_after: Some(wait),
+            }),
+        };
     }
     if admin.auth != AdminAuth::NoneLoopback {
         return Err(unauthorized("a token is required: `Authorization: Bearer <token>`"));
@@ -208,10 +243,11 @@ fn caller(admin: &AdminConfig, headers: &HeaderMap, peer: Option<SocketAddr>) ->
     if !peer.is_some_and(|p| p.ip().is_loopback()) {
         return Err(unauthorized("without a token, only loopback peers are let in"));
     }
-    if cross_site(headers) {
+    if cross_site(headers, public) {
         return Err(Refusal {
             status: StatusCode::FORBIDDEN,
             why: "a browser request from another site needs a token; none-loopback mode does not serve web pages",
+            retry_after: None,
         });
     }
     Ok(Caller::loopback())
@@ -234,9 +270,9 @@ pub(crate) fn find_token(admin: &AdminConfig, presented: &str) -> Option<Caller>
 
 /// Markers a browser adds to a request a page on another site made: `Origin`
 /// (any: Inlet serves no pages, so no legitimate caller sends one), `Sec-Fetch-Site`
-/// other than `none` / `same-origin`, and a `Host` that is not a loopback name
+/// other than `none` / `same-origin`, and a `Host` that is not the listener's own
 /// (a DNS-rebinding page talks to 127.0.0.1 under its own name).
-fn cross_site(headers: &HeaderMap) -> bool {
+fn cross_site(headers: &HeaderMap, public: &[String]) -> bool {
     let text = |h: &str| headers.get(h).and_then(|v| v.to_str().ok());
     if headers.contains_key(header::ORIGIN) {
         return true;
@@ -244,19 +280,224 @@ fn cross_site(headers: &HeaderMap) -> bool {
     if text("sec-fetch-site").is_some_and(|s| !matches!(s, "none" | "same-origin")) {
         return true;
     }
-    match text("host") {
-        None => false,
-        Some(host) => !is_loopback_host(host),
+    foreign_host(headers, public)
+}
+
+/// Whether the request's `Host` is not one of the listener's own names (a request
+/// without `Host` is not a browser's).
+fn foreign_host(headers: &HeaderMap, public: &[String]) -> bool {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) => false,
+        (Some(host), None) => !host.to_str().is_ok_and(|h| own_host(h, public)),
+        (Some(_), Some(_)) => true,
     }
 }
 
-fn is_loopback_host(host: &str) -> bool {
+/// Whether `host` (a `Host` value, with or without port) is a name of the listener's
+/// own: `localhost`, an IP address, or one of `public` (`[server] public_hosts`,
+/// lowercase). A DNS-rebinding page reaches Inlet under a name its author controls and
+/// its browser sends that name, never an IP address (an address has no DNS to
+/// rebind); a page that names Inlet's address in its URL is another origin, and its
+/// browser adds `Origin`.
+pub fn own_host(host: &str, public: &[String]) -> bool {
     let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
+        let Some((ip, tail)) = rest.split_once(']') else { return false };
+        if !(tail.is_empty() || tail.strip_prefix(':').is_some_and(is_port)) {
+            return false;
+        }
+        return ip.parse::<std::net::Ipv6Addr>().is_ok();
     } else {
-        host.rsplit_once(':').map_or(host, |(n, _)| n)
+        match host.rsplit_once(':') {
+            Some((name, port)) if is_port(port) => name,
+            Some(_) => return false,
+            None => host,
+        }
     };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<std::net::Ipv4Addr>().is_ok()
+        || public.iter().any(|p| p.eq_ignore_ascii_case(name))
+}
+
+fn is_port(p: &str) -> bool {
+    !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
+}
+
+// ---------------------------------------------------------------------------------------
+// The listener's gate: own names only, no browser pages
+// ---------------------------------------------------------------------------------------
+
+/// The state of [`gate`].
+#[derive(Clone)]
+pub struct Gate {
+    pub shared: Arc<Shared>,
+    /// `server` or `admin`, for `inlet_listener_refused_total`.
+    pub listener: &'static str,
+}
+
+/// Middleware in front of everything a listener serves (see the module doc): 403 with
+/// reason `foreign_host` or `origin`, counted in `inlet_listener_refused_total`,
+/// before any handler runs or any body is read.
+pub async fn gate(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+    let (loopback, metrics_need_token, public) = {
+        let config = gate.shared.config.lock().expect("config lock");
+        (
+            config.admin.auth == AdminAuth::NoneLoopback,
+            config.admin.metrics_need_token,
+            config.server.public_hosts.clone(),
+        )
+    };
+    let path = req.uri().path();
+    let push = req.method() == Method::POST && path.starts_with("/push/");
+    // A verified push's token names its audience: the Host does not matter there.
+    let verified = push
+        && gate
+            .shared
+            .routes()
+            .get(&path["/push/".len()..])
+            .is_some_and(|r| matches!(r.config.push_auth, Some(PushAuth::Oidc(_))));
+    let open = matches!(path, "/healthz" | "/readyz") || (path == "/metrics" && !metrics_need_token);
+    // In none-loopback mode nothing else binds a request to Inlet, but a verified push
+    // (say, through a developer's tunnel) still carries its token.
+    let host_rule = (loopback && !verified) || open || (push && !verified);
+    // The console is a browser's: it checks `Origin` against `Host` itself.
+    let origin_rule = push || open || (loopback && !(path == "/console" || path.starts_with("/console/")));
+    let refusal = if origin_rule && req.headers().contains_key(header::ORIGIN) {
+        Some(("origin", "refused: a request from a browser page (it carries `Origin`)"))
+    } else if host_rule && foreign_host(req.headers(), &public) {
+        Some((
+            "foreign_host",
+            "refused: `Host` is not a name of this listener (localhost, an IP address, or [server] public_hosts)",
+        ))
+    } else {
+        None
+    };
+    let Some((reason, error)) = refusal else { return next.run(req).await };
+    gate.shared.metrics.listener_refused(gate.listener, reason);
+    let host = req.headers().get(header::HOST).map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned());
+    tracing::warn!(
+        listener = gate.listener,
+        method = %req.method(),
+        path,
+        host = ?host,
+        reason,
+        "refused a request that is not for this listener's own names (DNS rebinding, a browser page)"
+    );
+    (StatusCode::FORBIDDEN, axum::Json(serde_json::json!({ "error": error, "reason": reason }))).into_response()
+}
+
+// ---------------------------------------------------------------------------------------
+// Guesses: unknown tokens per peer
+// ---------------------------------------------------------------------------------------
+
+/// Unknown tokens a peer may present before it has to wait.
+pub const FREE_FAILURES: u32 = 5;
+/// The first wait; each further failure doubles it.
+const FIRST_WAIT: Duration = Duration::from_secs(1);
+/// The longest wait.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+/// A peer's failures are forgotten this long after its last one.
+const FORGET_AFTER: Duration = Duration::from_secs(900);
+/// Peers tracked at most; beyond, new peers are not tracked (logged) until old ones
+/// are forgotten, so the table cannot grow without bound.
+const MAX_PEERS: usize = 65_536;
+
+/// One peer's unknown tokens.
+struct Strikes {
+    failures: u32,
+    last: Instant,
+    /// No token of this peer is looked at before then.
+    until: Instant,
+}
+
+/// Unknown tokens by peer (an IPv6 peer by its /64): the console's sign-in and the
+/// admin API's bearer tokens share it, since both guess the same secrets.
+#[derive(Default)]
+pub struct Guesses {
+    peers: Mutex<HashMap<IpAddr, Strikes>>,
+}
+
+/// What [`Guesses::check`] found.
+pub enum Checked {
+    Found(Caller),
+    Unknown,
+    /// The peer has to wait this many seconds; its token was not looked at.
+    Wait(u64),
+}
+
+impl Guesses {
+    /// Looks a token up with `find` unless `peer` has to wait, and counts an unknown
+    /// token as a failure. A known token does not forget the peer's failures: a holder
+    /// of one token would otherwise mix it into its guesses at another. Counts refusals
+    /// in `inlet_sign_in_refused_total{via}` and logs the failure that starts or
+    /// lengthens a wait.
+    pub fn check(
+        &self,
+        shared: &Shared,
+        via: &'static str,
+        peer: Option<SocketAddr>,
+        find: impl FnOnce() -> Option<Caller>,
+    ) -> Checked {
+        let key = peer.map(|p| crate::server::peer_key(p.ip()));
+        let count = |reason| shared.metrics.sign_in_refused.get_or_create(&SignInLabels { via, reason }).inc();
+        if let Some(wait) = key.and_then(|k| self.wait(k)) {
+            count("rate_limited");
+            tracing::debug!(via, peer = ?peer, wait_secs = wait, "token refused unread: the peer is waiting out its failures");
+            return Checked::Wait(wait);
+        }
+        match find() {
+            Some(caller) => Checked::Found(caller),
+            None => {
+                count("unknown_token");
+                let (failures, wait) = key.map_or((0, None), |k| self.failed(k));
+                match wait {
+                    Some(wait) => tracing::warn!(
+                        via,
+                        peer = ?peer,
+                        failures,
+                        wait_secs = wait.as_secs(),
+                        "unknown token; this peer now waits before its next token is looked at (429)"
+                    ),
+                    None => tracing::warn!(via, peer = ?peer, failures, "unknown token"),
+                }
+                Checked::Unknown
+            }
+        }
+    }
+
+    /// Seconds (rounded up) `peer` must still wait, if it must.
+    fn wait(&self, key: IpAddr) -> Option<u64> {
+        let peers = self.peers.lock().expect("guesses lock");
+        let left = peers.get(&key)?.until.checked_duration_since(Instant::now())?;
+        Some(left.as_secs() + u64::from(left.subsec_nanos() > 0)).filter(|&s| s > 0)
+    }
+
+    /// Records a failure: the peer's failure count and the wait it starts, if any.
+    fn failed(&self, key: IpAddr) -> (u32, Option<Duration>) {
+        let now = Instant::now();
+        let mut peers = self.peers.lock().expect("guesses lock");
+        if !peers.contains_key(&key) && peers.len() >= MAX_PEERS {
+            peers.retain(|_, s| now.duration_since(s.last) < FORGET_AFTER);
+            if peers.len() >= MAX_PEERS {
+                tracing::warn!(peer = %key, "too many peers with unknown tokens to track another; not counted");
+                return (1, None);
+            }
+        }
+        let strikes = peers.entry(key).or_insert(Strikes { failures: 0, last: now, until: now });
+        if now.duration_since(strikes.last) >= FORGET_AFTER {
+            strikes.failures = 0;
+        }
+        strikes.failures += 1;
+        strikes.last = now;
+        let over = strikes.failures.saturating_sub(FREE_FAILURES);
+        if over == 0 {
+            return (strikes.failures, None);
+        }
+        let wait = FIRST_WAIT.saturating_mul(1u32 << (over - 1).min(20)).min(MAX_WAIT);
+        strikes.until = now + wait;
+        (strikes.failures, Some(wait))
+    }
 }
 
 #[cfg(test)]
@@ -264,12 +505,56 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_hosts() {
-        for h in ["127.0.0.1:8080", "localhost", "LOCALHOST:1", "[::1]:8080", "127.0.0.2"] {
-            assert!(is_loopback_host(h), "{h}");
+    fn own_hosts() {
+        let public = vec!["inlet.example.com".to_string()];
+        for h in [
+            "127.0.0.1:8080",
+            "localhost",
+            "LOCALHOST:1",
+            "localhost.:80",
+            "[::1]:8080",
+            "[::1]",
+            "127.0.0.2",
+            "10.0.0.1",
+            "[2001:db8::1]:80",
+            "inlet.example.com",
+            "Inlet.Example.Com:443",
+        ] {
+            assert!(own_host(h, &public), "{h}");
         }
-        for h in ["evil.example:8080", "10.0.0.1", "[2001:db8::1]:80", "127.0.0.1.evil.example"] {
-            assert!(!is_loopback_host(h), "{h}");
+        for h in [
+            "evil.example:8080",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example",
+            "inlet.example.com.evil.example",
+            "sub.inlet.example.com",
+            "127.0.0.1:80:80",
+            "127.0.0.1:http",
+            "[::1]x",
+            "[::1",
+            "2130706433",
+            "",
+        ] {
+            assert!(!own_host(h, &public), "{h}");
         }
+        assert!(!own_host("inlet.example.com", &[]), "a public name only once configured");
+    }
+
+    #[test]
+    fn unknown_tokens_make_a_peer_wait_longer_each_time_up_to_the_cap() {
+        let guesses = Guesses::default();
+        let peer: IpAddr = "192.0.2.7".parse().unwrap();
+        for i in 1..=FREE_FAILURES {
+            assert_eq!(guesses.failed(peer), (i, None), "failure {i} is free");
+            assert_eq!(guesses.wait(peer), None);
+        }
+        let waits: Vec<Duration> = (0..12).map(|_| guesses.failed(peer).1.unwrap()).collect();
+        assert_eq!(waits[0], FIRST_WAIT);
+        assert_eq!(waits[1], FIRST_WAIT * 2);
+        assert_eq!(waits[4], FIRST_WAIT * 16);
+        assert_eq!(*waits.last().unwrap(), MAX_WAIT);
+        assert!(guesses.wait(peer).is_some_and(|s| s >= MAX_WAIT.as_secs() - 1));
+        let other: IpAddr = "192.0.2.8".parse().unwrap();
+        assert_eq!(guesses.wait(other), None, "another peer does not wait");
     }
 }

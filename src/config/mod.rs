@@ -124,6 +124,13 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Push requests handled at once; one more is shed with 503 and `Retry-After`.
     pub max_concurrent_pushes: usize,
+    /// Host names (lowercase, no port) the listeners answer to besides `localhost` and
+    /// IP addresses (`crate::admin::access::own_host`).
+    pub public_hosts: Vec<String>,
+    /// Connections open at once per listener.
+    pub max_connections: usize,
+    /// Connections open at once per peer address (IPv6 by /64) per listener.
+    pub max_connections_per_peer: usize,
 }
 
 impl Default for ServerConfig {
@@ -135,6 +142,11 @@ impl Default for ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
             max_concurrent_pushes: 128,
+            public_hosts: Vec::new(),
+            // Google's push comes from many addresses; one address (a test, a proxy)
+            // may still open a few hundred.
+            max_connections: 1024,
+            max_connections_per_peer: 256,
         }
     }
 }

@@ -254,6 +254,20 @@ pub(super) struct RawServer {
     /// memory: this many times `max_body_mib` (2 GiB with the defaults), about twice
     /// that while envelopes are decoded.
     pub max_concurrent_pushes: Option<Spanned<u32>>,
+    /// Host names this listener answers to besides `localhost` and IP addresses, e.g.
+    /// `["inlet.example.com"]` (no port: any port matches). A push to a route without
+    /// push auth, `/healthz`, `/readyz`, `/metrics` (unless `metrics_need_token`) and,
+    /// in `none-loopback` mode, every request must name one of them in `Host`: a page
+    /// that rebinds its own name to Inlet's address sends that name (DNS rebinding).
+    pub public_hosts: Option<Vec<Spanned<String>>>,
+    /// Connections open at once on each listener, 1 to 1000000 (default 1024). One
+    /// more is answered 503 and closed at once, counted in
+    /// `inlet_listener_refused_total{reason="max_connections"}`.
+    pub max_connections: Option<Spanned<u32>>,
+    /// Connections open at once from one peer address (an IPv6 peer by its /64), 1 to
+    /// 1000000 (default 256), counted as `reason="max_connections_per_peer"`. Behind a
+    /// proxy every client is the proxy: raise it to `max_connections` there.
+    pub max_connections_per_peer: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]

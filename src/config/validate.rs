@@ -250,6 +250,23 @@ fn server(c: &mut Checker<'_>, s: &RawServer) -> Option<ServerConfig> {
     let max_concurrent_pushes = c.within(&s.max_concurrent_pushes, "server.max_concurrent_pushes", 1..=100_000);
     let header_read_timeout = c.at_most(&s.header_read_timeout, "server.header_read_timeout", Duration::from_secs(300));
     let request_timeout = c.at_most(&s.request_timeout, "server.request_timeout", Duration::from_secs(600));
+    let max_connections = c.within(&s.max_connections, "server.max_connections", 1..=1_000_000);
+    let max_per_peer = c.within(&s.max_connections_per_peer, "server.max_connections_per_peer", 1..=1_000_000);
+    let mut public_hosts = Vec::new();
+    for (i, host) in s.public_hosts.iter().flatten().enumerate() {
+        let field = format!("server.public_hosts[{i}]");
+        let name = host.get_ref().trim_end_matches('.').to_ascii_lowercase();
+        let valid = !name.is_empty()
+            && name.len() <= 253
+            && name.split('.').all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+        if valid {
+            public_hosts.push(name);
+        } else {
+            let problem =
+                format!("`{}` is not a host name (no scheme, port or path: `inlet.example.com`)", host.get_ref());
+            c.error::<()>(host.span(), &field, ConfigErrorKind::Invalid(problem));
+        }
+    }
     let listen = listen?;
     Some(ServerConfig {
         listen,
@@ -257,6 +274,9 @@ fn server(c: &mut Checker<'_>, s: &RawServer) -> Option<ServerConfig> {
         header_read_timeout: header_read_timeout.unwrap_or(defaults.header_read_timeout),
         request_timeout: request_timeout.unwrap_or(defaults.request_timeout),
         max_concurrent_pushes: max_concurrent_pushes.map_or(defaults.max_concurrent_pushes, |n| n as usize),
+        public_hosts,
+        max_connections: max_connections.map_or(defaults.max_connections, |n| n as usize),
+        max_connections_per_peer: max_per_peer.map_or(defaults.max_connections_per_peer, |n| n as usize),
     })
 }
 

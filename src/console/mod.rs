@@ -38,12 +38,13 @@ use serde::Deserialize;
 
 use self::html::{SignedIn, esc, hidden, query, status_badge, time};
 use self::session::{Posted, Sessions, Signed};
-use crate::admin::access::{Action, find_token};
+use crate::admin::access::{Action, Checked, find_token};
 use crate::admin::answer::{ApiError, Body, Id, Params, Payload};
 use crate::admin::{self, ReasonBody};
 use crate::app::Shared;
 use crate::inbox::{ListFilter, Status};
 use crate::repair::{RepairAction, RepairFilter, RepairJob};
+use crate::telemetry::SignInLabels;
 
 /// The console's state: what the API handlers share, and the sign-in sessions.
 pub struct Console {
@@ -185,7 +186,12 @@ struct LoginForm {
     token: String,
 }
 
-async fn login(State(c): State<Arc<Console>>, headers: axum::http::HeaderMap, form: axum::Form<LoginForm>) -> Response {
+async fn login(
+    State(c): State<Arc<Console>>,
+    extensions: axum::http::Extensions,
+    headers: axum::http::HeaderMap,
+    form: axum::Form<LoginForm>,
+) -> Response {
     if session::cross_site(&headers) {
         tracing::warn!("console sign-in refused: the request comes from another site");
         return html(
@@ -195,11 +201,25 @@ async fn login(State(c): State<Arc<Console>>, headers: axum::http::HeaderMap, fo
     }
     let token = form.token.trim();
     let admin = c.shared.config.lock().expect("config lock").admin.clone();
-    let Some(caller) = find_token(&admin, token) else {
-        tracing::warn!(why = "unknown token", "console sign-in refused");
-        return html(StatusCode::UNAUTHORIZED, login_form(Some("unknown token"), &c.shared));
+    // The peer, as the listener recorded it (`crate::server`), for the backoff.
+    let peer = extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|p| p.0);
+    let caller = match c.shared.guesses.check(&c.shared, "console", peer, || find_token(&admin, token)) {
+        Checked::Found(caller) => caller,
+        Checked::Unknown => return html(StatusCode::UNAUTHORIZED, login_form(Some("unknown token"), &c.shared)),
+        Checked::Wait(secs) => {
+            let problem = format!("too many unknown tokens from this address: try again in {secs} s");
+            let mut r = html(StatusCode::TOO_MANY_REQUESTS, login_form(Some(&problem), &c.shared));
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            return r;
+        }
     };
-    let id = c.sessions.start(token);
+    let Ok(id) = c.sessions.start(token) else {
+        let label = SignInLabels { via: "console", reason: "too_many_sessions" };
+        c.shared.metrics.sign_in_refused.get_or_create(&label).inc();
+        tracing::warn!(caller = %caller.name, "console sign-in refused: the console holds its maximum of sessions");
+        let problem = "the console holds as many sessions as it can; try again later";
+        return html(StatusCode::SERVICE_UNAVAILABLE, login_form(Some(problem), &c.shared));
+    };
     tracing::info!(caller = %caller.name, role = caller.role.as_str(), "console sign-in");
     let mut r = Redirect::to("/console").into_response();
     if let Ok(v) = HeaderValue::from_str(&session::cookie(&id)) {

@@ -8,13 +8,18 @@
 //! are always the current ones. Sessions live in memory: a restart signs everyone out,
 //! and behind a load balancer a session belongs to the instance that made it.
 //!
+//! Sessions are capped per token ([`MAX_SESSIONS_PER_TOKEN`]): a token's sign-in beyond
+//! ends that token's oldest session and no other, so one token holder cannot sign
+//! anyone else out. The cap on all sessions ([`MAX_SESSIONS`]) refuses a new sign-in
+//! (503) rather than end someone's session.
+//!
 //! Every POST goes through [`Posted`]: it refuses requests a browser marks as coming
 //! from another site (`Sec-Fetch-Site`, `Origin`), needs the session's cookie, and
 //! needs the session's CSRF token in the form's `csrf` field (compared in constant
 //! time). Only then does a handler run, and the handler still asks the API's own role
 //! and route checks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,24 +38,73 @@ use crate::admin::access::{Caller, find_token};
 pub const COOKIE: &str = "inlet_console";
 /// A session ends this long after sign-in.
 const LIFETIME: Duration = Duration::from_secs(12 * 3600);
-/// Sessions kept at most; signing in beyond drops the oldest.
-const MAX_SESSIONS: usize = 10_000;
+/// Sessions kept at most; a sign-in beyond is refused (no one else is signed out).
+pub const MAX_SESSIONS: usize = 10_000;
+/// Sessions of one token kept at most; its sign-in beyond ends its own oldest session.
+pub const MAX_SESSIONS_PER_TOKEN: usize = 64;
 
 struct Session {
     /// The admin token it signed in with, looked up again at every request.
     token: String,
+    /// [`digest`] of the token: its entry in `Table::by_token`.
+    token_key: [u8; 32],
     csrf: String,
     started: Instant,
     /// A message for the next page (what the last action did).
     flash: Option<String>,
 }
 
-/// The console's sessions, by the SHA-256 of their id (the id itself is only in the
-/// browser's cookie).
-#[derive(Default)]
-pub struct Sessions {
-    by_id: Mutex<HashMap<[u8; 32], Session>>,
+impl Session {
+    fn live(&self) -> bool {
+        self.started.elapsed() < LIFETIME
+    }
 }
+
+/// The console's sessions, by the SHA-256 of their id (the id itself is only in the
+/// browser's cookie), and each token's sessions, oldest first.
+pub struct Sessions {
+    table: Mutex<Table>,
+    max: usize,
+    max_per_token: usize,
+}
+
+#[derive(Default)]
+struct Table {
+    by_id: HashMap<[u8; 32], Session>,
+    by_token: HashMap<[u8; 32], VecDeque<[u8; 32]>>,
+}
+
+impl Table {
+    fn remove(&mut self, key: &[u8; 32]) {
+        let Some(session) = self.by_id.remove(key) else { return };
+        if let Some(list) = self.by_token.get_mut(&session.token_key) {
+            list.retain(|k| k != key);
+            if list.is_empty() {
+                self.by_token.remove(&session.token_key);
+            }
+        }
+    }
+
+    /// Drops every session past its lifetime.
+    fn sweep(&mut self) {
+        let by_id = &mut self.by_id;
+        by_id.retain(|_, s| s.live());
+        self.by_token.retain(|_, list| {
+            list.retain(|k| by_id.contains_key(k));
+            !list.is_empty()
+        });
+    }
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions::with_caps(MAX_SESSIONS, MAX_SESSIONS_PER_TOKEN)
+    }
+}
+
+/// A sign-in refused: [`MAX_SESSIONS`] sessions are live.
+#[derive(Debug)]
+pub struct TooManySessions;
 
 fn random_hex() -> String {
     let mut bytes = [0u8; 32];
@@ -63,42 +117,66 @@ fn digest(id: &str) -> [u8; 32] {
 }
 
 impl Sessions {
-    /// A new session for `token`; returns its id (for the cookie).
-    pub fn start(&self, token: &str) -> String {
-        let id = random_hex();
-        let mut map = self.by_id.lock().expect("sessions lock");
-        map.retain(|_, s| s.started.elapsed() < LIFETIME);
-        if map.len() >= MAX_SESSIONS
-            && let Some(oldest) = map.iter().min_by_key(|(_, s)| s.started).map(|(k, _)| *k)
-        {
-            map.remove(&oldest);
+    pub fn with_caps(max: usize, max_per_token: usize) -> Sessions {
+        Sessions { table: Mutex::default(), max, max_per_token: max_per_token.max(1) }
+    }
+
+    /// A new session for `token`; returns its id (for the cookie). The token's own
+    /// oldest session makes room for it; another token's never does.
+    pub fn start(&self, token: &str) -> Result<String, TooManySessions> {
+        let token_key = digest(token);
+        let mut table = self.table.lock().expect("sessions lock");
+        let Table { by_id, by_token } = &mut *table;
+        if let Some(list) = by_token.get_mut(&token_key) {
+            // Its ended sessions go first, then its oldest while it is at its cap.
+            list.retain(|k| {
+                let live = by_id.get(k).is_some_and(Session::live);
+                if !live {
+                    by_id.remove(k);
+                }
+                live
+            });
+            while list.len() >= self.max_per_token {
+                if let Some(oldest) = list.pop_front() {
+                    by_id.remove(&oldest);
+                }
+            }
         }
-        let session = Session { token: token.to_string(), csrf: random_hex(), started: Instant::now(), flash: None };
-        map.insert(digest(&id), session);
-        id
+        if table.by_id.len() >= self.max {
+            table.sweep();
+            if table.by_id.len() >= self.max {
+                return Err(TooManySessions);
+            }
+        }
+        let id = random_hex();
+        let key = digest(&id);
+        let session =
+            Session { token: token.to_string(), token_key, csrf: random_hex(), started: Instant::now(), flash: None };
+        table.by_id.insert(key, session);
+        table.by_token.entry(token_key).or_default().push_back(key);
+        Ok(id)
     }
 
     pub fn end(&self, id: &str) {
-        self.by_id.lock().expect("sessions lock").remove(&digest(id));
+        self.table.lock().expect("sessions lock").remove(&digest(id));
     }
 
     /// Leaves a message for the session's next page.
     pub fn flash(&self, id: &str, message: String) {
-        if let Some(s) = self.by_id.lock().expect("sessions lock").get_mut(&digest(id)) {
+        if let Some(s) = self.table.lock().expect("sessions lock").by_id.get_mut(&digest(id)) {
             s.flash = Some(message);
         }
     }
 
     /// The session's token, CSRF token and pending message (taken), if it is live.
     fn get(&self, id: &str) -> Option<(String, String, Option<String>)> {
-        let mut map = self.by_id.lock().expect("sessions lock");
+        let mut table = self.table.lock().expect("sessions lock");
         let key = digest(id);
-        let live = map.get(&key).is_some_and(|s| s.started.elapsed() < LIFETIME);
-        if !live {
-            map.remove(&key);
+        if !table.by_id.get(&key).is_some_and(Session::live) {
+            table.remove(&key);
             return None;
         }
-        let s = map.get_mut(&key)?;
+        let s = table.by_id.get_mut(&key)?;
         Some((s.token.clone(), s.csrf.clone(), s.flash.take()))
     }
 }
@@ -255,6 +333,40 @@ mod tests {
         assert_eq!(session_id(&h), Some(id));
         h.insert(header::COOKIE, format!("{COOKIE}=short").parse().unwrap());
         assert_eq!(session_id(&h), None);
+    }
+
+    #[test]
+    fn a_tokens_sign_ins_end_only_its_own_oldest_sessions() {
+        let sessions = Sessions::default();
+        let other = sessions.start("other-token").unwrap();
+        let first = sessions.start("busy-token").unwrap();
+        let mut last = String::new();
+        for _ in 0..10_001 {
+            last = sessions.start("busy-token").unwrap();
+        }
+        assert!(sessions.get(&other).is_some(), "another token's session survives");
+        assert!(sessions.get(&first).is_none(), "the busy token's oldest session made room");
+        assert!(sessions.get(&last).is_some());
+        let table = sessions.table.lock().unwrap();
+        assert_eq!(table.by_id.len(), MAX_SESSIONS_PER_TOKEN + 1);
+        assert_eq!(table.by_token[&digest("busy-token")].len(), MAX_SESSIONS_PER_TOKEN);
+    }
+
+    #[test]
+    fn at_the_cap_on_all_sessions_a_new_sign_in_is_refused_and_no_one_is_signed_out() {
+        let sessions = Sessions::with_caps(3, 2);
+        let a1 = sessions.start("a").unwrap();
+        let a2 = sessions.start("a").unwrap();
+        let b1 = sessions.start("b").unwrap();
+        assert!(sessions.start("c").is_err(), "full: refused");
+        let a3 = sessions.start("a").unwrap();
+        assert!(sessions.get(&a1).is_none(), "a's own oldest made room for a");
+        for id in [&a2, &a3, &b1] {
+            assert!(sessions.get(id).is_some());
+        }
+        sessions.end(&b1);
+        let c1 = sessions.start("c").unwrap();
+        assert!(sessions.get(&c1).is_some(), "room again once a session ended");
     }
 
     #[test]
