@@ -49,8 +49,8 @@ use serde::Deserialize;
 
 use self::access::{Action, Caller};
 use self::answer::{
-    ApiError, AuditPage, Body, EntryPage, EntryView, Health, Id, Params, PauseView, Purged, RefusedFile, Repaired,
-    RouteList, RoutePaused, RouteView,
+    ApiError, AuditPage, Body, EntryPage, EntryView, Health, Id, Params, PauseView, Purged, Reader, RefusedFile,
+    Repaired, RouteList, RoutePaused, RouteView,
 };
 use crate::app::Shared;
 use crate::inbox::{Entry, ListFilter, NewAudit, Pause, Status, StoreError};
@@ -71,7 +71,7 @@ pub struct ListQuery {
 
 /// An entry as people see it: payloads shown as text when they are text.
 pub fn entry_view(e: &Entry) -> EntryView {
-    EntryView::new(e.clone(), true)
+    Reader::ALL.entry(e.clone())
 }
 
 /// The entry if it exists and the caller may see its route; otherwise the 404 a
@@ -110,6 +110,8 @@ pub async fn list(
     Params(q): Params<ListQuery>,
 ) -> Result<Json<EntryPage>, ApiError> {
     let status = q.status.as_deref().map(str::parse::<Status>).transpose().map_err(ApiError::bad_request)?;
+    let reader = Reader::of(&caller);
+    reader.search(q.text.as_deref())?;
     let filter = ListFilter {
         route: q.route,
         status,
@@ -123,7 +125,7 @@ pub async fn list(
     let limit = filter.limit as usize;
     let entries = list_visible(&s, &caller, filter).await?;
     let next_after = (entries.len() == limit).then(|| entries.last().map(|e| e.id)).flatten();
-    let entries = entries.into_iter().map(|e| EntryView::new(e, caller.payloads)).collect();
+    let entries = entries.into_iter().map(|e| reader.entry(e)).collect();
     Ok(Json(EntryPage { entries, next_after }))
 }
 
@@ -150,8 +152,9 @@ pub async fn show(
 ) -> Result<Json<EntryView>, ApiError> {
     let entry = visible_entry(&s, &caller, id).await?;
     let attempts = s.store.attempts(id).await?;
-    let mut view = EntryView::new(entry, caller.payloads);
-    view.attempts = Some(attempts);
+    let reader = Reader::of(&caller);
+    let mut view = reader.entry(entry);
+    view.attempts = Some(reader.attempts(attempts));
     Ok(Json(view))
 }
 
@@ -186,12 +189,8 @@ pub async fn failures(
     }
     groups.sort_by_key(|g| std::cmp::Reverse(g.parked + g.retrying));
     groups.truncate(limit as usize);
-    if !caller.payloads {
-        // An error text may quote the payload (a decode error, a target's answer).
-        for g in &mut groups {
-            g.example_error = "withheld: this token may not read payloads".into();
-        }
-    }
+    let reader = Reader::of(&caller);
+    let groups = groups.into_iter().map(|g| reader.failure_group(g)).collect();
     Ok(Json(FailureGroups { groups }))
 }
 

@@ -9,7 +9,8 @@
 //! - `GET /api/repairs?limit=` — jobs, newest first, with their progress.
 //!
 //! The action's role applies (operator); a token limited to some routes must name
-//! one of them in `route`.
+//! one of them in `route`; a token without `payloads` may not filter by `text` and
+//! reads the jobs' `text` withheld ([`Reader`]).
 
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::access::{Action, Caller};
-use super::answer::{Body, Params};
+use super::answer::{Body, Params, Reader};
 use super::store_error;
 use crate::app::Shared;
 use crate::inbox::NewAudit;
@@ -55,6 +56,9 @@ pub async fn create(
     };
     if let Err(r) = caller.require(action) {
         return r.into_response();
+    }
+    if let Err(refused) = Reader::of(&caller).search(req.filter.text.as_deref()) {
+        return refused.into_response();
     }
     match &req.filter.route {
         Some(route) if !caller.may_see(route) => {
@@ -125,11 +129,13 @@ pub async fn list(
     if let Err(r) = caller.require(Action::Read) {
         return r.into_response();
     }
+    let reader = Reader::of(&caller);
     match s.store.list_repair_jobs(q.limit.unwrap_or(50).clamp(1, 1000)).await {
         Ok(jobs) => {
             let visible: Vec<_> = jobs
                 .into_iter()
                 .filter(|j| j.filter.route.as_deref().map_or(caller.may_see_all(), |r| caller.may_see(r)))
+                .map(|j| reader.repair_job(j))
                 .collect();
             Json(json!({ "jobs": visible })).into_response()
         }
