@@ -452,3 +452,47 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
     );
     assert!(preview.status == 200 && preview.body.contains("dry-run-count"), "{}", preview.body);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_a_route_limited_token_only_its_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = echoing_target().await;
+    // `peek` is limited to `orders` here.
+    let config = write_config(dir.path(), &target, "metrics_need_token = true\n").display().to_string();
+    let text = std::fs::read_to_string(&config).unwrap().replacen(
+        "role = \"viewer\"\nsecret = \"${T_PEEK}\"\n",
+        "role = \"viewer\"\nsecret = \"${T_PEEK}\"\nroutes = [\"orders\"]\n",
+        1,
+    );
+    std::fs::write(&config, text).unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut inlet =
+        InletProcess::spawn_with_args(Path::new(&config), &["--listen", &listen, "--poll", "20ms"], &TOKEN_ENV);
+    inlet.wait_healthy(WAIT).await;
+    let (http, base) = (reqwest::Client::new(), inlet.base.clone());
+    push(
+        &http,
+        &base,
+        "other",
+        &json!({"workOrderId": "wo-other", "completedItems": 2, "completionTimestamp": "t"}),
+        "m-1",
+    )
+    .await;
+
+    assert_eq!(send("GET /metrics".into(), http.get(format!("{base}/metrics"))).await.status, 401);
+    let all = api_get(&http, &base, "/metrics", ROOT).await;
+    assert_eq!(all.status, 200);
+    assert!(all.body.contains("route=\"other\"") && all.body.contains("route=\"orders\""), "{}", all.body);
+    let limited = api_get(&http, &base, "/metrics", PEEK).await;
+    assert_eq!(limited.status, 200);
+    assert!(!limited.body.contains("route=\"other\""), "another route's series: {}", limited.body);
+    assert!(limited.body.contains("inlet_route_up{route=\"orders\"} 1"), "its own route's series: {}", limited.body);
+    assert!(limited.body.contains("inlet_store_up 1"), "process-wide series stay: {}", limited.body);
+    assert!(limited.body.ends_with("# EOF\n"), "{}", limited.body);
+    // Every series a limited token reads is one the unrestricted token reads too.
+    let every: BTreeSet<&str> =
+        all.body.lines().filter(|l| !l.starts_with('#')).map(|l| l.split(' ').next().unwrap()).collect();
+    for line in limited.body.lines().filter(|l| !l.starts_with('#')) {
+        assert!(every.contains(line.split(' ').next().unwrap()), "{line}");
+    }
+}

@@ -358,9 +358,17 @@ pub async fn audit_log(
     Ok(Json(AuditPage { audit, next_after }))
 }
 
-pub async fn metrics(State(s): State<Arc<Shared>>) -> Response {
-    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render())
-        .into_response()
+/// The exposition; a token limited to some routes (`metrics_need_token`) reads only
+/// their series and the process-wide ones. `route="-"` counts push requests that
+/// named no known route, which belong to no team.
+pub async fn metrics(State(s): State<Arc<Shared>>, caller: Option<Extension<Caller>>) -> Response {
+    let mut text = s.metrics.render();
+    if let Some(Extension(caller)) = caller
+        && !caller.may_see_all()
+    {
+        text = crate::telemetry::only_routes(&text, |r| r == "-" || caller.may_see(r));
+    }
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
 }
 
 pub async fn healthz() -> Json<Health> {
