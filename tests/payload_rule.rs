@@ -83,8 +83,22 @@ async fn spawn(dir: &Path, target: &str, admin_fields: &str) -> InletProcess {
     inlet
 }
 
-async fn push(http: &reqwest::Client, base: &str, route: &str, payload: &Value, id: &str) {
-    let envelope = push_envelope(payload.to_string().as_bytes(), &[], id);
+/// Pushes `payload`; returns the hex SHA-256 of the bytes pushed (`payload_digest`).
+async fn push(http: &reqwest::Client, base: &str, route: &str, payload: &Value, id: &str) -> String {
+    push_with(http, base, route, payload, id, &[]).await
+}
+
+async fn push_with(
+    http: &reqwest::Client,
+    base: &str,
+    route: &str,
+    payload: &Value,
+    id: &str,
+    attributes: &[(&str, &str)],
+) -> String {
+    use sha2::Digest as _;
+    let data = payload.to_string();
+    let envelope = push_envelope(data.as_bytes(), attributes, id);
     let r = http
         .post(format!("{base}/push/{route}"))
         .header("content-type", "application/json")
@@ -93,6 +107,7 @@ async fn push(http: &reqwest::Client, base: &str, route: &str, payload: &Value, 
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "push {id}: {}", r.text().await.unwrap());
+    sha2::Sha256::digest(data.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One answer: what was asked, its status and its body as text.
@@ -183,7 +198,7 @@ async fn crawl(
         "/api/entries?key=wo-echo".into(),
         "/api/entries?after=0&limit=2".into(),
         format!("/api/entries?text={}", q(MARKER)),
-        "/api/entries?text=CARD".into(),
+        "/api/entries?text=CARD-41".into(),
     ];
     entry_lists.extend(fingerprints.iter().map(|f| format!("/api/entries?route=orders&fingerprint={}", q(f))));
     for path in entry_lists {
@@ -219,7 +234,7 @@ async fn crawl(
         json!({"action": "park", "route": "orders", "dry_run": true}),
         json!({"action": "requeue", "route": "orders", "key": "wo-echo", "dry_run": true, "now": true}),
         json!({"action": "requeue", "route": "orders", "text": MARKER, "dry_run": true}),
-        json!({"action": "ignore", "route": "orders", "text": "CARD", "reason": "probe", "dry_run": true}),
+        json!({"action": "ignore", "route": "orders", "text": "CARD-41", "reason": "probe", "dry_run": true}),
     ];
     dry_runs.extend(
         fingerprints.iter().map(|f| json!({"action": "requeue", "route": "orders", "fingerprint": f, "dry_run": true})),
@@ -240,7 +255,7 @@ async fn crawl(
         "/console/entries?status=open".into(),
         "/console/entries?key=wo-echo".into(),
         format!("/console/entries?text={}", q(MARKER)),
-        "/console/entries?route=orders&text=CARD".into(),
+        "/console/entries?route=orders&text=CARD-41".into(),
         "/console/repairs".into(),
         "/console/audit".into(),
         "/console/login".into(),
@@ -253,7 +268,7 @@ async fn crawl(
     let mut previews: Vec<Vec<(&str, &str)>> = vec![
         vec![("step", "preview"), ("action", "requeue"), ("route", "orders")],
         vec![("step", "preview"), ("action", "requeue"), ("route", "orders"), ("text", MARKER)],
-        vec![("step", "preview"), ("action", "ignore"), ("route", "orders"), ("text", "CARD"), ("reason", "probe")],
+        vec![("step", "preview"), ("action", "ignore"), ("route", "orders"), ("text", "CARD-41"), ("reason", "probe")],
     ];
     previews.extend(
         fingerprints.iter().map(|f| {
@@ -295,11 +310,17 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
     // the target quotes the request, marker and all, in its 422 (parked) and its 500
     // (retried in an hour).
     let undecodable = json!({"workOrderId": "wo-decode", "completedItems": MARKER, "completionTimestamp": "t"});
-    push(&http, &base, "orders", &undecodable, "m-decode").await;
+    let mut digests = vec![push(&http, &base, "orders", &undecodable, "m-decode").await];
     let parked = json!({"workOrderId": "wo-echo", "completedItems": 1, "completionTimestamp": MARKER});
-    push(&http, &base, "orders", &parked, "m-echo").await;
+    digests.push(push(&http, &base, "orders", &parked, "m-echo").await);
     let retried = json!({"workOrderId": "retry-1", "completedItems": 1, "completionTimestamp": MARKER});
-    push(&http, &base, "orders", &retried, "m-retry").await;
+    digests.push(push(&http, &base, "orders", &retried, "m-retry").await);
+    // A second payload under a known dedup key: a conflict, whose dedup key ends in
+    // a digest of the payload.
+    let first = json!({"workOrderId": "wo-conflict", "completedItems": 1, "completionTimestamp": "t"});
+    push_with(&http, &base, "other", &first, "m-c1", &[("eventId", "ev-1")]).await;
+    let second = json!({"workOrderId": "wo-conflict", "completedItems": 1, "completionTimestamp": MARKER});
+    digests.push(push_with(&http, &base, "other", &second, "m-c2", &[("eventId", "ev-1")]).await);
     push(
         &http,
         &base,
@@ -353,7 +374,11 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
     let groups = api_get(&http, &base, "/api/failures", ROOT).await.json();
     let fingerprints: Vec<String> =
         groups["groups"].as_array().unwrap().iter().map(|g| g["fingerprint"].as_str().unwrap().to_string()).collect();
-    assert_eq!(fingerprints.len(), 3, "a group per error: {groups}");
+    assert_eq!(fingerprints.len(), 4, "a group per error: {groups}");
+    let other = api_get(&http, &base, "/api/entries?route=other&status=parked", ROOT).await.json();
+    let conflict = &other["entries"][0];
+    assert_eq!(conflict["dedup_key"], format!("ev-1#conflict-{}", &digests[3][..16]), "{other}");
+    let conflict_id = conflict["id"].as_i64().unwrap();
     assert!(fingerprints.iter().all(|f| !f.contains(DIGITS)), "fingerprints mask the marker: {fingerprints:?}");
 
     // The control: a viewer with payloads reads the marker where it is.
@@ -375,7 +400,11 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
         assert_eq!(a.status, 200, "{asked}: {}", a.body);
         assert!(a.body.contains(MARKER), "the control reads the marker in {asked}: {}", a.body);
     }
-    let text_search = answer(&control, &format!("GET /api/entries?text=CARD as {READER}")).json();
+    let echo = answer(&control, &format!("GET /api/entries/{echo_id} as {READER}")).json();
+    assert_eq!(echo["payload_digest"], digests[1], "{echo}");
+    let shown = answer(&control, &format!("GET /api/entries/{conflict_id} as {READER}")).json();
+    assert_eq!(shown["dedup_key"], conflict["dedup_key"], "{shown}");
+    let text_search = answer(&control, &format!("GET /api/entries?text=CARD-41 as {READER}")).json();
     assert_eq!(text_search["entries"].as_array().unwrap().len(), 3, "the control may search errors: {text_search}");
     let echo = answer(&control, &format!("GET /api/entries/{echo_id} as {READER}")).json();
     assert!(echo["attempts"][0]["reason"].as_str().unwrap().contains(MARKER), "{echo}");
@@ -404,6 +433,15 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
                 a.status,
                 a.body
             );
+            for digest in &digests {
+                assert!(
+                    !a.body.contains(&digest[..16]),
+                    "{} ({}) shows a payload digest: {}",
+                    a.asked,
+                    a.status,
+                    a.body
+                );
+            }
         }
         // The crawl read what there is to read: the entries, withheld where they quote.
         let shown = answer(&answers, &format!("GET /api/entries/{echo_id} as {token}"));
@@ -413,21 +451,24 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
         assert_eq!(shown["attempts"][0]["reason"], WITHHELD, "{shown}");
         assert_eq!(shown["attempts"][0]["requests"][0]["status"], 422, "{shown}");
         assert_eq!(shown["raw_data"]["withheld"], "this token may not read payloads", "{shown}");
+        assert_eq!(shown["payload_digest"], WITHHELD, "{shown}");
+        let conflict = answer(&answers, &format!("GET /api/entries/{conflict_id} as {token}")).json();
+        assert_eq!(conflict["dedup_key"], "ev-1#conflict-withheld", "{conflict}");
         let listed = answer(&answers, &format!("GET /api/entries?route=orders as {token}")).json();
         assert_eq!(listed["entries"].as_array().unwrap().len(), 3, "{listed}");
         let failures = answer(&answers, &format!("GET /api/failures as {token}")).json();
-        assert_eq!(failures["groups"].as_array().unwrap().len(), 3, "{failures}");
+        assert_eq!(failures["groups"].as_array().unwrap().len(), 4, "{failures}");
         assert!(failures["groups"].as_array().unwrap().iter().all(|g| g["example_error"] == WITHHELD), "{failures}");
         let jobs = answer(&answers, &format!("GET /api/repairs as {token}")).json();
         assert_eq!(jobs["jobs"][0]["filter"]["text"], WITHHELD, "{jobs}");
         // Searching error texts is refused, in the API and the console.
         for asked in
-            [format!("GET /api/entries?text=CARD as {token}"), format!("GET /api/entries?text={MARKER} as {token}")]
+            [format!("GET /api/entries?text=CARD-41 as {token}"), format!("GET /api/entries?text={MARKER} as {token}")]
         {
             let a = answer(&answers, &asked);
             assert_eq!(a.status, 403, "{asked}: {}", a.body);
         }
-        assert_eq!(answer(&answers, "GET /console/entries?route=orders&text=CARD (console)").status, 403);
+        assert_eq!(answer(&answers, "GET /console/entries?route=orders&text=CARD-41 (console)").status, 403);
         let list_page = answer(&answers, "GET /console/entries?route=orders (console)");
         assert_eq!(list_page.status, 200);
         assert!(list_page.body.contains(WITHHELD) && !list_page.body.contains(r#"name="text""#), "{}", list_page.body);

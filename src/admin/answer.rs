@@ -214,13 +214,14 @@ pub const WITHHELD_TEXT: &str = "withheld: this token may not read payloads";
 
 /// The payload rule, in one place: what of an entry, an attempt, a failure group or a
 /// repair job its reader may see. A token without `payloads` reads neither the
-/// payloads nor any text that may quote one: an entry's `last_error` and its
-/// attempts' `reason` (a decode error quotes the message, a target's answer may
-/// echo the request), a request's transport error, a failure group's example error,
-/// and the `text` a repair job was filtered by; each is replaced by
-/// [`WITHHELD_TEXT`] (payloads by [`Payload::WITHHELD`]). Such a reader may not
-/// filter by error text either ([`Reader::search`]): counting the entries whose
-/// error contains a guess would read the payload a guess at a time.
+/// payloads, nor their digest (`payload_digest` and the digest that ends a conflict's
+/// dedup key: either confirms a guess of the payload offline), nor any text that may
+/// quote one: an entry's `last_error` and its attempts' `reason` (a decode error
+/// quotes the message, a target's answer may echo the request), a request's transport
+/// error, a failure group's example error, and the `text` a repair job was filtered
+/// by. Each is replaced by [`WITHHELD_TEXT`] (payloads by [`Payload::WITHHELD`]).
+/// Such a reader may not filter by error text either ([`Reader::search`]): counting
+/// the entries whose error contains a guess would read the payload a guess at a time.
 ///
 /// Every handler that answers these (the API's and, through them, the console's)
 /// shapes its answer here. What a plugin chose to expose as an address stays
@@ -260,6 +261,12 @@ impl Reader {
         if !self.payloads {
             entry.raw_data = Vec::new();
             entry.body = None;
+            // A digest confirms a guess of the payload offline (a card number in an
+            // otherwise known message).
+            entry.payload_digest = WITHHELD_TEXT.to_string();
+            if let Some((key, _)) = entry.dedup_key.rsplit_once("#conflict-") {
+                entry.dedup_key = format!("{key}#conflict-withheld");
+            }
         }
         entry.last_error = self.text(entry.last_error.take());
         EntryView { entry, raw_data, body, attempts: None }
