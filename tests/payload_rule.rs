@@ -380,6 +380,19 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
     assert_eq!(conflict["dedup_key"], format!("ev-1#conflict-{}", &digests[3][..16]), "{other}");
     let conflict_id = conflict["id"].as_i64().unwrap();
     assert!(fingerprints.iter().all(|f| !f.contains(DIGITS)), "fingerprints mask the marker: {fingerprints:?}");
+    // Without payloads, a group is named by its example entry, not its fingerprint
+    // (which keeps an error's words); a long run of a fingerprint's plain words must
+    // not show.
+    let group_refs: Vec<String> =
+        groups["groups"].as_array().unwrap().iter().map(|g| format!("entry:{}", g["example_id"])).collect();
+    let words: Vec<String> = fingerprints
+        .iter()
+        .map(|f| {
+            let runs = f.split(|c: char| "\"'`<>&\\".contains(c));
+            runs.max_by_key(|r| r.len()).unwrap().to_string()
+        })
+        .collect();
+    assert!(words.iter().all(|w| w.len() >= 20), "{words:?}");
 
     // The control: a viewer with payloads reads the marker where it is.
     let (control, covered) = crawl(&http, &base, READER, &ids, &fingerprints).await;
@@ -421,9 +434,13 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
     let missed: Vec<_> = described.difference(&covered).collect();
     assert!(missed.is_empty(), "GET endpoints the crawl misses: {missed:?}");
 
+    let control_groups = answer(&control, &format!("GET /api/failures as {READER}"));
+    assert!(words.iter().all(|w| control_groups.body.contains(w.as_str())), "{}", control_groups.body);
+
     // Without payloads, as a viewer and as an operator: the marker is nowhere.
+    let blind_groups: Vec<String> = fingerprints.iter().chain(&group_refs).cloned().collect();
     for token in [PEEK, BLIND_OPS] {
-        let (answers, _) = crawl(&http, &base, token, &ids, &fingerprints).await;
+        let (answers, _) = crawl(&http, &base, token, &ids, &blind_groups).await;
         assert!(answers.len() > 50, "{} answers", answers.len());
         for a in &answers {
             assert!(
@@ -433,6 +450,9 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
                 a.status,
                 a.body
             );
+            for w in &words {
+                assert!(!a.body.contains(w.as_str()), "{} ({}) shows a fingerprint: {}", a.asked, a.status, a.body);
+            }
             for digest in &digests {
                 assert!(
                     !a.body.contains(&digest[..16]),
@@ -459,6 +479,22 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
         let failures = answer(&answers, &format!("GET /api/failures as {token}")).json();
         assert_eq!(failures["groups"].as_array().unwrap().len(), 4, "{failures}");
         assert!(failures["groups"].as_array().unwrap().iter().all(|g| g["example_error"] == WITHHELD), "{failures}");
+        let named: BTreeSet<&str> =
+            failures["groups"].as_array().unwrap().iter().map(|g| g["fingerprint"].as_str().unwrap()).collect();
+        assert_eq!(named, group_refs.iter().map(String::as_str).collect(), "{failures}");
+        // A group is listed by its example entry; a fingerprint, guessed or not, is refused.
+        let group =
+            answer(&answers, &format!("GET /api/entries?route=orders&fingerprint=entry%3A{echo_id} as {token}"));
+        let group = group.json();
+        assert_eq!(group["entries"].as_array().map(Vec::len), Some(1), "{group}");
+        assert_eq!(group["entries"][0]["id"], echo_id, "{group}");
+        for f in &fingerprints {
+            let asked = format!("GET /api/entries?route=orders&fingerprint={} as {token}", url_encode(f));
+            assert_eq!(answer(&answers, &asked).status, 403, "{asked}");
+        }
+        let group_page =
+            answer(&answers, &format!("GET /console/entries?route=orders&fingerprint=entry%3A{echo_id} (console)"));
+        assert!(group_page.body.contains(r#"<strong id="match-total">1</strong>"#), "{}", group_page.body);
         let jobs = answer(&answers, &format!("GET /api/repairs as {token}")).json();
         assert_eq!(jobs["jobs"][0]["filter"]["text"], WITHHELD, "{jobs}");
         // Searching error texts is refused, in the API and the console.
@@ -480,13 +516,18 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
     }
 
     // The operator's dry runs answer, except by error text; the viewer's are refused.
-    let (answers, _) = crawl(&http, &base, BLIND_OPS, &ids, &fingerprints).await;
+    let (answers, _) = crawl(&http, &base, BLIND_OPS, &ids, &blind_groups).await;
     let dry = |body: Value| format!("POST /api/repairs {body} as {BLIND_OPS}");
     let by_route = answer(&answers, &dry(json!({"action": "requeue", "route": "orders", "dry_run": true})));
     assert_eq!((by_route.status, by_route.json()["matches"]["count"].as_i64()), (200, Some(2)), "{}", by_route.body);
     let by_text =
         answer(&answers, &dry(json!({"action": "requeue", "route": "orders", "text": MARKER, "dry_run": true})));
     assert_eq!(by_text.status, 403, "{}", by_text.body);
+    let group = format!("entry:{echo_id}");
+    let by_group =
+        answer(&answers, &dry(json!({"action": "requeue", "route": "orders", "fingerprint": group, "dry_run": true})));
+    assert_eq!((by_group.status, by_group.json()["matches"]["count"].as_i64()), (200, Some(1)), "{}", by_group.body);
+    assert_eq!(by_group.json()["filter"]["fingerprint"], group, "{}", by_group.body);
     let preview = answer(
         &answers,
         "POST /console/repairs [(\"step\", \"preview\"), (\"action\", \"requeue\"), (\"route\", \"orders\")] (console)",

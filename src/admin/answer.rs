@@ -223,10 +223,14 @@ pub const WITHHELD_TEXT: &str = "withheld: this token may not read payloads";
 /// Such a reader may not filter by error text either ([`Reader::search`]): counting
 /// the entries whose error contains a guess would read the payload a guess at a time.
 ///
+/// Error fingerprints keep the words of an error (numbers, ids and quoted values
+/// masked, `crate::inbox::failures::fingerprint`), so such a reader names a failure
+/// group by its example entry instead ([`GroupRef`]), and may not filter by a
+/// fingerprint it guessed ([`Reader::group`]).
+///
 /// Every handler that answers these (the API's and, through them, the console's)
 /// shapes its answer here. What a plugin chose to expose as an address stays
-/// visible: keys, dedup keys, event types, request paths and error fingerprints
-/// (numbers, ids and quoted values masked, `crate::inbox::failures::fingerprint`).
+/// visible: keys, dedup keys, event types and request paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reader {
     payloads: bool,
@@ -283,19 +287,43 @@ impl Reader {
         attempts
     }
 
-    /// A failure group as this reader sees it.
+    /// A failure group as this reader sees it. Without `payloads` the group is named
+    /// by its example entry (`entry:ID`, see [`GroupRef`]) instead of its fingerprint:
+    /// masking keeps the words of an error, and a target's answer may be a payload's
+    /// words.
     pub fn failure_group(self, mut group: FailureGroup) -> FailureGroup {
         if !self.payloads {
             group.example_error = WITHHELD_TEXT.to_string();
+            group.fingerprint = format!("{}{}", GroupRef::PREFIX, group.example_id);
         }
         group
     }
 
     /// A repair job as this reader sees it: the text it was filtered by was typed
-    /// from an error, which may quote a payload.
+    /// from an error, and its fingerprint was made from one.
     pub fn repair_job(self, mut job: RepairJob) -> RepairJob {
         job.filter.text = self.text(job.filter.text.take());
+        job.filter.fingerprint = self.text(job.filter.fingerprint.take());
         job
+    }
+
+    /// The failure group a `fingerprint` filter names. A reader without `payloads`
+    /// may name one only as `entry:ID` (403 otherwise): matching a guessed fingerprint
+    /// would read an error a guess at a time.
+    pub fn group(self, given: &str) -> Result<GroupRef, ApiError> {
+        if let Some(id) = given.strip_prefix(GroupRef::PREFIX) {
+            let id = id.trim().parse().map_err(|_| {
+                ApiError::bad_request(format!("`{}ID` names a failure group by an entry id", GroupRef::PREFIX))
+            })?;
+            return Ok(GroupRef::Like(id));
+        }
+        if !self.payloads {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "a fingerprint is made from error texts, which may quote payloads; this token names a failure group as `entry:ID`",
+            ));
+        }
+        Ok(GroupRef::Fingerprint(given.to_string()))
     }
 
     /// Whether this reader may filter by error text (`text` of a listing or a
@@ -309,6 +337,20 @@ impl Reader {
             "the `text` filter searches error texts, which may quote payloads; this token may not read payloads",
         ))
     }
+}
+
+/// A failure group as a `fingerprint` filter names it ([`Reader::group`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupRef {
+    /// The fingerprint itself.
+    Fingerprint(String),
+    /// `entry:ID`: the group of the error entry ID has now, as `GET /api/failures`
+    /// names groups to a token without `payloads`.
+    Like(i64),
+}
+
+impl GroupRef {
+    pub const PREFIX: &str = "entry:";
 }
 
 /// An entry as the API and `inlet inbox show --json` show it: every column, the

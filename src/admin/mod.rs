@@ -1,6 +1,6 @@
 //! The admin HTTP API: inspect and repair the inbox, metrics, health.
 //!
-//! - `GET  /api/entries?route=&status=&key=&after=&limit=`
+//! - `GET  /api/entries?route=&status=&key=&fingerprint=&text=&after=&limit=`
 //! - `GET  /api/entries/{id}` — the entry with its attempt history (`attempts`)
 //! - `GET  /api/failures?route=&limit=` — parked and retrying entries grouped by route
 //!   and error fingerprint, largest first
@@ -49,8 +49,8 @@ use serde::Deserialize;
 
 use self::access::{Action, Caller};
 use self::answer::{
-    ApiError, AuditPage, Body, EntryPage, EntryView, Health, Id, Params, PauseView, Purged, Reader, RefusedFile,
-    Repaired, RouteList, RoutePaused, RouteView,
+    ApiError, AuditPage, Body, EntryPage, EntryView, GroupRef, Health, Id, Params, PauseView, Purged, Reader,
+    RefusedFile, Repaired, RouteList, RoutePaused, RouteView,
 };
 use crate::app::Shared;
 use crate::inbox::{Entry, ListFilter, NewAudit, Pause, Status, StoreError};
@@ -61,9 +61,11 @@ pub struct ListQuery {
     pub route: Option<String>,
     pub status: Option<String>,
     pub key: Option<String>,
-    /// Exactly this error fingerprint (a failure group).
+    /// Exactly this error fingerprint (a failure group), or `entry:ID` for the group of
+    /// entry ID's error ([`answer::GroupRef`]; the only form a token without payloads
+    /// may give).
     pub fingerprint: Option<String>,
-    /// The last error contains this text.
+    /// The last error contains this text (refused to a token without payloads).
     pub text: Option<String>,
     pub after: Option<i64>,
     pub limit: Option<u32>,
@@ -112,11 +114,12 @@ pub async fn list(
     let status = q.status.as_deref().map(str::parse::<Status>).transpose().map_err(ApiError::bad_request)?;
     let reader = Reader::of(&caller);
     reader.search(q.text.as_deref())?;
+    let fingerprint = group_fingerprint(&s, &caller, q.fingerprint.as_deref()).await?;
     let filter = ListFilter {
         route: q.route,
         status,
         correlation_key: q.key,
-        fingerprint: q.fingerprint,
+        fingerprint,
         error_text: q.text,
         after_id: q.after,
         limit: page_limit(q.limit),
@@ -127,6 +130,27 @@ pub async fn list(
     let next_after = (entries.len() == limit).then(|| entries.last().map(|e| e.id)).flatten();
     let entries = entries.into_iter().map(|e| reader.entry(e)).collect();
     Ok(Json(EntryPage { entries, next_after }))
+}
+
+/// The fingerprint a `fingerprint` filter means ([`Reader::group`]): as given, or
+/// that of the error entry ID has now for `entry:ID` (404 when the caller may not see
+/// the entry or it has no error).
+pub(crate) async fn group_fingerprint(
+    s: &Shared,
+    caller: &Caller,
+    given: Option<&str>,
+) -> Result<Option<String>, ApiError> {
+    let Some(given) = given else { return Ok(None) };
+    match Reader::of(caller).group(given)? {
+        GroupRef::Fingerprint(f) => Ok(Some(f)),
+        GroupRef::Like(id) => {
+            let entry = visible_entry(s, caller, id).await?;
+            let error = entry.last_error.as_deref().ok_or_else(|| {
+                ApiError::new(StatusCode::NOT_FOUND, format!("entry {id} has no error now")).entry(id)
+            })?;
+            Ok(Some(crate::inbox::failures::fingerprint(error)))
+        }
+    }
 }
 
 /// The filter's entries among the routes the caller may see: a filter on another

@@ -9,8 +9,9 @@
 //! - `GET /api/repairs?limit=` — jobs, newest first, with their progress.
 //!
 //! The action's role applies (operator); a token limited to some routes must name
-//! one of them in `route`; a token without `payloads` may not filter by `text` and
-//! reads the jobs' `text` withheld ([`Reader`]).
+//! one of them in `route`. `fingerprint` may be `entry:ID`, as in `GET /api/entries`.
+//! A token without `payloads` may not filter by `text` nor by a fingerprint other
+//! than `entry:ID`, and reads the jobs' `text` and `fingerprint` withheld ([`Reader`]).
 
 use std::sync::Arc;
 
@@ -73,6 +74,13 @@ pub async fn create(
         }
         _ => {}
     }
+    // The filter as asked is what the answer repeats: `entry:ID` stays that.
+    let asked = req.filter.clone();
+    let mut req = req;
+    match super::group_fingerprint(&s, &caller, req.filter.fingerprint.as_deref()).await {
+        Ok(fingerprint) => req.filter.fingerprint = fingerprint,
+        Err(refused) => return refused.into_response(),
+    }
     let rate = req.rate.unwrap_or(repair::DEFAULT_RATE);
     if rate == 0 || rate > repair::MAX_RATE {
         return bad_request(format!("rate must be between 1 and {} entries per second", repair::MAX_RATE));
@@ -85,7 +93,7 @@ pub async fn create(
         Err(e) => return store_error(e),
     };
     if req.dry_run {
-        return Json(json!({ "dry_run": true, "action": req.action, "filter": req.filter, "matches": matches }))
+        return Json(json!({ "dry_run": true, "action": req.action, "filter": asked, "matches": matches }))
             .into_response();
     }
     let now = s.clock.now();

@@ -454,11 +454,15 @@ async fn entries(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<
         Ok(Json(p)) => p,
         Err(e) => return signed.refused(e),
     };
+    let group = match admin::group_fingerprint(s, caller, fingerprint.as_deref()).await {
+        Ok(g) => g,
+        Err(e) => return signed.refused(e),
+    };
     let filter = ListFilter {
         route: route.clone(),
         status: parsed_status,
         correlation_key: key.clone(),
-        fingerprint: fingerprint.clone(),
+        fingerprint: group,
         error_text: text.clone(),
         after_id: None,
         limit: PAGE,
