@@ -244,10 +244,6 @@ impl Reader {
         Reader { payloads: caller.payloads }
     }
 
-    pub fn payloads(self) -> bool {
-        self.payloads
-    }
-
     /// A payload-bearing text as this reader sees it.
     pub fn text(self, text: Option<String>) -> Option<String> {
         if self.payloads { text } else { text.map(|_| WITHHELD_TEXT.to_string()) }
