@@ -1,13 +1,15 @@
 //! The payload rule of the admin API and the web console: a token without `payloads`
-//! reads no payload and no text that may quote one (an entry's `last_error`, the
-//! attempts' reasons, failure-group examples, the `text` of repair jobs), and may not
-//! search error texts. Proven by a crawl: a marker sits inside payloads where the
-//! work-order plugin's decode error quotes it and where a target echoes it into its
-//! answer; every API endpoint and console page is then read as a viewer and as an
-//! operator without `payloads`, and the marker is in no answer, while a viewer with
-//! `payloads` (the control) reads it where it is. Also: `/metrics` shows a token
-//! limited to some routes only their series. Inlet runs as a real process on a real
-//! SQLite inbox with the real compiled plugin; requests are real HTTP.
+//! reads no payload, no digest of one, and no text that may quote one (an entry's
+//! `last_error`, the attempts' reasons, failure-group examples and fingerprints, the
+//! `text` of repair jobs), and may not search error texts. Proven by a crawl: a
+//! marker sits inside payloads where the work-order plugin's decode error quotes it
+//! and where a target echoes it into its answer; every API endpoint and console page
+//! is then read as a viewer and as an operator without `payloads`, and neither the
+//! marker, nor a payload's digest, nor a fingerprint's words are in any answer, while
+//! a viewer with `payloads` (the control) reads them where they are. Also: `/metrics`
+//! shows a token limited to some routes only their series. Inlet runs as a real
+//! process on a real SQLite inbox with the real compiled plugin; requests are real
+//! HTTP.
 
 mod common;
 
