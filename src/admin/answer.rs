@@ -17,7 +17,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::clock::Millis;
+use crate::inbox::failures::{Attempt, FailureGroup};
 use crate::inbox::{AuditRecord, Entry, Pause, Status, StoreError};
+use crate::repair::RepairJob;
 
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -207,8 +209,148 @@ impl Payload {
     pub const WITHHELD: Payload = Payload::Withheld("this token may not read payloads");
 }
 
+/// What a reader without `payloads` gets in place of a text that may quote a payload.
+pub const WITHHELD_TEXT: &str = "withheld: this token may not read payloads";
+
+/// The payload rule, in one place: what of an entry, an attempt, a failure group or a
+/// repair job its reader may see. A token without `payloads` reads neither the
+/// payloads, nor their digest (`payload_digest` and the digest that ends a conflict's
+/// dedup key: either confirms a guess of the payload offline), nor any text that may
+/// quote one: an entry's `last_error` and its attempts' `reason` (a decode error
+/// quotes the message, a target's answer may echo the request), a request's transport
+/// error, a failure group's example error, and the `text` a repair job was filtered
+/// by. Each is replaced by [`WITHHELD_TEXT`] (payloads by [`Payload::WITHHELD`]).
+/// Such a reader may not filter by error text either ([`Reader::search`]): counting
+/// the entries whose error contains a guess would read the payload a guess at a time.
+///
+/// Error fingerprints keep the words of an error (numbers, ids and quoted values
+/// masked, `crate::inbox::failures::fingerprint`), so such a reader names a failure
+/// group by its example entry instead ([`GroupRef`]), and may not filter by a
+/// fingerprint it guessed ([`Reader::group`]).
+///
+/// Every handler that answers these (the API's and, through them, the console's)
+/// shapes its answer here. What a plugin chose to expose as an address stays
+/// visible: keys, dedup keys, event types and request paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reader {
+    payloads: bool,
+}
+
+impl Reader {
+    /// A reader of everything: the CLI, which reads the inbox directly.
+    pub const ALL: Reader = Reader { payloads: true };
+
+    pub fn of(caller: &super::access::Caller) -> Reader {
+        Reader { payloads: caller.payloads }
+    }
+
+    /// A payload-bearing text as this reader sees it.
+    pub fn text(self, text: Option<String>) -> Option<String> {
+        if self.payloads { text } else { text.map(|_| WITHHELD_TEXT.to_string()) }
+    }
+
+    fn payload(self, bytes: &[u8]) -> Payload {
+        if self.payloads { Payload::of(bytes) } else { Payload::WITHHELD }
+    }
+
+    /// The entry as this reader sees it. Withheld payloads are dropped from the
+    /// entry itself too, so no page built from the view can show them.
+    pub fn entry(self, mut entry: Entry) -> EntryView {
+        let raw_data = self.payload(&entry.raw_data);
+        let body = entry.body.as_deref().map(|b| self.payload(b));
+        if !self.payloads {
+            entry.raw_data = Vec::new();
+            entry.body = None;
+            // A digest confirms a guess of the payload offline (a card number in an
+            // otherwise known message).
+            entry.payload_digest = WITHHELD_TEXT.to_string();
+            if let Some((key, _)) = entry.dedup_key.rsplit_once("#conflict-") {
+                entry.dedup_key = format!("{key}#conflict-withheld");
+            }
+        }
+        entry.last_error = self.text(entry.last_error.take());
+        EntryView { entry, raw_data, body, attempts: None }
+    }
+
+    /// An attempt history as this reader sees it.
+    pub fn attempts(self, mut attempts: Vec<Attempt>) -> Vec<Attempt> {
+        for a in &mut attempts {
+            a.reason = self.text(a.reason.take());
+            for r in &mut a.requests {
+                r.error = self.text(r.error.take());
+            }
+        }
+        attempts
+    }
+
+    /// A failure group as this reader sees it. Without `payloads` the group is named
+    /// by its example entry (`entry:ID`, see [`GroupRef`]) instead of its fingerprint:
+    /// masking keeps the words of an error, and a target's answer may be a payload's
+    /// words.
+    pub fn failure_group(self, mut group: FailureGroup) -> FailureGroup {
+        if !self.payloads {
+            group.example_error = WITHHELD_TEXT.to_string();
+            group.fingerprint = format!("{}{}", GroupRef::PREFIX, group.example_id);
+        }
+        group
+    }
+
+    /// A repair job as this reader sees it: the text it was filtered by was typed
+    /// from an error, and its fingerprint was made from one.
+    pub fn repair_job(self, mut job: RepairJob) -> RepairJob {
+        job.filter.text = self.text(job.filter.text.take());
+        job.filter.fingerprint = self.text(job.filter.fingerprint.take());
+        job
+    }
+
+    /// The failure group a `fingerprint` filter names. A reader without `payloads`
+    /// may name one only as `entry:ID` (403 otherwise): matching a guessed fingerprint
+    /// would read an error a guess at a time.
+    pub fn group(self, given: &str) -> Result<GroupRef, ApiError> {
+        if let Some(id) = given.strip_prefix(GroupRef::PREFIX) {
+            let id = id.trim().parse().map_err(|_| {
+                ApiError::bad_request(format!("`{}ID` names a failure group by an entry id", GroupRef::PREFIX))
+            })?;
+            return Ok(GroupRef::Like(id));
+        }
+        if !self.payloads {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "a fingerprint is made from error texts, which may quote payloads; this token names a failure group as `entry:ID`",
+            ));
+        }
+        Ok(GroupRef::Fingerprint(given.to_string()))
+    }
+
+    /// Whether this reader may filter by error text (`text` of a listing or a
+    /// repair); 403 otherwise.
+    pub fn search(self, text: Option<&str>) -> Result<(), ApiError> {
+        if self.payloads || text.is_none() {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "the `text` filter searches error texts, which may quote payloads; this token may not read payloads",
+        ))
+    }
+}
+
+/// A failure group as a `fingerprint` filter names it ([`Reader::group`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupRef {
+    /// The fingerprint itself.
+    Fingerprint(String),
+    /// `entry:ID`: the group of the error entry ID has now, as `GET /api/failures`
+    /// names groups to a token without `payloads`.
+    Like(i64),
+}
+
+impl GroupRef {
+    pub const PREFIX: &str = "entry:";
+}
+
 /// An entry as the API and `inlet inbox show --json` show it: every column, the
-/// payloads as [`Payload`]s.
+/// payloads as [`Payload`]s; made by [`Reader::entry`].
 #[derive(Debug, Clone, Serialize)]
 pub struct EntryView {
     #[serde(flatten)]
@@ -218,17 +360,7 @@ pub struct EntryView {
     pub body: Option<Payload>,
     /// The attempt history, oldest first (`GET /api/entries/{id}` only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub attempts: Option<Vec<crate::inbox::failures::Attempt>>,
-}
-
-impl EntryView {
-    /// The entry with its payloads, or with them withheld (`payloads = false`).
-    pub fn new(entry: Entry, payloads: bool) -> EntryView {
-        let shown = |b: &[u8]| if payloads { Payload::of(b) } else { Payload::WITHHELD };
-        let raw_data = shown(&entry.raw_data);
-        let body = entry.body.as_deref().map(shown);
-        EntryView { entry, raw_data, body, attempts: None }
-    }
+    pub attempts: Option<Vec<Attempt>>,
 }
 
 /// `GET /api/entries`: a page of entries; `next_after` is the `after` of the next

@@ -1,6 +1,6 @@
 //! The admin HTTP API: inspect and repair the inbox, metrics, health.
 //!
-//! - `GET  /api/entries?route=&status=&key=&after=&limit=`
+//! - `GET  /api/entries?route=&status=&key=&fingerprint=&text=&after=&limit=`
 //! - `GET  /api/entries/{id}` — the entry with its attempt history (`attempts`)
 //! - `GET  /api/failures?route=&limit=` — parked and retrying entries grouped by route
 //!   and error fingerprint, largest first
@@ -49,8 +49,8 @@ use serde::Deserialize;
 
 use self::access::{Action, Caller};
 use self::answer::{
-    ApiError, AuditPage, Body, EntryPage, EntryView, Health, Id, Params, PauseView, Purged, RefusedFile, Repaired,
-    RouteList, RoutePaused, RouteView,
+    ApiError, AuditPage, Body, EntryPage, EntryView, GroupRef, Health, Id, Params, PauseView, Purged, Reader,
+    RefusedFile, Repaired, RouteList, RoutePaused, RouteView,
 };
 use crate::app::Shared;
 use crate::inbox::{Entry, ListFilter, NewAudit, Pause, Status, StoreError};
@@ -61,9 +61,11 @@ pub struct ListQuery {
     pub route: Option<String>,
     pub status: Option<String>,
     pub key: Option<String>,
-    /// Exactly this error fingerprint (a failure group).
+    /// Exactly this error fingerprint (a failure group), or `entry:ID` for the group of
+    /// entry ID's error ([`answer::GroupRef`]; the only form a token without payloads
+    /// may give).
     pub fingerprint: Option<String>,
-    /// The last error contains this text.
+    /// The last error contains this text (refused to a token without payloads).
     pub text: Option<String>,
     pub after: Option<i64>,
     pub limit: Option<u32>,
@@ -71,7 +73,7 @@ pub struct ListQuery {
 
 /// An entry as people see it: payloads shown as text when they are text.
 pub fn entry_view(e: &Entry) -> EntryView {
-    EntryView::new(e.clone(), true)
+    Reader::ALL.entry(e.clone())
 }
 
 /// The entry if it exists and the caller may see its route; otherwise the 404 a
@@ -110,11 +112,14 @@ pub async fn list(
     Params(q): Params<ListQuery>,
 ) -> Result<Json<EntryPage>, ApiError> {
     let status = q.status.as_deref().map(str::parse::<Status>).transpose().map_err(ApiError::bad_request)?;
+    let reader = Reader::of(&caller);
+    reader.search(q.text.as_deref())?;
+    let fingerprint = group_fingerprint(&s, &caller, q.fingerprint.as_deref()).await?;
     let filter = ListFilter {
         route: q.route,
         status,
         correlation_key: q.key,
-        fingerprint: q.fingerprint,
+        fingerprint,
         error_text: q.text,
         after_id: q.after,
         limit: page_limit(q.limit),
@@ -123,8 +128,29 @@ pub async fn list(
     let limit = filter.limit as usize;
     let entries = list_visible(&s, &caller, filter).await?;
     let next_after = (entries.len() == limit).then(|| entries.last().map(|e| e.id)).flatten();
-    let entries = entries.into_iter().map(|e| EntryView::new(e, caller.payloads)).collect();
+    let entries = entries.into_iter().map(|e| reader.entry(e)).collect();
     Ok(Json(EntryPage { entries, next_after }))
+}
+
+/// The fingerprint a `fingerprint` filter means ([`Reader::group`]): as given, or
+/// that of the error entry ID has now for `entry:ID` (404 when the caller may not see
+/// the entry or it has no error).
+pub(crate) async fn group_fingerprint(
+    s: &Shared,
+    caller: &Caller,
+    given: Option<&str>,
+) -> Result<Option<String>, ApiError> {
+    let Some(given) = given else { return Ok(None) };
+    match Reader::of(caller).group(given)? {
+        GroupRef::Fingerprint(f) => Ok(Some(f)),
+        GroupRef::Like(id) => {
+            let entry = visible_entry(s, caller, id).await?;
+            let error = entry.last_error.as_deref().ok_or_else(|| {
+                ApiError::new(StatusCode::NOT_FOUND, format!("entry {id} has no error now")).entry(id)
+            })?;
+            Ok(Some(crate::inbox::failures::fingerprint(error)))
+        }
+    }
 }
 
 /// The filter's entries among the routes the caller may see: a filter on another
@@ -150,8 +176,9 @@ pub async fn show(
 ) -> Result<Json<EntryView>, ApiError> {
     let entry = visible_entry(&s, &caller, id).await?;
     let attempts = s.store.attempts(id).await?;
-    let mut view = EntryView::new(entry, caller.payloads);
-    view.attempts = Some(attempts);
+    let reader = Reader::of(&caller);
+    let mut view = reader.entry(entry);
+    view.attempts = Some(reader.attempts(attempts));
     Ok(Json(view))
 }
 
@@ -186,12 +213,8 @@ pub async fn failures(
     }
     groups.sort_by_key(|g| std::cmp::Reverse(g.parked + g.retrying));
     groups.truncate(limit as usize);
-    if !caller.payloads {
-        // An error text may quote the payload (a decode error, a target's answer).
-        for g in &mut groups {
-            g.example_error = "withheld: this token may not read payloads".into();
-        }
-    }
+    let reader = Reader::of(&caller);
+    let groups = groups.into_iter().map(|g| reader.failure_group(g)).collect();
     Ok(Json(FailureGroups { groups }))
 }
 
@@ -359,9 +382,17 @@ pub async fn audit_log(
     Ok(Json(AuditPage { audit, next_after }))
 }
 
-pub async fn metrics(State(s): State<Arc<Shared>>) -> Response {
-    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render())
-        .into_response()
+/// The exposition; a token limited to some routes (`metrics_need_token`) reads only
+/// their series and the process-wide ones. `route="-"` counts push requests that
+/// named no known route, which belong to no team.
+pub async fn metrics(State(s): State<Arc<Shared>>, caller: Option<Extension<Caller>>) -> Response {
+    let mut text = s.metrics.render();
+    if let Some(Extension(caller)) = caller
+        && !caller.may_see_all()
+    {
+        text = crate::telemetry::only_routes(&text, |r| r == "-" || caller.may_see(r));
+    }
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
 }
 
 pub async fn healthz() -> Json<Health> {

@@ -9,7 +9,9 @@
 //! - `GET /api/repairs?limit=` — jobs, newest first, with their progress.
 //!
 //! The action's role applies (operator); a token limited to some routes must name
-//! one of them in `route`.
+//! one of them in `route`. `fingerprint` may be `entry:ID`, as in `GET /api/entries`.
+//! A token without `payloads` may not filter by `text` nor by a fingerprint other
+//! than `entry:ID`, and reads the jobs' `text` and `fingerprint` withheld ([`Reader`]).
 
 use std::sync::Arc;
 
@@ -21,7 +23,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::access::{Action, Caller};
-use super::answer::{Body, Params};
+use super::answer::{Body, Params, Reader};
 use super::store_error;
 use crate::app::Shared;
 use crate::inbox::NewAudit;
@@ -56,6 +58,9 @@ pub async fn create(
     if let Err(r) = caller.require(action) {
         return r.into_response();
     }
+    if let Err(refused) = Reader::of(&caller).search(req.filter.text.as_deref()) {
+        return refused.into_response();
+    }
     match &req.filter.route {
         Some(route) if !caller.may_see(route) => {
             return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no route {route}") }))).into_response();
@@ -69,6 +74,13 @@ pub async fn create(
         }
         _ => {}
     }
+    // The filter as asked is what the answer repeats: `entry:ID` stays that.
+    let asked = req.filter.clone();
+    let mut req = req;
+    match super::group_fingerprint(&s, &caller, req.filter.fingerprint.as_deref()).await {
+        Ok(fingerprint) => req.filter.fingerprint = fingerprint,
+        Err(refused) => return refused.into_response(),
+    }
     let rate = req.rate.unwrap_or(repair::DEFAULT_RATE);
     if rate == 0 || rate > repair::MAX_RATE {
         return bad_request(format!("rate must be between 1 and {} entries per second", repair::MAX_RATE));
@@ -81,7 +93,7 @@ pub async fn create(
         Err(e) => return store_error(e),
     };
     if req.dry_run {
-        return Json(json!({ "dry_run": true, "action": req.action, "filter": req.filter, "matches": matches }))
+        return Json(json!({ "dry_run": true, "action": req.action, "filter": asked, "matches": matches }))
             .into_response();
     }
     let now = s.clock.now();
@@ -125,11 +137,13 @@ pub async fn list(
     if let Err(r) = caller.require(Action::Read) {
         return r.into_response();
     }
+    let reader = Reader::of(&caller);
     match s.store.list_repair_jobs(q.limit.unwrap_or(50).clamp(1, 1000)).await {
         Ok(jobs) => {
             let visible: Vec<_> = jobs
                 .into_iter()
                 .filter(|j| j.filter.route.as_deref().map_or(caller.may_see_all(), |r| caller.may_see(r)))
+                .map(|j| reader.repair_job(j))
                 .collect();
             Json(json!({ "jobs": visible })).into_response()
         }

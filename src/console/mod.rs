@@ -17,7 +17,8 @@
 //!
 //! Every page and action runs the admin API's own handler for it with the signed-in
 //! token's [`Caller`](crate::admin::access::Caller), so role checks, route scopes,
-//! payload withholding and the audit log are the API's, not a copy. Buttons a token
+//! payload withholding (payloads and the error texts that may quote them,
+//! [`Reader`](crate::admin::answer::Reader)) and the audit log are the API's, not a copy. Buttons a token
 //! may not use are not shown ([`Caller::may`](crate::admin::access::Caller::may)), and
 //! a forged POST still meets the API's 403. Sessions, the cookie and CSRF are in
 //! [`session`]; escaping in [`html`].
@@ -473,11 +474,15 @@ async fn entries(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<
         Ok(Json(p)) => p,
         Err(e) => return signed.refused(e),
     };
+    let group = match admin::group_fingerprint(s, caller, fingerprint.as_deref()).await {
+        Ok(g) => g,
+        Err(e) => return signed.refused(e),
+    };
     let filter = ListFilter {
         route: route.clone(),
         status: parsed_status,
         correlation_key: key.clone(),
-        fingerprint: fingerprint.clone(),
+        fingerprint: group,
         error_text: text.clone(),
         after_id: None,
         limit: PAGE,
@@ -532,11 +537,16 @@ async fn entries(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<
         .as_deref()
         .map(|f| format!(r#"<label>Failure group <input name="fingerprint" value="{}" size="50"></label>"#, esc(f)))
         .unwrap_or_default();
+    // Error texts may quote payloads: a token without `payloads` may not search them.
+    let text_field = if caller.payloads {
+        format!(r#"<label>Error text <input name="text" value="{}"></label>"#, esc(text.as_deref().unwrap_or("")))
+    } else {
+        String::new()
+    };
     let filters = format!(
-        r#"<form method="get" action="/console/entries" class="filters"><label>Route <input name="route" value="{route}"></label><label>Status <select name="status">{status_options}</select></label><label>Key <input name="key" value="{key}"></label><label>Error text <input name="text" value="{text}"></label>{fp_field}<button type="submit">Filter</button></form>"#,
+        r#"<form method="get" action="/console/entries" class="filters"><label>Route <input name="route" value="{route}"></label><label>Status <select name="status">{status_options}</select></label><label>Key <input name="key" value="{key}"></label>{text_field}{fp_field}<button type="submit">Filter</button></form>"#,
         route = esc(route.as_deref().unwrap_or("")),
         key = esc(key.as_deref().unwrap_or("")),
-        text = esc(text.as_deref().unwrap_or("")),
     );
     let bulk = if caller.may(Action::Requeue) || caller.may(Action::Ignore) {
         let filter_fields: String = [("route", &route), ("key", &key), ("fingerprint", &fingerprint), ("text", &text)]
