@@ -401,7 +401,10 @@ pub async fn routes(
     let mut list = Vec::new();
     for r in routes.iter().filter(|r| caller.may_see(r.name())) {
         let plugin = r.plugin();
-        let change_refused = routes.problems().iter().find(|p| p.running && p.route.as_deref() == Some(r.name()));
+        // A refused change of the route, or of its whole file (one that no longer parses).
+        let change_refused = routes.problems().iter().find(|p| {
+            p.running && (p.route.as_deref() == Some(r.name()) || (p.route.is_none() && p.file == r.config.file))
+        });
         list.push(RouteView {
             name: r.name().to_string(),
             state: "up",
@@ -416,7 +419,7 @@ pub async fn routes(
         });
     }
     let mut refused_files = Vec::new();
-    for p in routes.problems().iter().filter(|p| !p.running) {
+    for p in routes.problems().iter().filter(|p| !p.running || p.route.is_none()) {
         let Some(name) = &p.route else {
             if caller.may_see_all() {
                 let error = refusal_shown(&caller, &p.error);
