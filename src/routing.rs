@@ -72,7 +72,7 @@ impl Route {
         if last_failed.as_deref() == Some(digest.as_str()) {
             return Ok(Reload::StillBroken);
         }
-        match Plugin::from_bytes(&shown, &bytes, self.config.limits.clone(), cache) {
+        match compile(&shown, &bytes, &self.config, cache) {
             Ok(plugin) => {
                 *self.plugin.write().expect("plugin lock") = plugin;
                 *last_failed = None;
@@ -101,8 +101,7 @@ impl Route {
         clients: &Clients,
         cache: Option<&Path>,
     ) -> Result<Route, PluginLoadError> {
-        // The path only names the plugin in messages: as the file spells it.
-        let plugin = Plugin::from_bytes(&config.plugin_shown, bytes, config.limits.clone(), cache)?;
+        let plugin = compile(&config.plugin_shown, bytes, &config, cache)?;
         Ok(Route {
             target: Target::new(config.name.as_str(), &config.target, clients),
             config,
@@ -112,6 +111,23 @@ impl Route {
             stored: Notify::new(),
         })
     }
+}
+
+/// Compiles a route's plugin. `shown` names it in messages, as the routing file spells
+/// it. A file that is not WebAssembly at all is refused here, before the compiler's
+/// error could quote its first bytes: a team file may name any file as its plugin,
+/// a secret file included.
+fn compile(
+    shown: &Path,
+    bytes: &[u8],
+    config: &RouteConfig,
+    cache: Option<&Path>,
+) -> Result<Arc<Plugin>, PluginLoadError> {
+    if !bytes.starts_with(b"\0asm") {
+        let reason = "not a WebAssembly file (it does not begin with `\\0asm`)".to_string();
+        return Err(PluginLoadError::Compile { path: shown.to_path_buf(), reason });
+    }
+    Plugin::from_bytes(shown, bytes, config.limits.clone(), cache)
 }
 
 /// Size and modification time of a file: the cheap "did it change" check.

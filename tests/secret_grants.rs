@@ -141,8 +141,12 @@ async fn a_team_file_reads_only_granted_variables_and_no_expanded_value_is_shown
     let platform_file = routes.join("00-platform.toml");
     write(&platform_file, &platform(true, false));
     let orders_file = routes.join("orders.toml");
+    // A file that is not a plugin (a secret, say) named as one: its bytes are not shown.
+    let not_a_plugin = dir.path().join("token.txt");
+    std::fs::write(&not_a_plugin, "SECRET-file-bytes\n").unwrap();
     let orders = route("orders", &good, &http_target(&camunda, "x-api-key = \"${ORDERS_API_KEY}\""))
-        + &route("orders-next", "plugins/${ORDERS_PLUGIN}.wasm", "{ kind = \"log\" }");
+        + &route("orders-next", "plugins/${ORDERS_PLUGIN}.wasm", "{ kind = \"log\" }")
+        + &route("orders-peek", &not_a_plugin.display().to_string(), "{ kind = \"log\" }");
     write(&orders_file, &orders);
     let billing_file = routes.join("billing.toml");
     write(
@@ -165,7 +169,7 @@ async fn a_team_file_reads_only_granted_variables_and_no_expanded_value_is_shown
 
     // Billing is refused alone, and so is the orders route whose plugin path holds a
     // secret; their answers say so and nothing more.
-    for route in ["billing", "orders-next"] {
+    for route in ["billing", "orders-next", "orders-peek"] {
         let (status, answer) = c.push(route, "k", 1).await;
         assert_eq!(status, 503, "{route}: {answer}");
         assert_eq!(serde_json::from_str::<Value>(&answer).unwrap()["reason"], "route_refused", "{answer}");
@@ -188,6 +192,8 @@ async fn a_team_file_reads_only_granted_variables_and_no_expanded_value_is_shown
     let error = seen["orders-next"]["error"].as_str().unwrap();
     assert!(error.contains("plugins/${ORDERS_PLUGIN}.wasm` does not exist"), "{error}");
     assert_eq!(seen["orders-next"]["plugin"], Value::Null, "{seen}");
+    let error = seen["orders-peek"]["error"].as_str().unwrap();
+    assert!(error.contains("not a WebAssembly file") && !error.contains("0x53"), "{error}");
     let (_, metrics) = c.get("/metrics", None).await;
     assert!(metrics.contains("inlet_route_up{route=\"billing\"} 0"), "{metrics}");
     assert_no_marker("/metrics", &metrics);
@@ -203,6 +209,7 @@ async fn a_team_file_reads_only_granted_variables_and_no_expanded_value_is_shown
     assert!(!check.status.success(), "{printed}");
     assert!(printed.contains("billing.toml:5:") && printed.contains("`INLET_ADMIN_TOKEN` is not granted"), "{printed}");
     assert!(printed.contains("plugins/${ORDERS_PLUGIN}.wasm"), "{printed}");
+    assert!(printed.contains("not a WebAssembly file") && !printed.contains("0x53"), "{printed}");
     assert_no_marker("inlet check", &printed);
 
     // Reloads apply the same rules. Billing reads a key of its own, not granted yet:
