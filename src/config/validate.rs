@@ -557,8 +557,22 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
             };
             let mut headers = BTreeMap::new();
             for (k, v) in t.headers.iter().flat_map(|h| h.get_ref()) {
-                if let Some(v) = c.expand(v, &at(&format!("target.headers.{k}"))) {
-                    headers.insert(k.to_ascii_lowercase(), v);
+                let field = at(&format!("target.headers.{k}"));
+                if axum::http::HeaderName::from_bytes(k.as_bytes()).is_err() {
+                    c.error::<()>(v.span(), &field, ConfigErrorKind::Invalid(format!("`{k}` is not a header name")));
+                    continue;
+                }
+                if let Some(value) = c.expand(v, &field) {
+                    // Checked here rather than at each delivery; the value is not shown.
+                    if axum::http::HeaderValue::from_str(&value).is_err() {
+                        let message = format!(
+                            "`{}` is not a valid header value once expanded (a line break or control character; value not shown)",
+                            v.get_ref().escape_debug()
+                        );
+                        c.error::<()>(v.span(), &field, ConfigErrorKind::Invalid(message));
+                        continue;
+                    }
+                    headers.insert(k.to_ascii_lowercase(), value);
                 }
             }
             let timeout = c.positive(&t.timeout, &at("target.timeout")).unwrap_or(Duration::from_secs(10));
