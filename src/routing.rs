@@ -151,7 +151,7 @@ pub struct Problem {
     pub new: bool,
     /// What a push to the route must pass before it is told the route is refused
     /// (see [`crate::config::RefusedRoute::push_auth`]).
-    pub push_auth: Option<PushAuth>,
+    pub push_auth: Option<Box<PushAuth>>,
     /// For a route refused for its plugin: the configuration to retry with once the
     /// plugin file changes, and what the file was when it failed.
     retry: Option<Box<Retry>>,
@@ -227,7 +227,7 @@ impl Routes {
                 error: refused.errors.to_string(),
                 running: false,
                 new: true,
-                push_auth: refused.push_auth.clone(),
+                push_auth: refused.push_auth.clone().map(Box::new),
                 retry: None,
             });
         }
@@ -271,7 +271,7 @@ impl Routes {
             error,
             running: false,
             new: true,
-            push_auth: rc.push_auth.clone(),
+            push_auth: rc.push_auth.clone().map(Box::new),
             retry: Some(Box::new(Retry { config: rc.clone(), stamp: now, digest })),
         };
         let bytes = std::fs::read(&rc.plugin).map_err(|source| {

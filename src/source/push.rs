@@ -390,7 +390,7 @@ pub async fn handle(
         // once the request passes the route's push auth, and without the reason (it
         // quotes the routing file; admin tokens read it in `GET /api/routes`).
         if let Some(p) = routes.refusal(&route) {
-            if let Some(PushAuth::Oidc(rule)) = &p.push_auth {
+            if let Some(PushAuth::Oidc(rule)) = p.push_auth.as_deref() {
                 check_push_auth(&shared, &route, &headers, rule).await?;
             }
             let error = format!("route `{route}` is refused by the routing configuration; the message was not taken");
