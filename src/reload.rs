@@ -9,8 +9,9 @@
 //! claiming and finishes what it has in flight; new and changed routes start. A route
 //! whose settings or plugin do not load refuses only itself: its running version (if
 //! any) keeps serving, else it stays out, reported once per cause (log, metric,
-//! `/readyz`, `/api/routes`); one refused for its plugin is tried again whenever that
-//! plugin file changes.
+//! `/api/routes`); one refused for its plugin is tried again whenever that plugin file
+//! changes. Team files are checked against the grants of the shared file as it is now:
+//! a variable no longer granted refuses the file and stops its running routes.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::Notify;
 
-use crate::config::{Config, RouteConfig};
+use crate::config::{Config, ConfigErrorKind, PushAuth, RouteConfig};
 use crate::plugin::{Plugin, PluginLoadError};
 use crate::target::{Clients, Target};
 
@@ -54,6 +54,7 @@ impl Route {
     /// whose size and modification time are as last seen is not read at all.
     pub fn reload_plugin(&self, cache: Option<&Path>, forced: bool) -> Result<Reload, PluginLoadError> {
         let path = self.config.plugin.clone();
+        let shown = self.config.plugin_shown.clone();
         let stamp = std::fs::metadata(&path).ok().map(|m| (m.len(), m.modified().ok()));
         {
             let mut seen = self.file_stamp.lock().expect("stamp lock");
@@ -62,7 +63,7 @@ impl Route {
             }
             *seen = stamp;
         }
-        let bytes = std::fs::read(&path).map_err(|source| PluginLoadError::Read { path: path.clone(), source })?;
+        let bytes = std::fs::read(&path).map_err(|source| PluginLoadError::Read { path: shown.clone(), source })?;
         let digest = crate::inbox::digest_hex(&bytes);
         if digest == self.plugin().digest() {
             return Ok(Reload::Unchanged);
@@ -71,7 +72,7 @@ impl Route {
         if last_failed.as_deref() == Some(digest.as_str()) {
             return Ok(Reload::StillBroken);
         }
-        match Plugin::from_bytes(&path, &bytes, self.config.limits.clone(), cache) {
+        match compile(&shown, &bytes, &self.config, cache) {
             Ok(plugin) => {
                 *self.plugin.write().expect("plugin lock") = plugin;
                 *last_failed = None;
@@ -89,7 +90,7 @@ impl Route {
     /// Loads a route's plugin and builds its target.
     pub fn load(config: RouteConfig, clients: &Clients, cache: Option<&Path>) -> Result<Route, PluginLoadError> {
         let bytes = std::fs::read(&config.plugin)
-            .map_err(|source| PluginLoadError::Read { path: config.plugin.clone(), source })?;
+            .map_err(|source| PluginLoadError::Read { path: config.plugin_shown.clone(), source })?;
         Route::from_bytes(config, &bytes, clients, cache)
     }
 
@@ -100,7 +101,7 @@ impl Route {
         clients: &Clients,
         cache: Option<&Path>,
     ) -> Result<Route, PluginLoadError> {
-        let plugin = Plugin::from_bytes(&config.plugin, bytes, config.limits.clone(), cache)?;
+        let plugin = compile(&config.plugin_shown, bytes, &config, cache)?;
         Ok(Route {
             target: Target::new(config.name.as_str(), &config.target, clients),
             config,
@@ -110,6 +111,23 @@ impl Route {
             stored: Notify::new(),
         })
     }
+}
+
+/// Compiles a route's plugin. `shown` names it in messages, as the routing file spells
+/// it. A file that is not WebAssembly at all is refused here, before the compiler's
+/// error could quote its first bytes: a team file may name any file as its plugin,
+/// a secret file included.
+fn compile(
+    shown: &Path,
+    bytes: &[u8],
+    config: &RouteConfig,
+    cache: Option<&Path>,
+) -> Result<Arc<Plugin>, PluginLoadError> {
+    if !bytes.starts_with(b"\0asm") {
+        let reason = "not a WebAssembly file (it does not begin with `\\0asm`)".to_string();
+        return Err(PluginLoadError::Compile { path: shown.to_path_buf(), reason });
+    }
+    Plugin::from_bytes(shown, bytes, config.limits.clone(), cache)
 }
 
 /// Size and modification time of a file: the cheap "did it change" check.
@@ -131,6 +149,9 @@ pub struct Problem {
     pub running: bool,
     /// First time this cause is reported (so it is logged and counted once).
     pub new: bool,
+    /// What a push to the route must pass before it is told the route is refused
+    /// (see [`crate::config::RefusedRoute::push_auth`]).
+    pub push_auth: Option<Box<PushAuth>>,
     /// For a route refused for its plugin: the configuration to retry with once the
     /// plugin file changes, and what the file was when it failed.
     retry: Option<Box<Retry>>,
@@ -194,20 +215,31 @@ impl Routes {
                 Err(problem) => problems.push(problem),
             }
         }
+        // A variable the file is no longer granted stops its running version too: it
+        // holds the value the platform took back.
+        let mut revoked = Vec::new();
         for refused in &config.refused {
+            let ungranted = refused.errors.0.iter().any(|e| matches!(e.kind, ConfigErrorKind::NotGranted { .. }));
+            revoked.push(ungranted);
             problems.push(Problem {
                 route: refused.name.as_ref().map(ToString::to_string),
                 file: refused.file.clone(),
                 error: refused.errors.to_string(),
                 running: false,
                 new: true,
+                push_auth: refused.push_auth.clone().map(Box::new),
                 retry: None,
             });
         }
+        let loaded = problems.len() - revoked.len();
         // What was refused keeps its running version: by name, or, for a file that
         // could not name its routes, every route that file declared.
-        for p in &mut problems {
+        for (i, p) in problems.iter_mut().enumerate() {
             p.running = false;
+            if i >= loaded && revoked[i - loaded] {
+                p.new = !self.problems.iter().any(|old| old.same_cause(p));
+                continue;
+            }
             let keep: Vec<&Arc<Route>> = match &p.route {
                 Some(name) => self.by_name.get(name).into_iter().collect(),
                 None => self.by_name.values().filter(|r| r.config.file == p.file).collect(),
@@ -239,10 +271,12 @@ impl Routes {
             error,
             running: false,
             new: true,
+            push_auth: rc.push_auth.clone().map(Box::new),
             retry: Some(Box::new(Retry { config: rc.clone(), stamp: now, digest })),
         };
-        let bytes = std::fs::read(&rc.plugin)
-            .map_err(|source| problem(PluginLoadError::Read { path: rc.plugin.clone(), source }.to_string(), None))?;
+        let bytes = std::fs::read(&rc.plugin).map_err(|source| {
+            problem(PluginLoadError::Read { path: rc.plugin_shown.clone(), source }.to_string(), None)
+        })?;
         let digest = crate::inbox::digest_hex(&bytes);
         if let Some(p) = before.filter(|p| p.retry.as_ref().and_then(|r| r.digest.as_deref()) == Some(digest.as_str()))
         {

@@ -1681,6 +1681,6 @@ async fn a_team_file_turned_latin1_while_running_refuses_only_that_team_at_reloa
         let r = http.get(format!("{base}/readyz")).send().await.unwrap();
         (r.status().as_u16(), serde_json::from_str(&r.text().await.unwrap()).unwrap())
     };
-    assert_eq!((status, ready["status"].as_str()), (200, Some("degraded")), "{ready}");
+    assert_eq!((status, ready["status"].as_str()), (200, Some("ready")), "the other routes run: {ready}");
     running.stop().await;
 }

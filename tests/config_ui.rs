@@ -70,6 +70,14 @@ fn golden_error_files() {
     for toml in &cases {
         let err_path = toml.with_extension("err");
         let actual = render(&load(toml));
+        // Errors quote what the file says, never what a variable expanded to.
+        for name in ["INLET_TEST_TOKEN", "INLET_TEST_ADMIN_TOKEN", "INLET_TEST_ENGINE_URL"] {
+            let value = env(name).expect("a variable of the fixed env");
+            if actual.contains(&value) {
+                eprintln!("\n=== {}: the errors show the value of {name}:\n{actual}", toml.display());
+                failures.push(toml.display().to_string());
+            }
+        }
         if bless {
             std::fs::write(&err_path, &actual).unwrap_or_else(|e| panic!("writing {}: {e}", err_path.display()));
             continue;
@@ -356,4 +364,32 @@ fn the_store_alone_loads_whatever_the_routes_say() {
     assert_eq!(store.url, "sqlite://tests/ui/dir-team-file-broken/inbox.db");
     let store = inlet::config::load_store(Path::new("tests/ui/missing-plugin.toml")).unwrap();
     assert_eq!(store.url, "sqlite://tests/ui/inlet.db", "the default beside the file");
+}
+
+#[test]
+fn push_auth_audience_may_name_each_route_and_a_shared_one_is_warned_about() {
+    let routes = |audience: &str| {
+        format!(
+            "[push]\nauth = {{ audience = \"{audience}\", service_account = \"push@acme.test\" }}\n\
+             [[route]]\nname = \"orders\"\nplugin = \"fake-plugin.bin\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n\
+             [[route]]\nname = \"billing\"\nplugin = \"fake-plugin.bin\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n"
+        )
+    };
+    let path = Path::new("tests/ui/inline.toml");
+    let audience = |config: &Config, route: &str| match &config.route(route).unwrap().push_auth {
+        Some(inlet::config::PushAuth::Oidc(o)) => o.audience.clone(),
+        other => panic!("{route}: {other:?}"),
+    };
+    let config = Config::from_str(path, &routes("https://inlet.test/push/{route}"), &env).unwrap();
+    assert_eq!(audience(&config, "orders"), "https://inlet.test/push/orders");
+    assert_eq!(audience(&config, "billing"), "https://inlet.test/push/billing");
+    let shared =
+        |c: &Config| c.access_warnings().into_iter().filter(|w| w.contains("one audience")).collect::<Vec<_>>();
+    assert_eq!(shared(&config), Vec::<String>::new());
+
+    let config = Config::from_str(path, &routes("https://inlet.test/push"), &env).unwrap();
+    assert_eq!(audience(&config, "orders"), "https://inlet.test/push");
+    let warnings = shared(&config);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("`orders`, `billing`"), "{warnings:?}");
 }

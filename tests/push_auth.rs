@@ -318,3 +318,76 @@ async fn a_jwks_url_answering_too_much_or_no_jwks_gives_no_keys() {
         setup.instance.running.stop().await;
     }
 }
+
+/// A refused route is answered only once a request passes its push auth (its own
+/// `source.auth`, else `[push] auth`), and then with a bare 503: the reason quotes the
+/// routing file, and is for the admin API only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_route_answers_only_after_its_push_auth_and_without_the_reason() {
+    let k1 = Key::generate("k1");
+    let jwks = Jwks::default();
+    jwks.publish(&[&k1]);
+    let jwks_url = jwks.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(plugin_path("future_contract"), dir.path().join("future.wasm")).unwrap();
+    let file = dir.path().join("inlet.toml");
+    // `orders` names a plugin that is not there (refused by the configuration), with its
+    // own push auth; `billing` one built for another contract (refused when loaded),
+    // under `[push] auth`, whose audience names each route.
+    let auth = |audience: &str| {
+        format!("{{ audience = \"{audience}\", service_account = \"{ACCOUNT}\", jwks_url = \"{jwks_url}\" }}")
+    };
+    std::fs::write(
+        &file,
+        format!(
+            "[store]\nurl = \"sqlite://inbox.db\"\n\n[push]\nauth = {}\n\n\
+             [[route]]\nname = \"orders\"\nplugin = \"plugins/${{PLUGIN_NAME}}.wasm\"\ntarget = {{ kind = \"log\" }}\n\
+             source = {{ kind = \"push\", auth = {} }}\n\n\
+             [[route]]\nname = \"billing\"\nplugin = \"future.wasm\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
+            auth("https://inlet.test/push/{route}"),
+            auth(AUDIENCE),
+        ),
+    )
+    .unwrap();
+    const MARKER: &str = "MARKER-expanded-into-a-path";
+    let env = |name: &str| (name == "PLUGIN_NAME").then(|| MARKER.to_string());
+    let config = inlet::config::Config::load_partial_with(&file, &env).unwrap();
+    assert_eq!(config.refused.len(), 1, "orders is refused by its configuration: {:?}", config.refused);
+    let options = inlet::app::Options {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        poll: Duration::from_millis(20),
+        ..inlet::app::Options::default()
+    };
+    let running = inlet::app::start(&config, options).await.unwrap();
+    let http = reqwest::Client::new();
+    let push = |route: &str, token: Option<String>| {
+        let mut req = http
+            .post(format!("http://{}/push/{route}", running.addr))
+            .header("content-type", "application/json")
+            .body(push_envelope(b"{}", &[], "m-1").to_string());
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, serde_json::from_str::<Value>(&r.text().await.unwrap()).unwrap())
+        }
+    };
+    for (route, audience) in [("orders", AUDIENCE), ("billing", "https://inlet.test/push/billing")] {
+        let (status, body) = push(route, None).await;
+        assert_eq!((status, body["reason"].as_str()), (401, Some("missing")), "{route}: {body}");
+        let other = k1.sign(&with(good_claims(), "aud", json!("https://inlet.test/push/another")));
+        let (status, body) = push(route, Some(other)).await;
+        assert_eq!((status, body["reason"].as_str()), (401, Some("audience")), "{route}: {body}");
+        let (status, body) = push(route, Some(k1.sign(&with(good_claims(), "aud", json!(audience))))).await;
+        assert_eq!((status, body["reason"].as_str()), (503, Some("route_refused")), "{route}: {body}");
+        let text = body.to_string();
+        for detail in [MARKER, "PLUGIN_NAME", "plugin", "contract", "future.wasm"] {
+            assert!(!text.contains(detail), "{route}: the answer gives the reason away ({detail}): {text}");
+        }
+    }
+    let filter = inlet::inbox::ListFilter { limit: 10, ..Default::default() };
+    assert!(running.shared.store.list(&filter).await.unwrap().is_empty(), "nothing stored");
+    running.stop().await;
+}

@@ -438,7 +438,8 @@ pub struct RoutePaused {
     pub paused: Option<PauseView>,
 }
 
-/// A routing file refused whole (it names no route that could be read).
+/// A routing file refused whole that names no route that could be read (the routes
+/// it declared before, if any, keep running their last good version).
 #[derive(Debug, Serialize)]
 pub struct RefusedFile {
     pub file: String,

@@ -23,10 +23,12 @@
 //! API.md documents each request and answer. Every answer is a typed body
 //! ([`answer`]); every refusal is `{"error": "…"}` with a status code.
 //!
-//! Readiness: `/readyz` answers 200 while the inbox answers, even with some routes
-//! refused — the healthy routes run, and restarting would not fix a team's broken file.
-//! Its JSON says `"status": "degraded"` and lists the refused routes with their reasons;
-//! it answers 503 only when the inbox does not.
+//! Readiness: `/readyz` answers 200 `{"status": "ready"}` while the inbox answers, even
+//! with some routes refused — the healthy routes run, and restarting would not fix a
+//! team's broken file — and 503 `{"status": "unavailable"}` when it does not. Nothing
+//! more: it is open on the push listener, to strangers. Which routes are refused and
+//! why is in `GET /api/routes`, the reasons for admin tokens only (a reason may quote
+//! a routing file, which a team's token has no business reading in full).
 //!
 //! Every `/api` route sits behind [`access::authenticate`]; each handler checks its
 //! action's role and the caller's routes. An entry of a route the caller may not
@@ -400,14 +402,22 @@ pub async fn healthz() -> Json<Health> {
 }
 
 pub async fn readyz(State(s): State<Arc<Shared>>) -> Response {
-    if let Err(e) = s.store.db_now().await {
-        return ApiError::store(e).into_response();
+    if let Err(error) = s.store.db_now().await {
+        tracing::warn!(%error, "not ready: the inbox does not answer");
+        let body = Json(serde_json::json!({ "status": "unavailable" }));
+        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
     }
-    let routes = s.routes();
-    let up: Vec<&str> = routes.iter().map(|r| r.name()).collect();
-    let status = if routes.problems().is_empty() { "ready" } else { "degraded" };
-    let refused = crate::reload::problems_view(&routes);
-    Json(serde_json::json!({ "status": status, "store": "up", "routes_up": up, "refused": refused })).into_response()
+    Json(serde_json::json!({ "status": "ready" })).into_response()
+}
+
+/// Why a route is refused, as `caller` may read it: the reason for admin tokens; for
+/// others only that there is one (reasons quote routing files and plugin errors).
+fn refusal_shown(caller: &Caller, error: &str) -> String {
+    if caller.role >= crate::config::Role::Admin {
+        error.to_string()
+    } else {
+        "refused by the routing configuration; an admin token (or the log) shows why".to_string()
+    }
 }
 
 /// Each route's state, as far as the caller may see routes: a team's token lists its
@@ -422,23 +432,29 @@ pub async fn routes(
     let mut list = Vec::new();
     for r in routes.iter().filter(|r| caller.may_see(r.name())) {
         let plugin = r.plugin();
-        let change_refused = routes.problems().iter().find(|p| p.running && p.route.as_deref() == Some(r.name()));
+        // A refused change of the route, or of its whole file (one that no longer parses).
+        let change_refused = routes.problems().iter().find(|p| {
+            p.running && (p.route.as_deref() == Some(r.name()) || (p.route.is_none() && p.file == r.config.file))
+        });
         list.push(RouteView {
             name: r.name().to_string(),
             state: "up",
             file: r.config.file.display().to_string(),
             source: Some(source_kind(&r.config.source)),
-            plugin: Some(r.config.plugin.display().to_string()),
+            plugin: Some(r.config.plugin_shown.display().to_string()),
             plugin_sha256: Some(plugin.digest().to_string()),
-            error: change_refused.map(|p| format!("a newer version was refused; this one keeps serving: {}", p.error)),
+            error: change_refused.map(|p| {
+                format!("a newer version was refused; this one keeps serving: {}", refusal_shown(&caller, &p.error))
+            }),
             paused: paused.remove(r.name()),
         });
     }
     let mut refused_files = Vec::new();
-    for p in routes.problems().iter().filter(|p| !p.running) {
+    for p in routes.problems().iter().filter(|p| !p.running || p.route.is_none()) {
         let Some(name) = &p.route else {
             if caller.may_see_all() {
-                refused_files.push(RefusedFile { file: p.file.display().to_string(), error: p.error.clone() });
+                let error = refusal_shown(&caller, &p.error);
+                refused_files.push(RefusedFile { file: p.file.display().to_string(), error });
             }
             continue;
         };
@@ -452,9 +468,9 @@ pub async fn routes(
             state: "refused",
             file: p.file.display().to_string(),
             source: declared.map(|c| source_kind(&c.source)),
-            plugin: declared.map(|c| c.plugin.display().to_string()),
+            plugin: declared.map(|c| c.plugin_shown.display().to_string()),
             plugin_sha256: None,
-            error: Some(p.error.clone()),
+            error: Some(refusal_shown(&caller, &p.error)),
             paused: paused.remove(name),
         });
     }

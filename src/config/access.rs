@@ -134,6 +134,34 @@ impl super::Config {
             ),
             AdminAuth::Token => {}
         }
+        // One audience for several routes: a token the subscription of one holds is good
+        // for all of them. Routes are named, not the audience (it may be expanded).
+        let mut by_audience: std::collections::BTreeMap<(&str, &str), Vec<&str>> = Default::default();
+        for r in &self.routes {
+            if let Some(PushAuth::Oidc(o)) = &r.push_auth {
+                by_audience.entry((&o.audience, &o.jwks_url)).or_default().push(r.name.as_str());
+            }
+        }
+        for names in by_audience.values().filter(|n| n.len() > 1) {
+            out.push(format!(
+                "push routes {} accept tokens for one audience: a sender allowed to push to one can push to all of them; give each its own (`audience = \"…/{{route}}\"` in [push] auth)",
+                names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        let is_dir = self.path.is_dir();
+        if !is_dir && !self.grants.is_empty() {
+            out.push("[[grant]] has no effect in a single routing file: it is all the platform's".to_string());
+        }
+        if is_dir {
+            let present: Vec<String> = super::routing_files(&self.path)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect();
+            for file in self.grants.keys().filter(|f| !present.contains(f)) {
+                out.push(format!("[[grant]] file = \"{file}\" names no routing file of {}", self.path.display()));
+            }
+        }
         if !self.server.listen.ip().is_loopback() {
             for r in &self.routes {
                 let push = matches!(r.source, super::SourceConfig::Push);

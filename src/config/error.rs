@@ -24,6 +24,10 @@ pub enum ConfigErrorKind {
     Parse(String),
     #[error("environment variable `{0}` is not set")]
     UnknownEnvVar(String),
+    #[error(
+        "`${{{name}}}`: environment variable `{name}` is not granted to this team file; the shared routing file grants it with `[[grant]] file = \"{file}\"  env = [\"{name}\"]`"
+    )]
+    NotGranted { name: String, file: String },
     #[error("unterminated `${{` in value")]
     UnterminatedEnvRef,
     #[error("plugin file `{path}` does not exist")]

@@ -2,7 +2,7 @@
 //! together (names unique across files), and deciding which errors stop everything
 //! (the shared settings) and which refuse only a route or a team's file.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::access::{AdminConfig, PushAuth};
@@ -121,13 +121,29 @@ struct Checked {
     plugins_at: Option<usize>,
     admin_at: Option<usize>,
     push_at: Option<usize>,
-    /// Route names of a file that did not parse, when its outline could be read.
+    /// Where `[[grant]]` is declared: only the shared file may.
+    grant_at: Option<usize>,
+    /// Route names of the file's outline, when it could be read (for a file refused
+    /// whole).
     outline_names: Vec<RouteName>,
 }
 
-fn check_file(file: PathBuf, text: String, env: &dyn Fn(&str) -> Option<String>) -> Checked {
-    let outcome = raw::parse(&file, &text).map(|raw| validate::validate_file(&file, &text, raw, env));
+/// Checks one file; `granted` is `None` for the shared file, else the variables the
+/// shared file grants to this one.
+fn check_file(
+    file: PathBuf,
+    text: String,
+    env: &dyn Fn(&str) -> Option<String>,
+    granted: Option<&BTreeSet<String>>,
+) -> Checked {
+    let outcome = raw::parse(&file, &text).map(|raw| validate::validate_file(&file, &text, raw, env, granted));
     outlined(file, text, outcome)
+}
+
+/// Whether a file's outline declares one of the shared settings, which makes it the
+/// shared file (the first such file of a directory; see [`shared_file`]).
+fn declares_shared(o: &Outline) -> bool {
+    o.store.is_some() || o.server.is_some() || o.plugins.is_some() || o.admin.is_some() || o.push.is_some()
 }
 
 /// A checked file with what its outline declares: where the shared tables are, and
@@ -139,11 +155,12 @@ fn outlined(file: PathBuf, text: String, outcome: Result<FileOutcome, ConfigErro
     let plugins_at = outline.as_ref().and_then(|o| o.plugins.as_ref()).map(|s| s.span().start);
     let admin_at = outline.as_ref().and_then(|o| o.admin.as_ref()).map(|s| s.span().start);
     let push_at = outline.as_ref().and_then(|o| o.push.as_ref()).map(|s| s.span().start);
-    let outline_names = match (&outcome, outline) {
-        (Err(_), Some(o)) => o.route.into_iter().filter_map(|r| RouteName::try_from(r.name?).ok()).collect(),
-        _ => Vec::new(),
+    let grant_at = outline.as_ref().and_then(|o| o.grant.as_ref()).map(|s| s.span().start);
+    let outline_names = match outline {
+        Some(o) => o.route.into_iter().filter_map(|r| RouteName::try_from(r.name?).ok()).collect(),
+        None => Vec::new(),
     };
-    Checked { file, text, outcome, store_at, server_at, plugins_at, admin_at, push_at, outline_names }
+    Checked { file, text, outcome, store_at, server_at, plugins_at, admin_at, push_at, grant_at, outline_names }
 }
 
 /// A file that is not UTF-8: refused with an error at its first bad byte; what it
@@ -155,17 +172,43 @@ fn not_utf8_file(file: PathBuf, lossy: String, valid_up_to: usize) -> Checked {
 }
 
 pub(super) fn from_text(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
-    let checked = check_file(path.to_path_buf(), text.to_string(), env);
+    // A single file is all the platform's: it may read every variable.
+    let checked = check_file(path.to_path_buf(), text.to_string(), env, None);
     assemble(path, vec![checked], false)
 }
 
 pub(super) fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
     let is_dir = path.is_dir();
     let files = routing_files(path).map_err(|e| read_error(path, &e))?;
-    let mut checked = Vec::new();
+    let mut texts = Vec::new();
     for file in files {
-        checked.push(match read(&file)? {
-            Text::Utf8(text) => check_file(file, text, env),
+        let text = read(&file)?;
+        texts.push((file, text));
+    }
+    // The grants come from the shared file, and every team file is checked against
+    // them: a team file reads only the variables granted to it, by its name.
+    let shared = if is_dir {
+        texts.iter().position(|(_, t)| raw::outline(t.readable()).is_some_and(|o| declares_shared(&o)))
+    } else {
+        Some(0)
+    };
+    let mut grants: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    if let (true, Some(s)) = (is_dir, shared) {
+        for g in raw::grants(texts[s].1.readable()) {
+            grants.entry(g.file.into_inner()).or_default().extend(g.env.into_iter().map(|e| e.into_inner()));
+        }
+    }
+    let none = BTreeSet::new();
+    let mut checked = Vec::new();
+    for (i, (file, text)) in texts.into_iter().enumerate() {
+        let granted = if Some(i) == shared {
+            None
+        } else {
+            let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            Some(grants.get(&name).unwrap_or(&none))
+        };
+        checked.push(match text {
+            Text::Utf8(text) => check_file(file, text, env, granted),
             Text::NotUtf8 { lossy, valid_up_to } => not_utf8_file(file, lossy, valid_up_to),
         });
     }
@@ -201,12 +244,36 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
     let mut plugins: Option<PluginsConfig> = None;
     let mut admin: Option<AdminConfig> = None;
     let mut push_default: Option<PushAuth> = None;
+    let mut grants = BTreeMap::new();
     let mut refused = Vec::new();
+    // Per refused route: whether `[push] auth` is its push authentication (it writes
+    // no valid `source.auth` of its own), applied once the shared file is read.
+    let mut refused_default: Vec<bool> = Vec::new();
     let mut routes = Vec::new();
     // Each route name and where it was first declared: (file index, line).
     let mut first: BTreeMap<RouteName, (usize, usize)> = BTreeMap::new();
     for (i, c) in checked.into_iter().enumerate() {
-        let outcome = match c.outcome {
+        let mut outcome = c.outcome;
+        // A team file cannot grant itself anything: refused whole.
+        if let (true, false, Some(at)) = (is_dir, Some(i) == shared, c.grant_at) {
+            let kind = ConfigErrorKind::Invalid(
+                "`[[grant]]` belongs in the shared routing file (the one with `[store]`): a team file cannot grant variables"
+                    .into(),
+            );
+            let error = ConfigError::at(&c.file, &c.text, at..at, "grant", kind);
+            let mut errors = match outcome {
+                Ok(o) => o
+                    .shared_errors
+                    .into_iter()
+                    .chain(o.routes.into_iter().filter_map(|d| d.result.err()).flatten())
+                    .collect(),
+                Err(e) => e.0,
+            };
+            errors.push(error);
+            errors.sort_by_key(|e| (e.line, e.column));
+            outcome = Err(ConfigErrors(errors));
+        }
+        let outcome = match outcome {
             Ok(o) => o,
             Err(errors) if Some(i) == shared => {
                 fatal.add(i, errors.0);
@@ -218,11 +285,10 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
                 if names.is_empty() {
                     names.push(None);
                 }
-                refused.extend(names.into_iter().map(|name| RefusedRoute {
-                    file: c.file.clone(),
-                    name,
-                    errors: errors.clone(),
-                }));
+                for name in names {
+                    refused.push(RefusedRoute { file: c.file.clone(), name, errors: errors.clone(), push_auth: None });
+                    refused_default.push(true);
+                }
                 continue;
             }
         };
@@ -233,9 +299,28 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
             plugins = outcome.plugins;
             admin = outcome.admin;
             push_default = outcome.push_default;
+            grants = outcome.grants;
         }
+        // A variable the file was not granted refuses the whole file, not just the
+        // route that reads it: the file asked for what is not its own.
+        let ungranted: Vec<ConfigError> = outcome
+            .routes
+            .iter()
+            .filter_map(|d| d.result.as_ref().err())
+            .flatten()
+            .filter(|e| matches!(e.kind, ConfigErrorKind::NotGranted { .. }))
+            .cloned()
+            .collect();
         for declared in outcome.routes {
-            let DeclaredRoute { name, index, at, result } = declared;
+            let DeclaredRoute { name, index, at, result, own_auth, writes_auth } = declared;
+            let result = match result {
+                Ok(_) if !ungranted.is_empty() => Err(ungranted.clone()),
+                Err(mut errors) if !ungranted.is_empty() => {
+                    errors.extend(ungranted.iter().filter(|u| !errors.contains(u)).cloned().collect::<Vec<_>>());
+                    Err(errors)
+                }
+                other => other,
+            };
             let result = match first.get(&name) {
                 None => {
                     first.insert(name.clone(), (i, at.0));
@@ -267,8 +352,15 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
                 Ok(route) => routes.push(route),
                 Err(mut errors) => {
                     errors.sort_by_key(|e| (e.line, e.column));
+                    errors.dedup();
                     refused_errors.add(i, errors.clone());
-                    refused.push(RefusedRoute { file: c.file.clone(), name: Some(name), errors: ConfigErrors(errors) });
+                    refused.push(RefusedRoute {
+                        file: c.file.clone(),
+                        name: Some(name),
+                        errors: ConfigErrors(errors),
+                        push_auth: own_auth.clone(),
+                    });
+                    refused_default.push(own_auth.is_none() || !writes_auth);
                 }
             }
         }
@@ -287,6 +379,21 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
     for route in routes.iter_mut().filter(|r| matches!(r.source, SourceConfig::Push) && r.push_auth.is_none()) {
         route.push_auth = push_default.clone();
     }
+    for (r, default) in refused.iter_mut().zip(refused_default) {
+        if default && r.push_auth.is_none() {
+            r.push_auth = push_default.clone();
+        }
+    }
+    // `{route}` in an audience is the route's name: one route's token is no good for another.
+    for route in routes.iter_mut() {
+        let name = route.name.to_string();
+        per_route_audience(&mut route.push_auth, &name);
+    }
+    for r in refused.iter_mut() {
+        if let Some(name) = &r.name {
+            per_route_audience(&mut r.push_auth, name.as_str());
+        }
+    }
     Ok(Config {
         path: path.to_path_buf(),
         store,
@@ -295,7 +402,14 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
         admin: admin.unwrap_or_default(),
         routes,
         refused,
+        grants,
     })
+}
+
+fn per_route_audience(auth: &mut Option<PushAuth>, route: &str) {
+    if let Some(PushAuth::Oidc(o)) = auth {
+        o.audience = o.audience.replace("{route}", route);
+    }
 }
 
 /// Which file holds the shared settings. A single file always does. In a directory,

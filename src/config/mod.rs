@@ -13,7 +13,7 @@ mod files;
 mod raw;
 mod validate;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -37,6 +37,9 @@ pub struct Config {
     pub refused: Vec<RefusedRoute>,
     /// Who may use the admin API (`[admin]`).
     pub admin: AdminConfig,
+    /// `[[grant]]` of the shared file: each team file's name and the environment
+    /// variables it may read. Empty for a single routing file (all the platform's).
+    pub grants: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// A route, or a whole routing file, kept out because of its errors.
@@ -47,6 +50,10 @@ pub struct RefusedRoute {
     /// `None` for a file that could not be parsed far enough to name its routes.
     pub name: Option<RouteName>,
     pub errors: ConfigErrors,
+    /// The push authentication a request to this route must pass before it is told
+    /// that the route is refused: the route's own `source.auth` if that is valid,
+    /// else `[push] auth` (for a file that did not parse, too); `None` without either.
+    pub push_auth: Option<PushAuth>,
 }
 
 /// `[plugins]`: what every plugin of the process shares.
@@ -92,9 +99,13 @@ impl Config {
         if self.refused.is_empty() {
             return Ok(self);
         }
-        let mut errors: Vec<ConfigError> = self.refused.into_iter().flat_map(|r| r.errors.0).collect();
-        // A file that does not parse refuses each route it names with the same errors.
-        errors.dedup();
+        // A file refused whole refuses each route it names with the same errors.
+        let mut errors: Vec<ConfigError> = Vec::new();
+        for e in self.refused.into_iter().flat_map(|r| r.errors.0) {
+            if !errors.contains(&e) {
+                errors.push(e);
+            }
+        }
         Err(ConfigErrors(errors))
     }
 
@@ -190,6 +201,9 @@ pub struct RouteConfig {
     pub file: PathBuf,
     /// The plugin component, resolved against the routing file's folder.
     pub plugin: PathBuf,
+    /// The same path as the file spells it (`${NAME}` not expanded): what messages,
+    /// logs and the API show, since an expanded value may be a secret.
+    pub plugin_shown: PathBuf,
     pub source: SourceConfig,
     pub target: TargetConfig,
     pub ordering: Ordering,

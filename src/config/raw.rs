@@ -72,6 +72,16 @@ fn route_index(text: &str, offset: usize) -> Option<usize> {
 /// directory of them (`*.toml`, read in name order, e.g. one per team). In a directory,
 /// exactly one file holds the shared `[store]` (and `[server]`, if any); the others
 /// hold only `[[route]]` tables. Relative paths in a file are relative to that file.
+///
+/// Who writes what: the platform team writes the shared file (the one with `[store]`)
+/// and owns Inlet's environment; each product team writes its own file. `${NAME}`
+/// reads an environment variable: the shared file (and a single routing file, which
+/// is all the platform's) may read any; a team file only those the shared file grants
+/// to it with `[[grant]]`. A team file that reads any other is refused whole (its
+/// routes are kept out, every other file keeps serving), with an error naming the
+/// file, line, field and variable, never its value. Team files name no other files
+/// than their plugins (`secret_file` exists only in `[admin]`, which only the shared
+/// file holds), so variables are the only secrets there is to grant.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
@@ -91,6 +101,25 @@ pub(super) struct RawConfig {
     pub admin: Option<RawAdmin>,
     /// Defaults for every push route.
     pub push: Option<RawPush>,
+    /// Which environment variables each team file may read with `${NAME}`, one
+    /// `[[grant]]` table per file (several for one file add up). Only in the shared
+    /// file of a directory; without a grant a team file may read none.
+    #[serde(default, rename = "grant")]
+    pub grants: Vec<RawGrant>,
+}
+
+/// ```toml
+/// [[grant]]
+/// file = "orders.toml"                 # a team file of this directory, by name
+/// env  = ["ORDERS_API_KEY", "ORDERS_ENGINE_URL"]
+/// ```
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGrant {
+    /// The team file's name in the routing directory (no folder), e.g. `"orders.toml"`.
+    pub file: Spanned<String>,
+    /// The variables that file may read with `${NAME}`.
+    pub env: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -137,7 +166,9 @@ pub(super) struct RawToken {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPush {
     /// Default `auth` of every push route that does not set its own; see
-    /// `source.auth`.
+    /// `source.auth`. `{route}` in its `audience` stands for each route's name
+    /// (`audience = "https://inlet.example.com/push/{route}"`), so that one service
+    /// account's token for one route is no good for another.
     pub auth: Option<Spanned<RawPushAuth>>,
 }
 
@@ -173,7 +204,8 @@ impl<'de> Deserialize<'de> for RawPushAuth {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawOidc {
     /// The audience the push subscription puts in its token (`aud`). Required:
-    /// a token minted for another service must not be accepted here.
+    /// a token minted for another service must not be accepted here. `{route}`
+    /// stands for the route's name.
     pub audience: Spanned<String>,
     /// The subscription's service account; the token's `email` must equal it and
     /// be verified.
@@ -193,8 +225,23 @@ pub(super) struct Outline {
     pub plugins: Option<Spanned<toml::Value>>,
     pub admin: Option<Spanned<toml::Value>>,
     pub push: Option<Spanned<toml::Value>>,
+    pub grant: Option<Spanned<toml::Value>>,
     #[serde(default)]
     pub route: Vec<OutlineRoute>,
+}
+
+/// Only the grants of a file, everything else ignored: read from the shared file
+/// before the team files are checked against them.
+#[derive(Debug, Deserialize)]
+pub(super) struct GrantsOnly {
+    #[serde(default)]
+    pub grant: Vec<RawGrant>,
+}
+
+/// The grants of a file, or none when they do not parse (the shared file's own check
+/// then reports why, and nothing runs).
+pub(super) fn grants(text: &str) -> Vec<RawGrant> {
+    toml::from_str::<GrantsOnly>(text).map(|g| g.grant).unwrap_or_default()
 }
 
 #[derive(Debug, Deserialize)]

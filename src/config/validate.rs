@@ -2,7 +2,7 @@
 
 mod access;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,7 +12,7 @@ use toml::Spanned;
 use super::access::{AdminConfig, PushAuth};
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
 use super::raw::{
-    HumanDuration, RawConfig, RawLimits, RawPlugins, RawRoute, RawServer, RawStore, SourceKind, TargetKind,
+    HumanDuration, RawConfig, RawGrant, RawLimits, RawPlugins, RawRoute, RawServer, RawStore, SourceKind, TargetKind,
 };
 use super::{
     HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, PluginsConfig, PubsubSource, PubsubTarget,
@@ -24,6 +24,9 @@ struct Checker<'a> {
     file: &'a Path,
     text: &'a str,
     env: &'a dyn Fn(&str) -> Option<String>,
+    /// The variables this file may read: `None` for the shared file (or a single
+    /// file), which may read any; a team file only those granted to it.
+    granted: Option<&'a BTreeSet<String>>,
     errors: Vec<ConfigError>,
 }
 
@@ -33,7 +36,10 @@ impl Checker<'_> {
         None
     }
 
-    /// Expands `${NAME}` references; `$$` is a literal `$`.
+    /// Expands `${NAME}` references; `$$` is a literal `$`. A variable not granted to
+    /// this file is an error and is not read at all. Messages about the value quote
+    /// the file's spelling (`value.get_ref()`), never what this returns: the result
+    /// may hold a secret.
     fn expand(&mut self, value: &Spanned<String>, field: &str) -> Option<String> {
         let s = value.get_ref();
         let mut out = String::with_capacity(s.len());
@@ -49,6 +55,16 @@ impl Checker<'_> {
                     return self.error(value.span(), field, ConfigErrorKind::UnterminatedEnvRef);
                 };
                 let name = &inner[..end];
+                if let Some(granted) = self.granted
+                    && !granted.contains(name)
+                {
+                    let file = self.file.file_name().unwrap_or_default().to_string_lossy().into_owned();
+                    return self.error(
+                        value.span(),
+                        field,
+                        ConfigErrorKind::NotGranted { name: name.to_string(), file },
+                    );
+                }
                 match (self.env)(name) {
                     Some(v) => out.push_str(&v),
                     None => return self.error(value.span(), field, ConfigErrorKind::UnknownEnvVar(name.to_string())),
@@ -116,7 +132,8 @@ impl Checker<'_> {
                 v.span(),
                 field,
                 ConfigErrorKind::Invalid(format!(
-                    "`{name}` is not a name of the form projects/PROJECT/{collection}/NAME"
+                    "`{}` is not a name of the form projects/PROJECT/{collection}/NAME",
+                    v.get_ref()
                 )),
             )
         }
@@ -242,7 +259,7 @@ fn server(c: &mut Checker<'_>, s: &RawServer) -> Option<ServerConfig> {
             Err(_) => c.error(
                 listen.span(),
                 "server.listen",
-                ConfigErrorKind::Invalid(format!("`{l}` is not a HOST:PORT socket address")),
+                ConfigErrorKind::Invalid(format!("`{}` is not a HOST:PORT socket address", listen.get_ref())),
             ),
         }),
     };
@@ -298,6 +315,8 @@ pub(super) struct FileOutcome {
     /// `[push] auth`, when declared and valid: the default of push routes that set
     /// none (applied across files by `files::assemble`).
     pub push_default: Option<PushAuth>,
+    /// `[[grant]]`: each team file's name and the variables it may read.
+    pub grants: BTreeMap<String, BTreeSet<String>>,
     /// Errors in `[store]`, `[server]` or `[plugins]`: without those nothing can run.
     pub shared_errors: Vec<ConfigError>,
     pub routes: Vec<DeclaredRoute>,
@@ -311,6 +330,10 @@ pub(super) struct DeclaredRoute {
     /// Line and column of the name.
     pub at: (usize, usize),
     pub result: Result<RouteConfig, Vec<ConfigError>>,
+    /// The route's own `source.auth` when it is valid, and whether it writes one:
+    /// what a push to the route must pass even while the route is refused.
+    pub own_auth: Option<PushAuth>,
+    pub writes_auth: bool,
 }
 
 pub(super) fn validate_file(
@@ -318,8 +341,9 @@ pub(super) fn validate_file(
     text: &str,
     raw: RawConfig,
     env: &dyn Fn(&str) -> Option<String>,
+    granted: Option<&BTreeSet<String>>,
 ) -> FileOutcome {
-    let mut c = Checker { file, text, env, errors: Vec::new() };
+    let mut c = Checker { file, text, env, granted, errors: Vec::new() };
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
 
     let store = raw.store.as_ref().and_then(|s| store_section(&mut c, &base, s.get_ref()));
@@ -328,6 +352,8 @@ pub(super) fn validate_file(
     let admin = raw.admin.as_ref().map(|a| access::admin(&mut c, &base, Some(a)));
     let push_default =
         raw.push.as_ref().and_then(|p| p.auth.as_ref()).and_then(|a| access::push_auth(&mut c, a, "push.auth"));
+    // A team file's `[[grant]]` is refused whole in `files::assemble`.
+    let grants = if granted.is_none() { grants(&mut c, &raw.grants) } else { BTreeMap::new() };
     let shared_errors = std::mem::take(&mut c.errors);
 
     let routes = raw
@@ -336,10 +362,12 @@ pub(super) fn validate_file(
         .enumerate()
         .map(|(i, r)| {
             // A push route's own `source.auth`; one without gets `[push] auth` later.
+            let writes_auth = r.source.get_ref().auth.is_some();
             let push_auth = match (r.source.get_ref().kind.get_ref(), &r.source.get_ref().auth) {
                 (SourceKind::Push, Some(a)) => access::push_auth(&mut c, a, &format!("route[{i}].source.auth")),
                 _ => None,
             };
+            let own_auth = push_auth.clone();
             let result = route(&mut c, &base, i, r)
                 .map(|route| RouteConfig { push_auth, ..route })
                 .ok_or_else(|| std::mem::take(&mut c.errors));
@@ -348,10 +376,63 @@ pub(super) fn validate_file(
                 Ok(_) if !c.errors.is_empty() => Err(std::mem::take(&mut c.errors)),
                 other => other,
             };
-            DeclaredRoute { name: r.name.get_ref().clone(), index: i, at: line_col(text, r.name.span().start), result }
+            DeclaredRoute {
+                name: r.name.get_ref().clone(),
+                index: i,
+                at: line_col(text, r.name.span().start),
+                result,
+                own_auth,
+                writes_auth,
+            }
         })
         .collect();
-    FileOutcome { store, server, plugins, admin, push_default, shared_errors, routes }
+    FileOutcome { store, server, plugins, admin, push_default, grants, shared_errors, routes }
+}
+
+/// `[[grant]]`: which variables each team file may read. A grant names a file by its
+/// name alone (team files are the `*.toml` files beside this one) and variables by
+/// their names; granting to the shared file itself means nothing and is refused.
+fn grants(c: &mut Checker<'_>, raw: &[RawGrant]) -> BTreeMap<String, BTreeSet<String>> {
+    let own = c.file.file_name().map(|n| n.to_string_lossy().into_owned());
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (i, g) in raw.iter().enumerate() {
+        let file = g.file.get_ref();
+        let plain = !file.is_empty() && !file.contains(['/', '\\']) && file.ends_with(".toml");
+        if !plain {
+            c.error::<()>(
+                g.file.span(),
+                format!("grant[{i}].file"),
+                ConfigErrorKind::Invalid(format!(
+                    "`{file}` is not the name of a routing file in this directory (`NAME.toml`, no folder)"
+                )),
+            );
+            continue;
+        }
+        if own.as_deref() == Some(file.as_str()) {
+            c.error::<()>(
+                g.file.span(),
+                format!("grant[{i}].file"),
+                ConfigErrorKind::Invalid("the shared file may read every variable; grant to team files only".into()),
+            );
+            continue;
+        }
+        let names = out.entry(file.clone()).or_default();
+        for (j, name) in g.env.iter().enumerate() {
+            let n = name.get_ref();
+            if n.is_empty() || !n.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_') {
+                c.error::<()>(
+                    name.span(),
+                    format!("grant[{i}].env[{j}]"),
+                    ConfigErrorKind::Invalid(format!(
+                        "`{n}` is not a variable name (letters, digits and `_`; write NAME, not `${{NAME}}`)"
+                    )),
+                );
+                continue;
+            }
+            names.insert(n.clone());
+        }
+    }
+    out
 }
 
 /// `[plugins]`: the process-wide plugin memory budget.
@@ -388,7 +469,7 @@ fn store_section(c: &mut Checker<'_>, base: &Path, s: &RawStore) -> Option<Store
                 "store.url",
                 ConfigErrorKind::Invalid(format!(
                     "store url `{}` must start with sqlite:// or postgres://",
-                    crate::redact::url(&url)
+                    crate::redact::url(s.url.get_ref())
                 )),
             )
         }
@@ -402,7 +483,7 @@ pub(super) fn store_only(
     raw: Option<&RawStore>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<StoreConfig, ConfigErrors> {
-    let mut c = Checker { file, text, env, errors: Vec::new() };
+    let mut c = Checker { file, text, env, granted: None, errors: Vec::new() };
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
     let Some(raw) = raw else { return Ok(default_store(&base)) };
     store_section(&mut c, &base, raw).ok_or(ConfigErrors(c.errors))
@@ -422,6 +503,8 @@ fn sqlite_url(base: &Path, path: &str) -> String {
 fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<RouteConfig> {
     let at = |f: &str| format!("route[{i}].{f}");
 
+    // Messages and the API show the path as the file spells it.
+    let plugin_shown = base.join(r.plugin.get_ref());
     let plugin = c.expand(&r.plugin, &at("plugin")).and_then(|p| {
         let path: PathBuf = base.join(&p);
         if path.is_file() {
@@ -430,7 +513,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
             c.error(
                 r.plugin.span(),
                 at("plugin"),
-                ConfigErrorKind::MissingPluginFile { path: path.display().to_string() },
+                ConfigErrorKind::MissingPluginFile { path: plugin_shown.display().to_string() },
             )
         }
     });
@@ -486,7 +569,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
                             at("target.url"),
                             ConfigErrorKind::Invalid(format!(
                                 "`{}` is not an http:// or https:// URL",
-                                crate::redact::url(&url)
+                                crate::redact::url(u.get_ref())
                             )),
                         )
                     }
@@ -494,8 +577,22 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
             };
             let mut headers = BTreeMap::new();
             for (k, v) in t.headers.iter().flat_map(|h| h.get_ref()) {
-                if let Some(v) = c.expand(v, &at(&format!("target.headers.{k}"))) {
-                    headers.insert(k.to_ascii_lowercase(), v);
+                let field = at(&format!("target.headers.{k}"));
+                if axum::http::HeaderName::from_bytes(k.as_bytes()).is_err() {
+                    c.error::<()>(v.span(), &field, ConfigErrorKind::Invalid(format!("`{k}` is not a header name")));
+                    continue;
+                }
+                if let Some(value) = c.expand(v, &field) {
+                    // Checked here rather than at each delivery; the value is not shown.
+                    if axum::http::HeaderValue::from_str(&value).is_err() {
+                        let message = format!(
+                            "`{}` is not a valid header value once expanded (a line break or control character; value not shown)",
+                            v.get_ref().escape_debug()
+                        );
+                        c.error::<()>(v.span(), &field, ConfigErrorKind::Invalid(message));
+                        continue;
+                    }
+                    headers.insert(k.to_ascii_lowercase(), value);
                 }
             }
             let timeout = c.positive(&t.timeout, &at("target.timeout")).unwrap_or(Duration::from_secs(10));
@@ -616,6 +713,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         name: r.name.get_ref().clone(),
         file: c.file.to_path_buf(),
         plugin: plugin?,
+        plugin_shown,
         source: source?,
         target: target?,
         ordering: r.ordering.unwrap_or(Ordering::PerKey),

@@ -1,7 +1,8 @@
 //! Pub/Sub push: `POST /push/<route>` with the push envelope. A 2xx answer is the
 //! ack, so it is sent only after the row is committed; 503 when the inbox is
 //! unreachable (Pub/Sub redelivers); 503 too for a route that is refused (its plugin or
-//! settings do not load), so its messages wait in Pub/Sub until it is fixed; 404 for a
+//! settings do not load), so its messages wait in Pub/Sub until it is fixed — after its
+//! push auth, and without the reason; 404 for a
 //! route no routing file names; 415 for a body not sent as JSON; 400 for a body that
 //! is not a push envelope ([`PushEnvelope::parse`] names the field at fault).
 //!
@@ -32,7 +33,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::app::Shared;
-use crate::config::{PushAuth, ServerConfig, SourceConfig};
+use crate::config::{OidcPush, PushAuth, ServerConfig, SourceConfig};
 use crate::inbox::InsertOutcome;
 use crate::ingest::{Accepted, Incoming, IngestError, Stored};
 use crate::telemetry::RouteReason;
@@ -362,6 +363,16 @@ fn refused(shared: &Shared, route: &str, error: PushError) -> PushError {
     error
 }
 
+/// The route's push auth ([`super::push_auth`]): a refusal is counted and logged.
+async fn check_push_auth(shared: &Shared, route: &str, headers: &HeaderMap, rule: &OidcPush) -> Result<(), PushError> {
+    let Err(refused) = shared.push_verifier.verify(headers, rule).await else { return Ok(()) };
+    let label = RouteReason { route: route.to_string(), reason: refused.as_str() };
+    shared.metrics.push_auth_refused.get_or_create(&label).inc();
+    tracing::warn!(route, reason = refused.as_str(), "push request refused by push auth");
+    let error = format!("push auth: {}", refused.as_str());
+    Err(PushError::new(refused.status(), refused.as_str(), error))
+}
+
 pub async fn handle(
     State(shared): State<Arc<Shared>>,
     path: Result<Path<String>, PathRejection>,
@@ -375,9 +386,14 @@ pub async fn handle(
     };
     let routes = shared.routes();
     let Some(found) = routes.get(&route) else {
-        // A refused route answers 503, so Pub/Sub redelivers once it is fixed.
+        // A refused route answers 503, so Pub/Sub redelivers once it is fixed: only
+        // once the request passes the route's push auth, and without the reason (it
+        // quotes the routing file; admin tokens read it in `GET /api/routes`).
         if let Some(p) = routes.refusal(&route) {
-            let error = format!("route `{route}` is refused: {}", p.error);
+            if let Some(PushAuth::Oidc(rule)) = p.push_auth.as_deref() {
+                check_push_auth(&shared, &route, &headers, rule).await?;
+            }
+            let error = format!("route `{route}` is refused by the routing configuration; the message was not taken");
             return Err(refused(
                 &shared,
                 &route,
@@ -393,14 +409,8 @@ pub async fn handle(
         let error = PushError::new(StatusCode::NOT_FOUND, "no_route", format!("no push route named `{route}`"));
         return Err(refused(&shared, &route, error));
     };
-    if let Some(PushAuth::Oidc(rule)) = &route.config.push_auth
-        && let Err(refused) = shared.push_verifier.verify(&headers, rule).await
-    {
-        let label = RouteReason { route: route.name().to_string(), reason: refused.as_str() };
-        shared.metrics.push_auth_refused.get_or_create(&label).inc();
-        tracing::warn!(route = route.name(), reason = refused.as_str(), "push request refused by push auth");
-        let error = format!("push auth: {}", refused.as_str());
-        return Err(PushError::new(refused.status(), refused.as_str(), error));
+    if let Some(PushAuth::Oidc(rule)) = &route.config.push_auth {
+        check_push_auth(&shared, route.name(), &headers, rule).await?;
     }
     if !is_json(&headers) {
         let sent = headers.get(header::CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());

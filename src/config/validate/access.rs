@@ -23,12 +23,12 @@ pub(super) fn admin(c: &mut Checker<'_>, base: &Path, raw: Option<&RawAdmin>) ->
             Err(_) => c.error(
                 l.span(),
                 "admin.listen",
-                ConfigErrorKind::Invalid(format!("`{text}` is not a HOST:PORT socket address")),
+                ConfigErrorKind::Invalid(format!("`{}` is not a HOST:PORT socket address", l.get_ref())),
             ),
         }
     });
     let mut names: BTreeMap<String, usize> = BTreeMap::new();
-    let mut tokens = Vec::new();
+    let mut tokens: Vec<AdminToken> = Vec::new();
     for (i, t) in raw.tokens.iter().enumerate() {
         let name = t.name.get_ref().trim().to_string();
         if name.is_empty() {
@@ -45,6 +45,21 @@ pub(super) fn admin(c: &mut Checker<'_>, base: &Path, raw: Option<&RawAdmin>) ->
             );
         }
         if let Some(token) = token(c, base, i, t, name) {
+            // One secret for two tokens: whoever holds it would act as whichever the
+            // lookup finds, so the names in the audit log would mean nothing.
+            if let Some(first) = tokens.iter().find(|other| other.secret == token.secret) {
+                let at = t.secret.as_ref().or(t.secret_file.as_ref()).map_or(t.name.span(), |s| s.span());
+                let field = if t.secret.is_some() { "secret" } else { "secret_file" };
+                c.error::<()>(
+                    at,
+                    format!("admin.token[{i}].{field}"),
+                    ConfigErrorKind::Invalid(format!(
+                        "tokens `{}` and `{}` have the same secret (value not shown): give each token its own",
+                        first.name, token.name
+                    )),
+                );
+                continue;
+            }
             tokens.push(token);
         }
     }
@@ -107,7 +122,7 @@ fn secret_file(c: &mut Checker<'_>, base: &Path, f: &Spanned<String>, field: &st
         Err(e) => c.error(
             f.span(),
             field,
-            ConfigErrorKind::Invalid(format!("cannot read token file `{}`: {e}", path.display())),
+            ConfigErrorKind::Invalid(format!("cannot read token file `{}`: {e}", base.join(f.get_ref()).display())),
         ),
     }
 }
@@ -146,7 +161,7 @@ pub(super) fn push_auth(c: &mut Checker<'_>, raw: &Spanned<RawPushAuth>, field: 
                     Some(problem) => c.error(
                         u.span(),
                         format!("{field}.jwks_url"),
-                        ConfigErrorKind::Invalid(format!("`{}` {problem}", crate::redact::url(&url))),
+                        ConfigErrorKind::Invalid(format!("`{}` {problem}", crate::redact::url(u.get_ref()))),
                     ),
                 }),
             };
