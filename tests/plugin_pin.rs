@@ -271,9 +271,35 @@ async fn a_pinned_route_refuses_another_build_keeps_delivering_with_the_pinned_o
     assert_eq!(third["event_type"], "hostile", "decoded by the new build: {third}");
     assert_eq!(target.for_key("wo-3").iter().map(|r| r.path.as_str()).collect::<Vec<_>>(), ["/hostile"]);
 
-    // Nothing the pinned build delivered went twice, nothing went through the other build early.
+    // Rolling back with the pin first: the build that runs keeps serving until the file matches.
+    replace(&config, routing(&tested).as_bytes());
+    api.reload().await;
+    let orders = wait_for("the rolled-back pin waiting for its file", WAIT, || async {
+        let r = api.route("orders", ADMIN).await;
+        r["error"].as_str().is_some_and(|e| e.contains("a newer version was refused") && says_why(e)).then_some(r)
+    })
+    .await;
+    assert_eq!((orders["state"].as_str(), orders["plugin_sha256"].as_str()), (Some("up"), Some(other_build.as_str())));
+    let (status, pushed) = api.push("orders", "wo-4", 1).await;
+    assert_eq!(status, 200, "{pushed}");
+    let fourth = api.delivered(pushed["entry"].as_i64().unwrap()).await;
+    assert_eq!(fourth["attempts"][0]["plugin"], other_build.as_str(), "{fourth}");
+    replace(&plugin, &std::fs::read(plugin_dist("work_order")).unwrap());
+    api.reload().await;
+    let orders = wait_for("the pinned build back", WAIT, || async {
+        let r = api.route("orders", ADMIN).await;
+        (r["plugin_sha256"] == tested.as_str() && r["error"].is_null()).then_some(r)
+    })
+    .await;
+    assert_eq!(orders["plugin_pinned_sha256"], tested.as_str(), "{orders}");
+    let (status, pushed) = api.push("orders", "wo-5", 1).await;
+    assert_eq!(status, 200, "{pushed}");
+    let fifth = api.delivered(pushed["entry"].as_i64().unwrap()).await;
+    assert_eq!(fifth["attempts"][0]["plugin"], tested.as_str(), "{fifth}");
+
+    // Each message went once, through the build pinned when it was delivered.
     let paths: Vec<String> = target.received.lock().unwrap().iter().map(|r| r.path.clone()).collect();
-    assert_eq!(paths, ["/engine-rest/message", "/engine-rest/message", "/hostile"]);
+    assert_eq!(paths, ["/engine-rest/message", "/engine-rest/message", "/hostile", "/hostile", "/engine-rest/message"]);
     inlet.assert_running();
     assert!(inlet.sigterm_and_wait(WAIT).success());
 }
