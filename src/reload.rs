@@ -12,8 +12,9 @@
 //! `/api/routes`); one refused for its plugin is tried again whenever that plugin file
 //! changes. A plugin file that is not the build its route pins is refused the same way
 //! (and counted in `inlet_plugin_digest_mismatch_total`): the pinned version keeps
-//! serving until the file is put back or the pin names the new build. Team files are checked against the grants of the shared file as it is now:
-//! a variable no longer granted refuses the file and stops its running routes.
+//! serving until the file is put back or the pin names the new build. Team files are
+//! checked against the grants of the shared file as it is now: a variable no longer
+//! granted refuses the file and stops its running routes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -237,7 +238,7 @@ async fn reload_plugins(shared: &Arc<Shared>, forced: bool) -> Value {
     let results = tokio::task::spawn_blocking(move || routes.reload_plugins(forced)).await.unwrap_or_default();
     let mut out = serde_json::Map::new();
     for (route, r) in results {
-        let pinned_elsewhere = matches!(r, Err(PluginLoadError::DigestMismatch { .. }));
+        let not_pinned_build = matches!(r, Err(PluginLoadError::DigestMismatch { .. }));
         let (label, v) = match r {
             Ok(Reload::Unchanged) => (None, json!({ "result": "unchanged" })),
             Ok(Reload::Swapped { digest }) => (Some("ok"), json!({ "result": "reloaded", "sha256": digest })),
@@ -247,7 +248,7 @@ async fn reload_plugins(shared: &Arc<Shared>, forced: bool) -> Value {
         if let Some(outcome) = label {
             shared.metrics.plugin_reloads.get_or_create(&Metrics::outcome(&route, outcome)).inc();
         }
-        if pinned_elsewhere {
+        if not_pinned_build {
             shared.metrics.plugin_digest_mismatch.get_or_create(&Metrics::route(&route)).inc();
         }
         out.insert(route, v);
