@@ -151,6 +151,12 @@ pub enum PluginCommand {
         #[arg(long = "response")]
         responses: Vec<PathBuf>,
     },
+    /// Print each file's SHA-256 as `SHA256  FILE` lines: the value a route pins with
+    /// `plugin = { path = "…", sha256 = "…" }`.
+    Digest {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
 }
 
 fn parse_attribute(s: &str) -> Result<(String, String), String> {
@@ -412,6 +418,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             out.show(&report, || print!("{}", report.text()))?;
             Ok(if report.failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
+        Command::Plugin { command: PluginCommand::Digest { files } } => plugin_digest(&files, out),
         Command::Inbox { command } => {
             let store = open_store(&cli.config).await?;
             inbox_command(store, command, out).await
@@ -423,6 +430,36 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             route_command(store, &declared, &path, command, out).await
         }
     }
+}
+
+/// `inlet plugin digest`: the SHA-256 of each file, as a route pins it, in
+/// `sha256sum`'s layout (or `--json`: `[{"file", "sha256"}]`). Exit 1 if a file
+/// cannot be read; the others are still printed.
+fn plugin_digest(files: &[PathBuf], out: Output) -> anyhow::Result<ExitCode> {
+    #[derive(serde::Serialize)]
+    struct Digest {
+        file: String,
+        sha256: String,
+    }
+    let mut digests = Vec::new();
+    let mut failed = false;
+    for file in files {
+        match std::fs::read(file) {
+            Ok(bytes) => {
+                digests.push(Digest { file: file.display().to_string(), sha256: crate::inbox::digest_hex(&bytes) })
+            }
+            Err(e) => {
+                eprintln!("error: cannot read {}: {e}", file.display());
+                failed = true;
+            }
+        }
+    }
+    out.show(&digests, || {
+        for d in &digests {
+            println!("{}  {}", d.sha256, d.file);
+        }
+    })?;
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 /// The route `inlet plugin test --route` takes its plugin, limits and rules from.

@@ -10,8 +10,11 @@
 //! whose settings or plugin do not load refuses only itself: its running version (if
 //! any) keeps serving, else it stays out, reported once per cause (log, metric,
 //! `/api/routes`); one refused for its plugin is tried again whenever that plugin file
-//! changes. Team files are checked against the grants of the shared file as it is now:
-//! a variable no longer granted refuses the file and stops its running routes.
+//! changes. A plugin file that is not the build its route pins is refused the same way
+//! (and counted in `inlet_plugin_digest_mismatch_total`): the pinned version keeps
+//! serving until the file is put back or the pin names the new build. Team files are
+//! checked against the grants of the shared file as it is now: a variable no longer
+//! granted refuses the file and stops its running routes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +24,7 @@ use tokio::sync::watch;
 
 use crate::app::Shared;
 use crate::config::Config;
+use crate::plugin::PluginLoadError;
 use crate::routing::{Reload, Routes};
 use crate::telemetry::{Metrics, OutcomeLabel};
 
@@ -206,6 +210,9 @@ pub(crate) fn report(shared: &Shared, routes: &Routes) {
         let route = p.route.as_deref().unwrap_or("");
         if let Some(r) = &p.route {
             m.route_load_failures.get_or_create(&Metrics::route(r)).inc();
+            if p.digest_mismatch {
+                m.plugin_digest_mismatch.get_or_create(&Metrics::route(r)).inc();
+            }
         }
         if p.running {
             tracing::error!(route, file, error = %p.error, "changed route refused; its running version keeps serving");
@@ -231,6 +238,7 @@ async fn reload_plugins(shared: &Arc<Shared>, forced: bool) -> Value {
     let results = tokio::task::spawn_blocking(move || routes.reload_plugins(forced)).await.unwrap_or_default();
     let mut out = serde_json::Map::new();
     for (route, r) in results {
+        let not_pinned_build = matches!(r, Err(PluginLoadError::DigestMismatch { .. }));
         let (label, v) = match r {
             Ok(Reload::Unchanged) => (None, json!({ "result": "unchanged" })),
             Ok(Reload::Swapped { digest }) => (Some("ok"), json!({ "result": "reloaded", "sha256": digest })),
@@ -239,6 +247,9 @@ async fn reload_plugins(shared: &Arc<Shared>, forced: bool) -> Value {
         };
         if let Some(outcome) = label {
             shared.metrics.plugin_reloads.get_or_create(&Metrics::outcome(&route, outcome)).inc();
+        }
+        if not_pinned_build {
+            shared.metrics.plugin_digest_mismatch.get_or_create(&Metrics::route(&route)).inc();
         }
         out.insert(route, v);
     }

@@ -4,6 +4,11 @@
 //! A route's plugin can be replaced while the route runs ([`Route::reload_plugin`]):
 //! callers take an `Arc` of the current version for the whole of one call sequence,
 //! so in-flight calls finish on the version they started with.
+//!
+//! A route may pin its plugin's SHA-256 (`RouteConfig::plugin_sha256`): a file with
+//! another digest is refused before it is compiled, at start (the route stays out)
+//! and while running (the pinned version it runs keeps serving), so what serves is
+//! exactly the build the team tested.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,13 +23,21 @@ use crate::target::{Clients, Target};
 pub struct Route {
     pub config: RouteConfig,
     plugin: RwLock<Arc<Plugin>>,
-    /// Digest of the last version that failed to load, so it is reported once.
-    last_failed: Mutex<Option<String>>,
+    /// The last version of the file that was refused, so it is reported once (and
+    /// shown until the file changes again).
+    last_failed: Mutex<Option<FailedVersion>>,
     /// Size and modification time of the plugin file when last read.
     file_stamp: Mutex<Option<(u64, Option<std::time::SystemTime>)>>,
     pub target: Target,
     /// Notified after an entry of this route is committed.
     pub stored: Notify,
+}
+
+/// A version of a route's plugin file that was refused.
+#[derive(Debug, Clone)]
+struct FailedVersion {
+    digest: String,
+    error: String,
 }
 
 /// What a reload did.
@@ -49,9 +62,17 @@ impl Route {
         Arc::clone(&self.plugin.read().expect("plugin lock"))
     }
 
+    /// Why the plugin file as it is now does not serve (it does not load, or it is
+    /// not the pinned build), while the version before it does; `None` when the file
+    /// is what runs.
+    pub fn refused_file(&self) -> Option<String> {
+        self.last_failed.lock().expect("reload lock").as_ref().map(|f| f.error.clone())
+    }
+
     /// Loads the plugin file again if its content changed. A version that does not
-    /// load is refused and the running one keeps serving. Unless `forced`, a file
-    /// whose size and modification time are as last seen is not read at all.
+    /// load, or is not the build the route pins, is refused and the running one keeps
+    /// serving. Unless `forced`, a file whose size and modification time are as last
+    /// seen is not read at all.
     pub fn reload_plugin(&self, cache: Option<&Path>, forced: bool) -> Result<Reload, PluginLoadError> {
         let path = self.config.plugin.clone();
         let shown = self.config.plugin_shown.clone();
@@ -65,21 +86,23 @@ impl Route {
         }
         let bytes = std::fs::read(&path).map_err(|source| PluginLoadError::Read { path: shown.clone(), source })?;
         let digest = crate::inbox::digest_hex(&bytes);
+        let mut last_failed = self.last_failed.lock().expect("reload lock");
         if digest == self.plugin().digest() {
+            // Back to the version that runs (say, the pinned build put back).
+            *last_failed = None;
             return Ok(Reload::Unchanged);
         }
-        let mut last_failed = self.last_failed.lock().expect("reload lock");
-        if last_failed.as_deref() == Some(digest.as_str()) {
+        if last_failed.as_ref().is_some_and(|f| f.digest == digest) {
             return Ok(Reload::StillBroken);
         }
-        match compile(&shown, &bytes, &self.config, cache) {
+        match compile(&shown, &bytes, &digest, &self.config, cache) {
             Ok(plugin) => {
                 *self.plugin.write().expect("plugin lock") = plugin;
                 *last_failed = None;
                 Ok(Reload::Swapped { digest })
             }
             Err(e) => {
-                *last_failed = Some(digest);
+                *last_failed = Some(FailedVersion { digest, error: e.to_string() });
                 Err(e)
             }
         }
@@ -101,7 +124,8 @@ impl Route {
         clients: &Clients,
         cache: Option<&Path>,
     ) -> Result<Route, PluginLoadError> {
-        let plugin = compile(&config.plugin_shown, bytes, &config, cache)?;
+        let digest = crate::inbox::digest_hex(bytes);
+        let plugin = compile(&config.plugin_shown, bytes, &digest, &config, cache)?;
         Ok(Route {
             target: Target::new(config.name.as_str(), &config.target, clients),
             config,
@@ -113,16 +137,25 @@ impl Route {
     }
 }
 
-/// Compiles a route's plugin. `shown` names it in messages, as the routing file spells
-/// it. A file that is not WebAssembly at all is refused here, before the compiler's
-/// error could quote its first bytes: a team file may name any file as its plugin,
-/// a secret file included.
+/// Compiles a route's plugin, whose SHA-256 is `digest`. `shown` names it in messages,
+/// as the routing file spells it. A file that is not the build the route pins is
+/// refused first, uncompiled. A file that is not WebAssembly at all is refused here,
+/// before the compiler's error could quote its first bytes: a team file may name any
+/// file as its plugin, a secret file included.
 fn compile(
     shown: &Path,
     bytes: &[u8],
+    digest: &str,
     config: &RouteConfig,
     cache: Option<&Path>,
 ) -> Result<Arc<Plugin>, PluginLoadError> {
+    if let Some(pinned) = config.plugin_sha256.as_ref().filter(|pinned| *pinned != digest) {
+        return Err(PluginLoadError::DigestMismatch {
+            path: shown.to_path_buf(),
+            expected: pinned.clone(),
+            found: digest.to_string(),
+        });
+    }
     if !bytes.starts_with(b"\0asm") {
         let reason = "not a WebAssembly file (it does not begin with `\\0asm`)".to_string();
         return Err(PluginLoadError::Compile { path: shown.to_path_buf(), reason });
@@ -152,6 +185,8 @@ pub struct Problem {
     /// What a push to the route must pass before it is told the route is refused
     /// (see [`crate::config::RefusedRoute::push_auth`]).
     pub push_auth: Option<Box<PushAuth>>,
+    /// The plugin file is not the build the route pins (`inlet_plugin_digest_mismatch_total`).
+    pub digest_mismatch: bool,
     /// For a route refused for its plugin: the configuration to retry with once the
     /// plugin file changes, and what the file was when it failed.
     retry: Option<Box<Retry>>,
@@ -228,6 +263,7 @@ impl Routes {
                 running: false,
                 new: true,
                 push_auth: refused.push_auth.clone().map(Box::new),
+                digest_mismatch: false,
                 retry: None,
             });
         }
@@ -272,6 +308,7 @@ impl Routes {
             running: false,
             new: true,
             push_auth: rc.push_auth.clone().map(Box::new),
+            digest_mismatch: false,
             retry: Some(Box::new(Retry { config: rc.clone(), stamp: now, digest })),
         };
         let bytes = std::fs::read(&rc.plugin).map_err(|source| {
@@ -285,8 +322,10 @@ impl Routes {
                 ..p.clone()
             });
         }
-        Route::from_bytes(rc.clone(), &bytes, &self.clients, self.cache.as_deref())
-            .map_err(|e| problem(e.to_string(), Some(digest)))
+        Route::from_bytes(rc.clone(), &bytes, &self.clients, self.cache.as_deref()).map_err(|e| Problem {
+            digest_mismatch: matches!(e, PluginLoadError::DigestMismatch { .. }),
+            ..problem(e.to_string(), Some(digest))
+        })
     }
 
     /// Routes and files that are not running as their files say.

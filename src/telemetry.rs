@@ -148,6 +148,9 @@ pub struct Metrics {
     pub route_paused: Family<RouteLabel, Gauge>,
     /// Routes refused at start or reload, once per distinct cause.
     pub route_load_failures: Family<RouteLabel, Counter>,
+    /// Plugin files refused because they are not the build their route pins, once per
+    /// distinct file version (at start, and while the pinned version keeps serving).
+    pub plugin_digest_mismatch: Family<RouteLabel, Counter>,
     /// Routing files refused whole (they do not parse far enough to name their routes).
     pub routing_files_refused: Gauge,
     /// Outcomes discarded because the worker's lease was gone.
@@ -234,6 +237,7 @@ impl Metrics {
             route_up: Family::default(),
             route_paused: Family::default(),
             route_load_failures: Family::default(),
+            plugin_digest_mismatch: Family::default(),
             routing_files_refused: Gauge::default(),
             delivery_seconds: Family::new_with_constructor(|| {
                 Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
@@ -326,6 +330,11 @@ impl Metrics {
             "route_load_failures",
             "Routes refused at start or reload, once per distinct cause",
             m.route_load_failures.clone(),
+        );
+        registry.register(
+            "plugin_digest_mismatch",
+            "Plugin files refused because their SHA-256 is not the one their route pins, once per file version",
+            m.plugin_digest_mismatch.clone(),
         );
         registry.register(
             "routing_files_refused",
@@ -477,6 +486,7 @@ impl Metrics {
             &self.lease_lost,
             &self.attempt_panics,
             &self.route_load_failures,
+            &self.plugin_digest_mismatch,
         ] {
             let _ = family.get_or_create(&label);
         }

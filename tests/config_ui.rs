@@ -237,6 +237,19 @@ fn valid_file_resolves_plugin_against_its_folder() {
 }
 
 #[test]
+fn a_pinned_plugin_keeps_its_digest_in_lowercase_and_an_unpinned_one_none() {
+    let path = Path::new("tests/ui/plugin-pin-valid.toml");
+    let config = load(path).expect("plugin-pin-valid.toml loads");
+    let pinned = config.route("pinned").expect("route pinned");
+    let expected = inlet::inbox::digest_hex(&std::fs::read("tests/ui/fake-plugin.bin").unwrap());
+    assert_eq!(pinned.plugin_sha256.as_deref(), Some(expected.as_str()), "stored in lowercase");
+    assert!(std::fs::read_to_string(path).unwrap().contains(&expected.to_ascii_uppercase()), "written in uppercase");
+    assert_eq!(pinned.plugin, Path::new("tests/ui/fake-plugin.bin"));
+    assert_eq!(pinned.plugin_shown, Path::new("tests/ui/fake-plugin.bin"));
+    assert_eq!(config.route("unpinned").expect("route unpinned").plugin_sha256, None);
+}
+
+#[test]
 fn default_store_is_sqlite_beside_the_file() {
     let text = "[[route]]\nname = \"r\"\nplugin = \"fake-plugin.bin\"\nsource = { kind = \"push\" }\ntarget = { kind = \"log\" }\n";
     let config = Config::from_str(Path::new("tests/ui/inline.toml"), text, &env).expect("minimal file loads");

@@ -410,6 +410,9 @@ pub struct RouteView {
     pub plugin: Option<String>,
     /// The running plugin's SHA-256; absent for a refused route.
     pub plugin_sha256: Option<String>,
+    /// The SHA-256 the routing file pins the plugin to, if it pins one: a plugin file
+    /// with another digest is refused.
+    pub plugin_pinned_sha256: Option<String>,
     /// Why it is refused, or why a newer version of it was.
     pub error: Option<String>,
     /// Set while the route is paused: no instance claims its entries.

@@ -420,6 +420,23 @@ fn refusal_shown(caller: &Caller, error: &str) -> String {
     }
 }
 
+/// Why a running route is not as its files say: a refused change of its settings, a
+/// refused version of its plugin file (one that does not load, or is not the pinned
+/// build), or both.
+fn running_error(caller: &Caller, change: Option<&str>, plugin_file: Option<&str>) -> Option<String> {
+    let mut why = Vec::new();
+    if let Some(error) = change {
+        why.push(format!("a newer version was refused; this one keeps serving: {}", refusal_shown(caller, error)));
+    }
+    if let Some(error) = plugin_file {
+        why.push(format!(
+            "the plugin file was refused; the version loaded before keeps serving: {}",
+            refusal_shown(caller, error)
+        ));
+    }
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
 /// Each route's state, as far as the caller may see routes: a team's token lists its
 /// own routes only; routing files refused whole are listed to callers of every route.
 pub async fn routes(
@@ -443,9 +460,8 @@ pub async fn routes(
             source: Some(source_kind(&r.config.source)),
             plugin: Some(r.config.plugin_shown.display().to_string()),
             plugin_sha256: Some(plugin.digest().to_string()),
-            error: change_refused.map(|p| {
-                format!("a newer version was refused; this one keeps serving: {}", refusal_shown(&caller, &p.error))
-            }),
+            plugin_pinned_sha256: r.config.plugin_sha256.clone(),
+            error: running_error(&caller, change_refused.map(|p| p.error.as_str()), r.refused_file().as_deref()),
             paused: paused.remove(r.name()),
         });
     }
@@ -470,6 +486,7 @@ pub async fn routes(
             source: declared.map(|c| source_kind(&c.source)),
             plugin: declared.map(|c| c.plugin_shown.display().to_string()),
             plugin_sha256: None,
+            plugin_pinned_sha256: declared.and_then(|c| c.plugin_sha256.clone()),
             error: Some(refusal_shown(&caller, &p.error)),
             paused: paused.remove(name),
         });

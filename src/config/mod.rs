@@ -204,6 +204,9 @@ pub struct RouteConfig {
     /// The same path as the file spells it (`${NAME}` not expanded): what messages,
     /// logs and the API show, since an expanded value may be a secret.
     pub plugin_shown: PathBuf,
+    /// The SHA-256 (lowercase hex) the plugin file must have, when the route pins one
+    /// (`plugin = { path = "…", sha256 = "…" }`): a file with another digest is refused.
+    pub plugin_sha256: Option<String>,
     pub source: SourceConfig,
     pub target: TargetConfig,
     pub ordering: Ordering,

@@ -331,8 +331,13 @@ pub(super) struct RawPlugins {
 pub(super) struct RawRoute {
     /// Unique name: lowercase letters, digits and `-`. Used in `/push/<name>`.
     pub name: Spanned<RouteName>,
-    /// Path of the plugin component (`.wasm`), relative to the routing file.
-    pub plugin: Spanned<String>,
+    /// Path of the plugin component (`.wasm`), relative to the routing file:
+    /// `plugin = "plugins/orders.wasm"`. Or pinned to one build by its SHA-256
+    /// (`inlet plugin digest FILE` prints it):
+    /// `plugin = { path = "plugins/orders.wasm", sha256 = "<64 hex digits>" }`. A file
+    /// whose digest differs is refused: the route keeps serving the pinned build it
+    /// runs (or, at start, stays out) until the file or the pin is changed to match.
+    pub plugin: Spanned<RawPlugin>,
     /// Where messages come from: `{ kind = "push" }` or
     /// `{ kind = "pubsub", subscription = "projects/P/subscriptions/S" }`.
     pub source: Spanned<RawSource>,
@@ -359,6 +364,62 @@ pub(super) struct RawRoute {
     pub not_yet: Option<RawNotYet>,
     /// Sandbox limits for each plugin call.
     pub limits: Option<RawLimits>,
+}
+
+/// `"path.wasm"`, or `{ path = "path.wasm", sha256 = "…" }`.
+#[derive(Debug)]
+pub(super) enum RawPlugin {
+    Path(String),
+    Pinned(RawPinnedPlugin),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPinnedPlugin {
+    /// Path of the plugin component, relative to the routing file.
+    pub path: Spanned<String>,
+    /// The SHA-256 of the one build this route runs: 64 hexadecimal digits (either
+    /// case). `${NAME}` reads an environment variable, e.g. one a deployment sets.
+    pub sha256: Spanned<String>,
+}
+
+/// By hand rather than `untagged`, like [`RawPushAuth`]: the table's fields keep
+/// their spans and its errors name the field.
+impl<'de> Deserialize<'de> for RawPlugin {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawPlugin;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a path \"plugin.wasm\" or a table { path = \"plugin.wasm\", sha256 = \"…\" }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawPlugin, E> {
+                Ok(RawPlugin::Path(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawPlugin, A::Error> {
+                RawPinnedPlugin::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(RawPlugin::Pinned)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl RawRoute {
+    /// The plugin's path as written, where it is written.
+    pub(super) fn plugin_path(&self) -> Spanned<String> {
+        match self.plugin.get_ref() {
+            RawPlugin::Path(p) => Spanned::new(self.plugin.span(), p.clone()),
+            RawPlugin::Pinned(p) => p.path.clone(),
+        }
+    }
+
+    /// The pinned digest as written, if the route pins one.
+    pub(super) fn plugin_sha256(&self) -> Option<&Spanned<String>> {
+        match self.plugin.get_ref() {
+            RawPlugin::Path(_) => None,
+            RawPlugin::Pinned(p) => Some(&p.sha256),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

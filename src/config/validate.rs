@@ -504,19 +504,22 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
     let at = |f: &str| format!("route[{i}].{f}");
 
     // Messages and the API show the path as the file spells it.
-    let plugin_shown = base.join(r.plugin.get_ref());
-    let plugin = c.expand(&r.plugin, &at("plugin")).and_then(|p| {
+    let written = r.plugin_path();
+    let path_field = if r.plugin_sha256().is_some() { at("plugin.path") } else { at("plugin") };
+    let plugin_shown = base.join(written.get_ref());
+    let plugin = c.expand(&written, &path_field).and_then(|p| {
         let path: PathBuf = base.join(&p);
         if path.is_file() {
             Some(path)
         } else {
             c.error(
-                r.plugin.span(),
-                at("plugin"),
+                written.span(),
+                &path_field,
                 ConfigErrorKind::MissingPluginFile { path: plugin_shown.display().to_string() },
             )
         }
     });
+    let plugin_sha256 = r.plugin_sha256().map(|pin| plugin_pin(c, pin, &at("plugin.sha256")));
 
     let source = source(c, i, r);
 
@@ -714,6 +717,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         file: c.file.to_path_buf(),
         plugin: plugin?,
         plugin_shown,
+        plugin_sha256: plugin_sha256.flatten(),
         source: source?,
         target: target?,
         ordering: r.ordering.unwrap_or(Ordering::PerKey),
@@ -726,6 +730,21 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         limits,
         push_auth: None,
     })
+}
+
+/// A pinned plugin digest: 64 hexadecimal digits, kept in lowercase (how
+/// `inlet plugin digest` and `/api/routes` write digests).
+fn plugin_pin(c: &mut Checker<'_>, pin: &Spanned<String>, field: &str) -> Option<String> {
+    let digest = c.expand(pin, field)?;
+    if digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Some(digest.to_ascii_lowercase());
+    }
+    // The file's spelling, not the value: a variable may hold anything.
+    let problem = format!(
+        "`{}` is not a SHA-256 digest: write the 64 hexadecimal digits `inlet plugin digest FILE` prints",
+        pin.get_ref().escape_debug()
+    );
+    c.error(pin.span(), field, ConfigErrorKind::Invalid(problem))
 }
 
 /// `[route.limits]`: each number checked against its range, defaults for the rest.

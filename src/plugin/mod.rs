@@ -117,6 +117,11 @@ pub enum PluginLoadError {
     Instantiate { path: PathBuf, reason: String },
     #[error("`{path}` was built against plugin contract {found}, but this host supports {supported}")]
     UnsupportedVersion { path: PathBuf, found: String, supported: &'static str },
+    /// The file is not the build its route pins (`plugin = { path, sha256 }`).
+    #[error(
+        "`{path}` has sha256 {found}, but its route pins sha256 {expected}: only the pinned build may serve (to run this build, pin its digest)"
+    )]
+    DigestMismatch { path: PathBuf, expected: String, found: String },
 }
 
 /// The interface every plugin exports, with the contract version this host speaks.
