@@ -331,6 +331,13 @@ fn generated_projects_stand_alone_and_carry_the_hosts_contract() {
                 assert!(!absolute || example, "{lang}/{path}:{}: an absolute path: {line}", n + 1);
             }
         }
+        // Every template file is in the project (one added to templates/ but not to
+        // src/plugin_new.rs would be missing), plus the WIT.
+        let templates = ["common", lang]
+            .iter()
+            .map(|part| project_files(&repo().join("templates/plugin").join(part)).len())
+            .sum::<usize>();
+        assert_eq!(files.len(), templates + 1, "{lang}: {:?}", files.iter().map(|f| &f.0).collect::<Vec<_>>());
         let wit = files.iter().find(|(p, _)| p == "wit/plugin.wit").expect("wit/plugin.wit");
         assert_eq!(wit.1, repo_wit, "{lang}: wit/plugin.wit is the host's, byte for byte");
         let file = |name: &str| {
