@@ -24,7 +24,7 @@ use crate::target::Clients;
 #[derive(Debug, Parser)]
 #[command(
     name = "inlet",
-    version,
+    version = crate::plugin::VERSION_LINE,
     about = "Pub/Sub in, transactional inbox, ordered relay out — extended by WebAssembly plugins"
 )]
 pub struct Cli {
@@ -157,6 +157,30 @@ pub enum PluginCommand {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
+    /// Write a new plugin project into a folder of its own (default ./NAME): the code,
+    /// the contract's WIT as this host checks it, sample messages and target answers
+    /// with their expected reports, `build.sh`, and `test.sh`, which builds the plugin
+    /// and runs `inlet plugin test` over every sample (exit 1 on any difference).
+    /// Refuses a folder that is not empty.
+    New {
+        /// The plugin's name (lower-case letters, digits, dashes): the package and
+        /// `.wasm` file take it, dashes as underscores.
+        name: String,
+        #[arg(long, value_enum)]
+        lang: crate::plugin_new::Lang,
+        /// Where to write the project (default: ./NAME).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Print the WIT package of the plugin contract this host speaks, byte for byte
+    /// what it checks plugins against; with --out, write each supported version to
+    /// DIR/VERSION/plugin.wit.
+    Wit {
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
+    /// Print the plugin contract versions this host supports, one per line.
+    Contract,
 }
 
 fn parse_attribute(s: &str) -> Result<(String, String), String> {
@@ -419,6 +443,46 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(if report.failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
         Command::Plugin { command: PluginCommand::Digest { files } } => plugin_digest(&files, out),
+        Command::Plugin { command: PluginCommand::New { name, lang, dir } } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let written = crate::plugin_new::create(&name, lang, &dir).map_err(|e| anyhow::anyhow!(e))?;
+            let answer = serde_json::json!({ "name": name, "dir": dir, "files": written });
+            out.show(&answer, || {
+                println!("wrote {} files into {}:", written.len(), dir.display());
+                for f in &written {
+                    println!("  {f}");
+                }
+                println!("next: cd {} && ./test.sh   (builds the plugin and tests every sample)", dir.display());
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin { command: PluginCommand::Wit { out: dir } } => {
+            match dir {
+                Some(dir) => {
+                    let written = crate::plugin_new::write_wit(&dir).map_err(|e| anyhow::anyhow!(e))?;
+                    out.show(&written, || {
+                        for f in &written {
+                            println!("{}", f.display());
+                        }
+                    })?;
+                }
+                None => {
+                    use std::io::Write as _;
+                    let contract = crate::plugin::CONTRACTS.last().expect("the host supports a contract");
+                    std::io::stdout().write_all(contract.wit.as_bytes())?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin { command: PluginCommand::Contract } => {
+            let contracts = crate::plugin::CONTRACTS;
+            out.show(&contracts, || {
+                for c in contracts {
+                    println!("{}", c.package);
+                }
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Inbox { command } => {
             let store = open_store(&cli.config).await?;
             inbox_command(store, command, out).await

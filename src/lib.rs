@@ -22,6 +22,7 @@ pub mod inbox;
 pub mod ingest;
 pub mod plugin;
 pub mod plugin_dev;
+pub mod plugin_new;
 pub mod pubsub;
 pub mod redact;
 pub mod relay;

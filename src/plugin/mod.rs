@@ -127,6 +127,28 @@ pub enum PluginLoadError {
 /// The interface every plugin exports, with the contract version this host speaks.
 pub const CONTRACT: &str = "inlet:plugin/handler@0.1.0";
 
+/// The contract's WIT package, the very file `bindgen!` (`bindings.rs`) builds the host
+/// from: what `inlet plugin wit` and `inlet plugin new` hand to plugin authors.
+pub const WIT: &str = include_str!("../../wit/plugin.wit");
+
+/// A contract version this host loads plugins of.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Contract {
+    /// The WIT package, `inlet:plugin@0.1.0`.
+    pub package: &'static str,
+    /// The interface a plugin exports, `inlet:plugin/handler@0.1.0`.
+    pub interface: &'static str,
+    /// The package's WIT text, byte for byte.
+    #[serde(skip)]
+    pub wit: &'static str,
+}
+
+/// Every contract version this host supports (today one), newest last.
+pub const CONTRACTS: &[Contract] = &[Contract { package: "inlet:plugin@0.1.0", interface: CONTRACT, wit: WIT }];
+
+/// `inlet --version`: the host's version and the plugin contracts it speaks.
+pub const VERSION_LINE: &str = concat!(env!("CARGO_PKG_VERSION"), " (plugin contract inlet:plugin@0.1.0)");
+
 /// The process-wide engine that runs plugins (fuel and epoch yields on).
 pub fn engine() -> &'static Engine {
     engine_for(Metering::Bounded)
