@@ -414,7 +414,10 @@ async fn secrets_stay_out_of_check_errors_debug_and_last_error() {
     // A transport error names the target by its origin only (tests/redirects.rs has the
     // path's secrets): the target is still recognisable by host and port.
     assert!(!last_error.contains("/x"), "last_error names the path: {last_error}");
-    assert!(last_error.contains(&format!("http://127.0.0.1:{closed}")), "the target is still recognisable: {last_error}");
+    assert!(
+        last_error.contains(&format!("http://127.0.0.1:{closed}")),
+        "the target is still recognisable: {last_error}"
+    );
     instance.running.stop().await;
 }
 

@@ -98,17 +98,8 @@ impl Ops {
 
     /// Pushes work order `seq` of `key` to `route`; the entry's id.
     async fn push(&self, route: &str, key: &str, seq: u32) -> i64 {
-        let data = format!(r#"{{"workOrderId":"{key}","completedItems":{seq},"completionTimestamp":"t"}}"#);
-        let envelope = push_envelope(data.as_bytes(), &[], &format!("{route}-{key}-{seq}"));
-        let r = self
-            .http
-            .post(format!("{}/push/{route}", self.base))
-            .header("content-type", "application/json")
-            .body(envelope.to_string())
-            .send()
-            .await
-            .unwrap();
-        let answer: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        let (_, answer) = common::push_work_order(&self.http, &self.base, route, key, seq).await;
+        let answer: Value = serde_json::from_str(&answer).unwrap();
         assert_eq!(answer["outcome"], "inserted", "{answer}");
         answer["entry"].as_i64().unwrap()
     }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{InletProcess, push_envelope, wait_for, wait_until};
+use common::{InletProcess, wait_for, wait_until};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -143,18 +143,8 @@ impl Api {
 
     /// Pushes work order `key`, sequence `seq`: the push status and the entry id.
     async fn push(&self, route: &str, key: &str, seq: u32) -> (u16, Value) {
-        let data = format!(r#"{{"workOrderId":"{key}","completedItems":{seq},"completionTimestamp":"t"}}"#);
-        let envelope = push_envelope(data.as_bytes(), &[], &format!("{route}-{key}-{seq}"));
-        let r = self
-            .http
-            .post(format!("{}/push/{route}", self.base))
-            .header("content-type", "application/json")
-            .body(envelope.to_string())
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, serde_json::from_str(&r.text().await.unwrap()).unwrap_or(Value::Null))
+        let (status, answer) = common::push_work_order(&self.http, &self.base, route, key, seq).await;
+        (status, serde_json::from_str(&answer).unwrap_or(Value::Null))
     }
 
     /// The entry, with its attempt history, once it is DONE.

@@ -14,7 +14,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{FakeCamunda, InletProcess, push_envelope, wait_until};
+use common::{FakeCamunda, InletProcess, wait_until};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -90,17 +90,7 @@ struct Client {
 impl Client {
     /// Pushes a work-order event; the status and the answer's text.
     async fn push(&self, route: &str, key: &str, seq: u32) -> (u16, String) {
-        let event = format!(r#"{{"workOrderId":"{key}","completedItems":{seq},"completionTimestamp":"t"}}"#);
-        let envelope = push_envelope(event.as_bytes(), &[], &format!("{route}-{key}-{seq}"));
-        let r = self
-            .http
-            .post(format!("{}/push/{route}", self.base))
-            .header("content-type", "application/json")
-            .body(envelope.to_string())
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.text().await.unwrap())
+        common::push_work_order(&self.http, &self.base, route, key, seq).await
     }
 
     async fn get(&self, path: &str, token: Option<&str>) -> (u16, String) {

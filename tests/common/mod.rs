@@ -277,6 +277,21 @@ pub async fn post_push(http: &reqwest::Client, base: &str, route: &str, envelope
     response.status().as_u16()
 }
 
+/// Pushes work order `key`'s event number `seq` (the work-order plugin's event, message
+/// id `ROUTE-KEY-SEQ`) to `BASE/push/ROUTE`; the status and the answer's text.
+pub async fn push_work_order(http: &reqwest::Client, base: &str, route: &str, key: &str, seq: u32) -> (u16, String) {
+    let data = format!(r#"{{"workOrderId":"{key}","completedItems":{seq},"completionTimestamp":"t"}}"#);
+    let envelope = push_envelope(data.as_bytes(), &[], &format!("{route}-{key}-{seq}"));
+    let response = http
+        .post(format!("{base}/push/{route}"))
+        .header("content-type", "application/json")
+        .body(envelope.to_string())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("push to route {route}: {e}"));
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
 /// Current UTC time as RFC 3339 with milliseconds, e.g. `2025-01-31T12:34:56.789Z`.
 fn rfc3339_now() -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970");
