@@ -101,13 +101,7 @@ async fn push_with(
     use sha2::Digest as _;
     let data = payload.to_string();
     let envelope = push_envelope(data.as_bytes(), attributes, id);
-    let r = http
-        .post(format!("{base}/push/{route}"))
-        .header("content-type", "application/json")
-        .body(envelope.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = common::send_push(http, base, route, &envelope).await;
     assert_eq!(r.status(), 200, "push {id}: {}", r.text().await.unwrap());
     sha2::Sha256::digest(data.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }

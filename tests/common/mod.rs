@@ -265,16 +265,24 @@ pub fn push_envelope(data: &[u8], attributes: &[(&str, &str)], message_id: &str)
     })
 }
 
-/// POSTs a push envelope to `BASE/push/ROUTE`, as a push subscription does; the status.
-pub async fn post_push(http: &reqwest::Client, base: &str, route: &str, envelope: &serde_json::Value) -> u16 {
-    let response = http
-        .post(format!("{base}/push/{route}"))
+/// POSTs a push envelope to `BASE/push/ROUTE`, as a push subscription does; the answer.
+pub async fn send_push(
+    http: &reqwest::Client,
+    base: &str,
+    route: &str,
+    envelope: &serde_json::Value,
+) -> reqwest::Response {
+    http.post(format!("{base}/push/{route}"))
         .header("content-type", "application/json")
         .body(envelope.to_string())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("push to route {route}: {e}"));
-    response.status().as_u16()
+        .unwrap_or_else(|e| panic!("push to route {route}: {e}"))
+}
+
+/// [`send_push`], for its status alone.
+pub async fn post_push(http: &reqwest::Client, base: &str, route: &str, envelope: &serde_json::Value) -> u16 {
+    send_push(http, base, route, envelope).await.status().as_u16()
 }
 
 /// Pushes work order `key`'s event number `seq` (the work-order plugin's event, message
@@ -282,13 +290,7 @@ pub async fn post_push(http: &reqwest::Client, base: &str, route: &str, envelope
 pub async fn push_work_order(http: &reqwest::Client, base: &str, route: &str, key: &str, seq: u32) -> (u16, String) {
     let data = format!(r#"{{"workOrderId":"{key}","completedItems":{seq},"completionTimestamp":"t"}}"#);
     let envelope = push_envelope(data.as_bytes(), &[], &format!("{route}-{key}-{seq}"));
-    let response = http
-        .post(format!("{base}/push/{route}"))
-        .header("content-type", "application/json")
-        .body(envelope.to_string())
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("push to route {route}: {e}"));
+    let response = send_push(http, base, route, &envelope).await;
     (response.status().as_u16(), response.text().await.unwrap())
 }
 
