@@ -397,7 +397,8 @@ mod tests {
         assert_eq!(check("/a/%252e%252e/x"), "request.path.dot-segment");
         assert_eq!(check("/a/%2e%2e%2fx"), "request.path.dot-segment");
         assert_eq!(check("/a/./x"), "request.path.dot-segment");
-        // Path parameters (issue 23, finding 8): `..;` is `..` to Tomcat and Spring.
+        // Path parameters: Tomcat and Spring drop `;…` before resolving dot segments,
+        // so `..;` is `..` to them.
         for dot in [
             "/..;/x",
             "/b/..;/admin/x",

@@ -1,4 +1,4 @@
-//! The bad-input corpus (issue 10): requests a stranger, a broken sender or a buggy
+//! The bad-input corpus: requests a stranger, a broken sender or a buggy
 //! plugin can produce, each with the outcome a client and an operator see — the HTTP
 //! status, the error object (`{"error", "reason"}` for pushes, `{"error"}` for the
 //! admin API), the row left in the inbox (none; OPEN; PARKED with the raw payload and

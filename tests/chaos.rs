@@ -1,4 +1,4 @@
-//! The chaos harness (issue 10): real parts, real faults, and afterwards every
+//! The chaos harness: real parts, real faults, and afterwards every
 //! invariant Inlet promises, checked exactly where Inlet controls the outcome.
 //!
 //! Parts: a PostgreSQL cluster of the test's own ([`common::PgCluster`], so it can be

@@ -1,4 +1,4 @@
-//! The web console in a real browser (issue 11, must show 5): a real `inlet` process on
+//! The web console in a real browser: a real `inlet` process on
 //! SQLite, a real HTTP target that refuses two sets of keys at first (two failure
 //! groups) and is then fixed, and headless Chromium driven by playwright-core
 //! (`tests/console/drive.mjs`). An operator signs in, opens the overview and a failure

@@ -191,7 +191,8 @@ async fn a_publish_that_timed_out_is_not_published_later() {
     assert!(matches!(outcome, wit::Outcome::TransportError(_)), "{outcome:?}");
     assert!(took < Duration::from_secs(10), "the publish gave up within its timeout (took {took:?})");
     proxy.set_up(true);
-    // Long enough for a client that kept retrying in the background to get through.
+    // Long enough for a client that kept retrying in the background to get through:
+    // this waits for something that must not happen, so there is no condition to poll.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let late = emulator.pull("out-sub").await;
     assert!(late.is_empty(), "a publish the target gave up on arrived later: {late:?}");

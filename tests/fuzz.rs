@@ -1,4 +1,4 @@
-//! Seedable mutation fuzzing (issue 10) of the two parsers strangers and typos reach
+//! Seedable mutation fuzzing of the two parsers strangers and typos reach
 //! first: the routing-file loader (`Config::from_str`, and `Config::load` for bytes
 //! that are not UTF-8) and the push-envelope parser (`PushEnvelope::parse`).
 //!

@@ -479,7 +479,7 @@ async fn pushes_over_the_concurrency_cap_are_shed_at_once_and_nothing_is_lost() 
 }
 
 // ---------------------------------------------------------------------------------------
-// Every endpoint's body, and connection caps (issue 23, finding 6)
+// Every endpoint's body, and connection caps: a client must not hold a listener open
 // ---------------------------------------------------------------------------------------
 
 /// A connection to the listener from `local` (any 127.0.0.0/8 address is loopback on
@@ -518,6 +518,8 @@ async fn trickle(addr: SocketAddr, path: &str, body: &[u8], every: Duration) -> 
             if writer.write_all(&[b]).await.is_err() {
                 return; // the server stopped reading, as it should
             }
+            // The trickle is the attack: a byte per period, each far inside the
+            // header timeout, so only the body deadline can end the request.
             tokio::time::sleep(every).await;
         }
     });

@@ -101,6 +101,7 @@ async fn sleeping_plugins_are_abandoned_at_the_backstop_while_a_good_route_deliv
                 let (status, took) = push(&http, &base, "good", data.as_bytes(), &format!("g-{n}")).await;
                 assert_eq!(status, 200);
                 sent.push(took);
+                // Paces the good route's load: a steady stream beside the hostile one.
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             sent
@@ -180,6 +181,7 @@ async fn memory_kept_between_calls_is_bounded_by_the_documented_worst_case() {
         std::thread::spawn(move || {
             while sampling.load(Ordering::Relaxed) {
                 peak.fetch_max(rss_bytes(), Ordering::Relaxed);
+                // The sampler's period: RSS is read, not awaited.
                 std::thread::sleep(Duration::from_millis(5));
             }
         })

@@ -1,7 +1,7 @@
 //! The compiled-plugin cache holds native code the host loads without validation:
 //! it is created private, a folder others can write to or another user owns is not
 //! used, and a cache file is loaded only when it is Inlet's user's own regular file,
-//! never through a symbolic link (issue 23, finding 9). Tests run as root, so they
+//! never through a symbolic link. Tests run as root, so they
 //! can hand a folder or a file to another user.
 
 mod common;

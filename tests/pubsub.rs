@@ -60,7 +60,7 @@ async fn create_topology(emulator: &PubSubEmulator) {
 /// of the restart and the rest not in five minutes; its log shows a
 /// NoSuchMethodError for every closed stream, so it never learns the stream is
 /// closed and keeps each key pinned to it. Google's service does not do this.
-/// Unordered subscriptions strand far fewer, but still some (issue 10 measured 400
+/// Unordered subscriptions strand far fewer, but still some (400
 /// of 2,000 after three kills with Google's own client), so these tests check
 /// Inlet's side exactly and only report the broker's ([`assert_acked_were_stored`]).
 async fn emulator_unordered() -> PubSubEmulator {

@@ -1,4 +1,4 @@
-//! Targets never follow redirects (issue 23, finding 1): a 3xx is the target's answer,
+//! Targets never follow redirects: a 3xx is the target's answer,
 //! handed to `classify` like any status. Followed, it would carry the method, the
 //! body, the idempotency key, plugin-set headers and the route's secret headers to
 //! wherever `Location` points, and store that host's answer in `last_error`.

@@ -1,4 +1,4 @@
-//! Repair by filter on real parts (issue 11, must show 2): 500 parked entries over 20
+//! Repair by filter on real parts: 500 parked entries over 20
 //! keys with two different errors, a real `inlet` process, a real HTTP target. The
 //! failure groups show the two; a dry run of one group counts it and moves nothing;
 //! the real requeue runs as a job at its rate, the process is SIGKILLed mid-job, and
@@ -122,6 +122,8 @@ async fn a_failure_group_is_requeued_by_a_rate_limited_job_that_survives_a_kill(
     assert_eq!(status, 200, "{dry}");
     assert_eq!(dry["matches"]["count"], 250, "{dry}");
     assert_eq!(dry["matches"]["distinct_keys"], 10, "{dry}");
+    // A window in which nothing may be delivered: a dry run that moved entries would
+    // have them at the target by now; there is no event to poll for.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(camunda.count(), 0, "a dry run moves nothing");
     let (_, still) = api(&http, reqwest::Method::GET, &format!("{base}/api/failures?route=wo"), None).await;

@@ -1,4 +1,4 @@
-//! Output rules and poison messages (issue 8): a plugin answer that breaks a rule, or
+//! Output rules and poison messages: a plugin answer that breaks a rule, or
 //! a row the database refuses for what it holds, parks that one entry with a reason
 //! naming the rule (or the database's error) and never stalls the route — on SQLite
 //! and PostgreSQL alike, through push and through the pull source against the real
@@ -300,8 +300,8 @@ fn bad_renders() -> Vec<(serde_json::Value, &'static str)> {
         (json!({ "path": "/%2e%2e/team-b/events" }), "request.path.dot-segment"),
         (json!({ "path": "/%2E%2e%2Fteam-b" }), "request.path.dot-segment"),
         (json!({ "path": "/..\\team-b" }), "request.path.backslash"),
-        // Path parameters and dot segments as the servers behind Camunda read them
-        // (issue 23, finding 8): `..;` is `..` to Tomcat and Spring.
+        // Path parameters and dot segments as the servers behind Camunda read them:
+        // `..;` is `..` to Tomcat and Spring.
         (json!({ "path": "/b/..;/admin/x" }), "request.path.dot-segment"),
         (json!({ "path": "/..;/team-b/events" }), "request.path.dot-segment"),
         (json!({ "path": "/%2e%2e;/team-b" }), "request.path.dot-segment"),
