@@ -8,6 +8,7 @@
 //! its errors at once.
 
 mod access;
+pub mod edit;
 mod error;
 mod files;
 mod raw;
@@ -61,11 +62,13 @@ pub struct RefusedRoute {
 pub struct PluginsConfig {
     /// Memory all plugin instances may hold together, in bytes.
     pub memory_budget_bytes: usize,
+    /// Memory all shadow candidates may hold together, in bytes.
+    pub shadow_memory_budget_bytes: usize,
 }
 
 impl Default for PluginsConfig {
     fn default() -> Self {
-        PluginsConfig { memory_budget_bytes: 2048 << 20 }
+        PluginsConfig { memory_budget_bytes: 2048 << 20, shadow_memory_budget_bytes: 256 << 20 }
     }
 }
 
@@ -207,6 +210,11 @@ pub struct RouteConfig {
     /// The SHA-256 (lowercase hex) the plugin file must have, when the route pins one
     /// (`plugin = { path = "…", sha256 = "…" }`): a file with another digest is refused.
     pub plugin_sha256: Option<String>,
+    /// A new version run in shadow beside the plugin (`candidate = …`): its answers
+    /// are compared, never sent.
+    pub candidate: Option<PluginFile>,
+    /// The version that served before the last promotion (`previous = …`).
+    pub previous: Option<PluginFile>,
     pub source: SourceConfig,
     pub target: TargetConfig,
     pub ordering: Ordering,
@@ -224,6 +232,17 @@ pub struct RouteConfig {
     /// Push routes: the route's `source.auth`, else `[push] auth`; `None` when
     /// neither is written (or the source is not push).
     pub push_auth: Option<PushAuth>,
+}
+
+/// A plugin file a route names besides its serving one (`candidate`, `previous`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginFile {
+    /// Resolved against the routing file's folder, variables expanded.
+    pub path: PathBuf,
+    /// As the file spells it: what messages and the API show.
+    pub shown: PathBuf,
+    /// The SHA-256 the file must have, when pinned.
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

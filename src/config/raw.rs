@@ -324,6 +324,10 @@ pub(super) struct RawPlugins {
     /// (default 2048). A call that needs more waits as if the host were busy (a
     /// temporary failure), instead of being blamed on the plugin.
     pub memory_budget_mib: Option<Spanned<u32>>,
+    /// Memory all shadow candidates (a route's `candidate`) may hold together, in
+    /// MiB (default 256), apart from `memory_budget_mib`: a candidate that hoards
+    /// memory faults in the shadow, never takes memory from a serving plugin.
+    pub shadow_memory_budget_mib: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -338,6 +342,17 @@ pub(super) struct RawRoute {
     /// whose digest differs is refused: the route keeps serving the pinned build it
     /// runs (or, at start, stays out) until the file or the pin is changed to match.
     pub plugin: Spanned<RawPlugin>,
+    /// A new version of the plugin to try on live traffic in shadow, written like
+    /// `plugin`: for each message it decodes too, and at each delivery it renders and
+    /// classifies the real answer too, in its own sandbox and budget, off the serving
+    /// path. Nothing it renders is sent; its answers are compared with the serving
+    /// plugin's and the differences counted (`/api/routes/<name>/shadow`,
+    /// `inlet plugin shadow`). `inlet plugin promote` makes it the plugin. A candidate
+    /// that does not load never stops the route: the shadow says why.
+    pub candidate: Option<Spanned<RawPlugin>>,
+    /// The version that served before the last promotion, written like `plugin`:
+    /// `inlet plugin promote` writes it, `inlet plugin rollback` puts it back.
+    pub previous: Option<Spanned<RawPlugin>>,
     /// Where messages come from: `{ kind = "push" }` or
     /// `{ kind = "pubsub", subscription = "projects/P/subscriptions/S" }`.
     pub source: Spanned<RawSource>,
@@ -404,18 +419,18 @@ impl<'de> Deserialize<'de> for RawPlugin {
     }
 }
 
-impl RawRoute {
-    /// The plugin's path as written, where it is written.
-    pub(super) fn plugin_path(&self) -> Spanned<String> {
-        match self.plugin.get_ref() {
-            RawPlugin::Path(p) => Spanned::new(self.plugin.span(), p.clone()),
+impl RawPlugin {
+    /// The path as written, where it is written (`span`: the whole value's).
+    pub(super) fn path(&self, span: std::ops::Range<usize>) -> Spanned<String> {
+        match self {
+            RawPlugin::Path(p) => Spanned::new(span, p.clone()),
             RawPlugin::Pinned(p) => p.path.clone(),
         }
     }
 
-    /// The pinned digest as written, if the route pins one.
-    pub(super) fn plugin_sha256(&self) -> Option<&Spanned<String>> {
-        match self.plugin.get_ref() {
+    /// The pinned digest as written, if there is one.
+    pub(super) fn sha256(&self) -> Option<&Spanned<String>> {
+        match self {
             RawPlugin::Path(_) => None,
             RawPlugin::Pinned(p) => Some(&p.sha256),
         }

@@ -12,11 +12,12 @@ use toml::Spanned;
 use super::access::{AdminConfig, PushAuth};
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
 use super::raw::{
-    HumanDuration, RawConfig, RawGrant, RawLimits, RawPlugins, RawRoute, RawServer, RawStore, SourceKind, TargetKind,
+    HumanDuration, RawConfig, RawGrant, RawLimits, RawPlugin, RawPlugins, RawRoute, RawServer, RawStore, SourceKind,
+    TargetKind,
 };
 use super::{
-    HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginLimits, PluginsConfig, PubsubSource, PubsubTarget,
-    RetryPolicy, RouteConfig, RouteName, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
+    HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginFile, PluginLimits, PluginsConfig, PubsubSource,
+    PubsubTarget, RetryPolicy, RouteConfig, RouteName, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
 };
 
 /// Collects errors while a file is checked, so all of them are reported at once.
@@ -448,6 +449,16 @@ fn plugins_section(c: &mut Checker<'_>, p: &RawPlugins) -> PluginsConfig {
         }
         plugins.memory_budget_bytes = (*mib.get_ref() as usize) << 20;
     }
+    if let Some(mib) = &p.shadow_memory_budget_mib {
+        if !(16..=1 << 20).contains(mib.get_ref()) {
+            c.error::<()>(
+                mib.span(),
+                "plugins.shadow_memory_budget_mib",
+                ConfigErrorKind::Invalid("must be between 16 and 1048576".into()),
+            );
+        }
+        plugins.shadow_memory_budget_bytes = (*mib.get_ref() as usize) << 20;
+    }
     plugins
 }
 
@@ -504,8 +515,8 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
     let at = |f: &str| format!("route[{i}].{f}");
 
     // Messages and the API show the path as the file spells it.
-    let written = r.plugin_path();
-    let path_field = if r.plugin_sha256().is_some() { at("plugin.path") } else { at("plugin") };
+    let written = r.plugin.get_ref().path(r.plugin.span());
+    let path_field = if r.plugin.get_ref().sha256().is_some() { at("plugin.path") } else { at("plugin") };
     let plugin_shown = base.join(written.get_ref());
     let plugin = c.expand(&written, &path_field).and_then(|p| {
         let path: PathBuf = base.join(&p);
@@ -519,7 +530,9 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
             )
         }
     });
-    let plugin_sha256 = r.plugin_sha256().map(|pin| plugin_pin(c, pin, &at("plugin.sha256")));
+    let plugin_sha256 = r.plugin.get_ref().sha256().map(|pin| plugin_pin(c, pin, &at("plugin.sha256")));
+    let candidate = r.candidate.as_ref().map(|p| other_plugin(c, base, p, &at("candidate")));
+    let previous = r.previous.as_ref().map(|p| other_plugin(c, base, p, &at("previous")));
 
     let source = source(c, i, r);
 
@@ -718,6 +731,8 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         plugin: plugin?,
         plugin_shown,
         plugin_sha256: plugin_sha256.flatten(),
+        candidate: candidate.flatten(),
+        previous: previous.flatten(),
         source: source?,
         target: target?,
         ordering: r.ordering.unwrap_or(Ordering::PerKey),
@@ -730,6 +745,21 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         limits,
         push_auth: None,
     })
+}
+
+/// A route's `candidate` or `previous` plugin. Its file is not required to exist
+/// here: a candidate that does not load never keeps the route from serving (its
+/// shadow says why), and `previous` is read only by a rollback, which checks it.
+fn other_plugin(c: &mut Checker<'_>, base: &Path, p: &Spanned<RawPlugin>, field: &str) -> Option<PluginFile> {
+    let raw = p.get_ref();
+    let written = raw.path(p.span());
+    let path_field = if raw.sha256().is_some() { format!("{field}.path") } else { field.to_string() };
+    let path = c.expand(&written, &path_field).map(|e| base.join(e));
+    let sha256 = match raw.sha256() {
+        Some(pin) => Some(plugin_pin(c, pin, &format!("{field}.sha256"))?),
+        None => None,
+    };
+    Some(PluginFile { path: path?, shown: base.join(written.get_ref()), sha256 })
 }
 
 /// A pinned plugin digest: 64 hexadecimal digits, kept in lowercase (how
