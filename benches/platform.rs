@@ -35,6 +35,12 @@
 //!   its delivery. A push shed with 503 (more than `max_concurrent_pushes` in flight)
 //!   is sent again after its `Retry-After`, timed from its first send; the sheds are
 //!   counted in the row.
+//! - `shadow`: the push → delivery p50/p99 of an open loop at a fixed rate
+//!   (`--shadow-rate`, default 200 msg/s) with no candidate, beside the same with a
+//!   candidate plugin in shadow that sleeps (an hour per call, until its backstop),
+//!   traps, or hoards memory at every call (`plugins/work-order-next`, chosen by the
+//!   work order id's prefix). Runs alternate and each row is the median of the rounds;
+//!   the goal is a p99 within 10 % of the run without a candidate.
 //! - `backlog`: one instance at 10k / 100k / 1M entries of backlog: its rate, its mean
 //!   claim time (`inlet_claim_duration_seconds`), its peak RSS (VmHWM); at the largest,
 //!   the rate in its first 5 s beside the rate after 60 s.
@@ -91,10 +97,12 @@ struct Args {
     /// How long the largest backlog is worked on (its rate after 60 s needs > 60 s).
     long_window: Duration,
     latency_window: Duration,
+    /// The shadow section's push rate, messages per second.
+    shadow_rate: f64,
     only: Option<Vec<String>>,
 }
 
-const SECTIONS: [&str; 6] = ["plugin", "ingest", "relay", "latency", "backlog", "instances"];
+const SECTIONS: [&str; 7] = ["plugin", "ingest", "relay", "latency", "shadow", "backlog", "instances"];
 
 impl Args {
     fn full() -> Args {
@@ -117,6 +125,7 @@ impl Args {
             instances_backlog: 100_000,
             long_window: Duration::from_secs(66),
             latency_window: Duration::from_secs(10),
+            shadow_rate: 200.0,
             only: None,
         }
     }
@@ -143,9 +152,9 @@ impl Args {
 }
 
 fn usage() -> &'static str {
-    "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,backlog,instances] \
+    "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,shadow,backlog,instances] \
      [--clients N] [--messages N] [--keys N] [--relay-backlog N] [--peer-jobs N] [--peer-concurrency N] \
-     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…]"
+     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--shadow-rate N]"
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -181,6 +190,7 @@ fn parse_args() -> Result<Args, String> {
             "--concurrency" => args.concurrency = number(flag, v)?,
             "--backlogs" => args.backlogs = list(flag, v)?,
             "--instances" => args.instances = list(flag, v)?,
+            "--shadow-rate" => args.shadow_rate = number(flag, v)? as f64,
             "--only" => {
                 let names: Vec<String> = v.split(',').map(|s| s.trim().to_string()).collect();
                 if let Some(bad) = names.iter().find(|n| !SECTIONS.contains(&n.as_str())) {
@@ -228,6 +238,9 @@ async fn run(args: &Args, plugin: &Path, mut report: Report) -> Report {
     }
     if args.wants("latency") {
         latency_section(args, plugin, &target, &mut report).await;
+    }
+    if args.wants("shadow") {
+        shadow_section(args, plugin, &target, &mut report).await;
     }
     if args.wants("backlog") {
         backlog_section(args, plugin, &target, &mut report).await;
@@ -527,16 +540,7 @@ async fn warm_up(inlet: &Instance) {
 
 /// Message `i` of key `key-{i % keys}` as a push envelope; its seq is `i / keys + 1`.
 fn push_bodies(n: usize, keys: usize) -> Vec<(usize, String)> {
-    (0..n)
-        .map(|i| {
-            let data = format!(
-                r#"{{"workOrderId":"key-{}","completedItems":{},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#,
-                i % keys,
-                i / keys + 1
-            );
-            (i, common::push_envelope(data.as_bytes(), &[], &format!("bench-{i}")).to_string())
-        })
-        .collect()
+    prefixed_push_bodies(n, keys, "")
 }
 
 /// Pushes every body from `clients` clients, each owning whole keys; panics unless
@@ -890,10 +894,43 @@ async fn latency_section(args: &Args, plugin: &Path, target: &Target, report: &m
     // Half that rate, open loop, on a fresh database.
     let half = closed / 2.0;
     let total = (half * args.latency_window.as_secs_f64()) as usize;
-    let bodies = push_bodies(total, args.keys);
     let pg = TestPg::new().await;
     let inlet = Instance::start(&pg.url, plugin, target, args.concurrency, "latency").await;
-    warm_up(&inlet).await;
+    let paced = paced_latency(args, &inlet, target, push_bodies(total, args.keys), half).await;
+    report.row(
+        "latency pg",
+        &format!("push -> delivery at {half:.0} msg/s (half), p50 / p99"),
+        format!("{:.1} ms / {:.1} ms", ms(paced.p50), ms(paced.p99)),
+        format!(
+            "{total} pushes over {:.0} s, {} shed (503) and sent again",
+            args.latency_window.as_secs_f64(),
+            paced.shed
+        ),
+        None,
+        None,
+    );
+    inlet.stop();
+    drop(pg);
+}
+
+/// What an open-loop run measured.
+struct Paced {
+    p50: Duration,
+    p99: Duration,
+    shed: u64,
+}
+
+/// Sends `bodies` to `inlet` at `per_s`, each at its time whatever the answers before
+/// it, and times each from its first send to the target's first delivery of it.
+async fn paced_latency(
+    args: &Args,
+    inlet: &Instance,
+    target: &Target,
+    bodies: Vec<(usize, String)>,
+    per_s: f64,
+) -> Paced {
+    let total = bodies.len();
+    warm_up(inlet).await;
     wait_delivered(target, 1).await;
     target.reset();
     target.record(true);
@@ -903,7 +940,7 @@ async fn latency_section(args: &Args, plugin: &Path, target: &Target, report: &m
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for (i, body) in bodies {
-        let at = start + Duration::from_secs_f64(i as f64 / half);
+        let at = start + Duration::from_secs_f64(i as f64 / per_s);
         let (http, url, sent, shed) = (http.clone(), inlet.push_url(), Arc::clone(&sent), Arc::clone(&shed));
         tokio::time::sleep_until(at.into()).await;
         set.spawn(async move {
@@ -951,16 +988,105 @@ async fn latency_section(args: &Args, plugin: &Path, target: &Target, report: &m
     assert_eq!(latencies.len(), total, "deliveries matched to {} of {total} paced pushes", latencies.len());
     latencies.sort();
     let pct = |q: f64| latencies[((latencies.len() as f64 * q).ceil() as usize).clamp(1, latencies.len()) - 1];
+    Paced { p50: pct(0.5), p99: pct(0.99), shed }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shadow
+// ---------------------------------------------------------------------------------------
+
+/// The candidates the shadow section runs beside the serving plugin: the work order
+/// id prefix that makes `work-order-next` misbehave, and what it does.
+const CANDIDATES: [(&str, &str); 3] =
+    [("sleep-", "sleeps an hour per call"), ("trap-", "traps at every call"), ("hoard-", "keeps 8 MiB more per call")];
+
+async fn shadow_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {
+    let candidate = plugin.with_file_name("work_order_next.wasm");
+    assert!(candidate.is_file(), "{} is missing; run scripts/build-plugins first", candidate.display());
+    let per_s = args.shadow_rate;
+    let total = (per_s * args.latency_window.as_secs_f64()) as usize;
+    let mut without: Vec<Paced> = Vec::new();
+    let mut with: Vec<Vec<Paced>> = CANDIDATES.iter().map(|_| Vec::new()).collect();
+    for round in 1..=args.rounds {
+        // Without a candidate, then each candidate, each on a fresh database; the
+        // bodies carry the candidate's prefix in every run (the serving plugin treats
+        // every id alike).
+        for (c, (prefix, _)) in CANDIDATES.iter().enumerate() {
+            for shadowed in [false, true] {
+                let pg = TestPg::new().await;
+                let shadow = shadowed.then_some(candidate.as_path());
+                let inlet = Instance::start_with(&pg.url, plugin, shadow, target, args.concurrency, "shadow").await;
+                let paced =
+                    paced_latency(args, &inlet, target, prefixed_push_bodies(total, args.keys, prefix), per_s).await;
+                eprintln!(
+                    "shadow round {round}: {prefix}* {} p99 {:.1} ms",
+                    if shadowed { "with the candidate" } else { "without" },
+                    ms(paced.p99)
+                );
+                if shadowed {
+                    let metrics = reqwest::get(format!("{}/metrics", inlet.base()))
+                        .await
+                        .expect("metrics")
+                        .text()
+                        .await
+                        .expect("metrics text");
+                    let faults: f64 = metrics
+                        .lines()
+                        .filter(|l| {
+                            l.starts_with("inlet_shadow_faults_total{") || l.starts_with("inlet_shadow_dropped_total{")
+                        })
+                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                        .sum();
+                    assert!(faults > 0.0, "the {prefix} candidate neither faulted nor fell behind:\n{metrics}");
+                    with[c].push(paced);
+                } else {
+                    without.push(paced);
+                }
+                inlet.stop();
+                drop(pg);
+            }
+        }
+    }
+    let median_of = |runs: &[Paced], f: fn(&Paced) -> Duration| {
+        let mut v: Vec<Duration> = runs.iter().map(f).collect();
+        v.sort();
+        v[v.len() / 2]
+    };
+    let base = median_of(&without, |p| p.p99);
     report.row(
-        "latency pg",
-        &format!("push -> delivery at {half:.0} msg/s (half), p50 / p99"),
-        format!("{:.1} ms / {:.1} ms", ms(pct(0.5)), ms(pct(0.99))),
-        format!("{total} pushes over {:.0} s, {shed} shed (503) and sent again", args.latency_window.as_secs_f64()),
+        "shadow pg",
+        &format!("push -> delivery at {per_s:.0} msg/s, no candidate, p50 / p99"),
+        format!("{:.1} ms / {:.1} ms", ms(median_of(&without, |p| p.p50)), ms(base)),
+        format!("{total} pushes per run, {} runs", without.len()),
         None,
         None,
     );
-    inlet.stop();
-    drop(pg);
+    for (c, (_, what)) in CANDIDATES.iter().enumerate() {
+        let p99 = median_of(&with[c], |p| p.p99);
+        let ratio = p99.as_secs_f64() / base.as_secs_f64();
+        report.row(
+            "shadow pg",
+            &format!("the same with a candidate that {what}, p50 / p99"),
+            format!("{:.1} ms / {:.1} ms", ms(median_of(&with[c], |p| p.p50)), ms(p99)),
+            format!("p99 without a candidate {:.1} ms", ms(base)),
+            Some(ratio),
+            Some(Goal { text: "p99 within 10 %".into(), met: ratio <= 1.10 }),
+        );
+    }
+}
+
+/// [`push_bodies`] with the work order ids prefixed (`sleep-key-3`).
+fn prefixed_push_bodies(n: usize, keys: usize, prefix: &str) -> Vec<(usize, String)> {
+    (0..n)
+        .map(|i| {
+            let data = format!(
+                r#"{{"workOrderId":"{prefix}key-{}","completedItems":{},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#,
+                i % keys,
+                i / keys + 1
+            );
+            (i, common::push_envelope(data.as_bytes(), &[], &format!("bench-{i}")).to_string())
+        })
+        .collect()
 }
 
 /// The wait a shed push's `Retry-After` asks for (seconds), 1 s if it has none.
@@ -1055,6 +1181,19 @@ struct Instance {
 impl Instance {
     /// `inlet run` on `url` with one push route into the target, healthy.
     async fn start(url: &str, plugin: &Path, target: &Target, concurrency: usize, name: &str) -> Instance {
+        Instance::start_with(url, plugin, None, target, concurrency, name).await
+    }
+
+    /// [`Instance::start`], with a candidate plugin in shadow if one is given.
+    async fn start_with(
+        url: &str,
+        plugin: &Path,
+        candidate: Option<&Path>,
+        target: &Target,
+        concurrency: usize,
+        name: &str,
+    ) -> Instance {
+        let candidate = candidate.map(|c| format!("candidate = \"{}\"\n", c.display())).unwrap_or_default();
         let dir = tempfile::tempdir().expect("tempdir");
         let port = common::free_port();
         let config = dir.path().join("inlet.toml");
@@ -1063,7 +1202,7 @@ impl Instance {
             format!(
                 "[store]\nurl = \"{url}\"\nmax_connections = {POOL}\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\n\
                  [admin]\nauth = \"none-loopback\"\n\n\
-                 [[route]]\nname = \"{ROUTE}\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\n\
+                 [[route]]\nname = \"{ROUTE}\"\nplugin = \"{}\"\n{candidate}source = {{ kind = \"push\" }}\n\
                  target = {{ kind = \"http\", url = \"{}\", timeout = \"10s\" }}\nordering = \"per-key\"\nconcurrency = {concurrency}\n",
                 plugin.display(),
                 target.url
@@ -1209,7 +1348,9 @@ async fn deliver(
     let now = Instant::now();
     if state.recording.load(Ordering::SeqCst) {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-        let key = v["correlationKeys"]["workOrderId"]["value"].as_str().and_then(|k| k.strip_prefix("key-"));
+        // `key-N`, or with a candidate's prefix (`sleep-key-N`).
+        let key =
+            v["correlationKeys"]["workOrderId"]["value"].as_str().and_then(|k| k.rsplit_once("key-")).map(|(_, n)| n);
         let seq = v["processVariables"]["completedItems"]["value"].as_u64();
         if let (Some(key), Some(seq)) = (key.and_then(|k| k.parse().ok()), seq) {
             state.recorded.lock().unwrap().push((key, seq, now));
