@@ -230,10 +230,11 @@ async fn bench_store(
     let connection = Connection::emulator(&emulator.host);
     let clients = Clients::new(connection.clone());
     let cache = inlet::plugin::default_cache_dir();
-    let route = Arc::new(Route::load(route_config, &clients, cache.as_deref()).expect("the work_order plugin loads"));
+    let metrics = Arc::new(Metrics::new());
+    let route =
+        Arc::new(Route::load(route_config, &clients, cache.as_deref(), &metrics).expect("the work_order plugin loads"));
     let inbox = inlet::inbox::open(&config.store.url, config.store.max_connections).await.expect("the inbox opens");
     let clock = DbClock::new(inbox.as_ref()).await.expect("the database clock");
-    let metrics = Arc::new(Metrics::new());
     let ingest = Arc::new(Ingest::new(inbox, clock, Arc::clone(&metrics)));
     let batch_wait = source.batch_wait;
     let puller = Puller { route, config: source, connection, ingest, metrics: Arc::clone(&metrics), ack_journal: None };

@@ -282,13 +282,15 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     let clients = Clients::new(options.pubsub.clone());
     // A route whose settings or plugin do not load is kept out (reported below); the
     // others start.
+    crate::plugin::sandbox::SHADOW_BUDGET.set_limit(config.plugins.shadow_memory_budget_bytes);
+    let metrics = Arc::new(Metrics::new());
     let routes = {
         let (config, cache, clients) = (config.clone(), options.plugin_cache.clone(), clients.clone());
-        tokio::task::spawn_blocking(move || Routes::load(&config, cache.as_deref(), clients))
+        let metrics = Arc::clone(&metrics);
+        tokio::task::spawn_blocking(move || Routes::load(&config, cache.as_deref(), clients, metrics))
             .await
             .expect("loading routes does not panic")
     };
-    let metrics = Arc::new(Metrics::new());
     // The inbox just answered (it was opened and migrated).
     metrics.store_up.set(1);
     for outcome in ["ok", "failed"] {
@@ -313,7 +315,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         ack_journal,
         push_verifier: crate::source::push_auth::Verifier::new(),
         guesses: admin::access::Guesses::default(),
-        routes: RwLock::new(Arc::new(Routes::empty(None, clients))),
+        routes: RwLock::new(Arc::new(Routes::empty(None, clients, Arc::clone(&metrics)))),
         store,
         clock,
         metrics,
@@ -419,6 +421,9 @@ fn admin_router(shared: &Arc<Shared>) -> Router {
         .route("/api/routes", get(admin::routes))
         .route("/api/routes/{name}/pause", post(admin::pause_route))
         .route("/api/routes/{name}/resume", post(admin::resume_route))
+        .route("/api/routes/{name}/shadow", get(admin::shadow))
+        .route("/api/routes/{name}/promote", post(admin::promote))
+        .route("/api/routes/{name}/rollback", post(admin::rollback))
         .route("/api/purge", post(admin::purge))
         .route("/api/audit", get(admin::audit_log))
         .route("/api/openapi.json", get(admin::openapi::serve))

@@ -2,6 +2,7 @@
 //! `--json`); errors go to stderr once, as `error: …`, with a non-zero exit; logs go
 //! to stderr too (only warnings and errors, except for `inlet run`).
 
+mod rollout;
 mod view;
 
 use std::path::{Path, PathBuf};
@@ -181,6 +182,40 @@ pub enum PluginCommand {
     },
     /// Print the plugin contract versions this host supports, one per line.
     Contract,
+    /// Run stored entries of a route through a candidate plugin and the route's own
+    /// plugin with the same inputs, and report where their answers differ: each
+    /// entry's message through decode, its event through render, each recorded target
+    /// answer (its status) through classify. Nothing is sent, no entry changes.
+    Replay {
+        /// The route whose entries to replay (of `--config`).
+        route: String,
+        /// The candidate plugin component (`.wasm`).
+        #[arg(long, value_name = "FILE")]
+        candidate: PathBuf,
+        /// Only entries received within this long, e.g. `24h`.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        since: Option<Duration>,
+        /// The newest this many entries.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
+    /// The shadow report of a route's candidate from a running instance: answers
+    /// compared and differing by call and part, faults, dropped work, recent samples.
+    /// Reads the admin API (the token, if it needs one, from INLET_TOKEN).
+    Shadow {
+        route: String,
+        /// The instance's admin API (default: `[admin] listen`, else `[server] listen`).
+        #[arg(long, value_name = "URL", env = "INLET_ADMIN_URL")]
+        admin_url: Option<String>,
+    },
+    /// Make the route's candidate its plugin: the routing file is rewritten (the
+    /// candidate becomes `plugin`, the version it replaces `previous`) after the
+    /// candidate is checked to load; running instances apply it at their next reload.
+    /// Recorded in the audit log.
+    Promote { route: String },
+    /// Undo the last promotion: `previous` serves again and the version it replaced
+    /// goes back to being the candidate. Recorded in the audit log.
+    Rollback { route: String },
 }
 
 fn parse_attribute(s: &str) -> Result<(String, String), String> {
@@ -483,6 +518,29 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Plugin { command: PluginCommand::Replay { route, candidate, since, limit } } => {
+            let path = routing_file(None, &cli.config)?;
+            let store = open_store(&cli.config).await?;
+            rollout::replay(&path, store, &route, &candidate, since, limit, out).await
+        }
+        Command::Plugin { command: PluginCommand::Shadow { route, admin_url } } => {
+            // The routing file is read only to find the admin listener.
+            let base = match admin_url {
+                Some(url) => url,
+                None => rollout::admin_url(&routing_file(None, &cli.config)?)?,
+            };
+            rollout::shadow(&base, &route, out).await
+        }
+        Command::Plugin { command: PluginCommand::Promote { route } } => {
+            let store = open_store(&cli.config).await?;
+            rollout::step(&routing_file(None, &cli.config)?, store, &route, crate::config::edit::Step::Promote, out)
+                .await
+        }
+        Command::Plugin { command: PluginCommand::Rollback { route } } => {
+            let store = open_store(&cli.config).await?;
+            rollout::step(&routing_file(None, &cli.config)?, store, &route, crate::config::edit::Step::Rollback, out)
+                .await
+        }
         Command::Inbox { command } => {
             let store = open_store(&cli.config).await?;
             inbox_command(store, command, out).await
@@ -620,7 +678,8 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
     }
     let clients = Clients::new(Connection::from_env());
     let loadable = Config { refused: Vec::new(), ..config.clone() };
-    let routes = Routes::load(&loadable, crate::plugin::default_cache_dir().as_deref(), clients);
+    let metrics = std::sync::Arc::new(crate::telemetry::Metrics::new());
+    let routes = Routes::load(&loadable, crate::plugin::default_cache_dir().as_deref(), clients, metrics);
     for p in routes.problems() {
         let route = p.route.as_deref().unwrap_or_default();
         eprintln!("error: {}: route `{route}`: {}", p.file.display(), p.error);

@@ -349,8 +349,13 @@ impl Ingest {
         };
         let plugin = route.plugin();
         let started = std::time::Instant::now();
+        // The shadow's copy is taken only when there is a candidate to hand it to.
+        let shadow_copy = route.shadow().map(|_| wit_msg.clone());
         let answer = plugin.decode(wit_msg).await;
         self.metrics.plugin_call(route.name(), "decode", started);
+        if let (Some(shadow), Some(message)) = (route.shadow(), shadow_copy) {
+            shadow.offer(crate::shadow::Job::Decode { message, serving: crate::shadow::DecodeSide::of(&answer) });
+        }
         let tries = self.count_transient(route.name(), &entry.message_id, answer.as_ref().err());
         match answer {
             Err(fault) if fault.is_transient() && tries < plugin.limits().timeout_tries => {

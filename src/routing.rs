@@ -18,7 +18,9 @@ use tokio::sync::Notify;
 
 use crate::config::{Config, ConfigErrorKind, PushAuth, RouteConfig};
 use crate::plugin::{Plugin, PluginLoadError};
+use crate::shadow::Shadow;
 use crate::target::{Clients, Target};
+use crate::telemetry::Metrics;
 
 pub struct Route {
     pub config: RouteConfig,
@@ -31,6 +33,8 @@ pub struct Route {
     pub target: Target,
     /// Notified after an entry of this route is committed.
     pub stored: Notify,
+    /// The candidate plugin run in shadow, when the route names one.
+    shadow: Option<Shadow>,
 }
 
 /// A version of a route's plugin file that was refused.
@@ -60,6 +64,17 @@ impl Route {
     /// The plugin version to use for one call sequence.
     pub fn plugin(&self) -> Arc<Plugin> {
         Arc::clone(&self.plugin.read().expect("plugin lock"))
+    }
+
+    /// The route's shadow, when it names a candidate that runs: the serving path
+    /// offers it copies of its inputs and answers.
+    pub fn shadow(&self) -> Option<&Shadow> {
+        self.shadow.as_ref().filter(|s| s.running())
+    }
+
+    /// The route's shadow whatever its candidate's state (for its report).
+    pub fn shadow_report(&self) -> Option<crate::shadow::Report> {
+        self.shadow.as_ref().map(Shadow::report)
     }
 
     /// Why the plugin file as it is now does not serve (it does not load, or it is
@@ -110,23 +125,34 @@ impl Route {
 }
 
 impl Route {
-    /// Loads a route's plugin and builds its target.
-    pub fn load(config: RouteConfig, clients: &Clients, cache: Option<&Path>) -> Result<Route, PluginLoadError> {
+    /// Loads a route's plugin and builds its target (and the shadow of its candidate).
+    pub fn load(
+        config: RouteConfig,
+        clients: &Clients,
+        cache: Option<&Path>,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Route, PluginLoadError> {
         let bytes = std::fs::read(&config.plugin)
             .map_err(|source| PluginLoadError::Read { path: config.plugin_shown.clone(), source })?;
-        Route::from_bytes(config, &bytes, clients, cache)
+        Route::from_bytes(config, &bytes, clients, cache, metrics)
     }
 
-    /// Builds a route from its plugin's bytes, as read from `config.plugin`.
+    /// Builds a route from its plugin's bytes, as read from `config.plugin`, and
+    /// starts the shadow of its candidate if it names one.
     fn from_bytes(
         config: RouteConfig,
         bytes: &[u8],
         clients: &Clients,
         cache: Option<&Path>,
+        metrics: &Arc<Metrics>,
     ) -> Result<Route, PluginLoadError> {
         let digest = crate::inbox::digest_hex(bytes);
         let plugin = compile(&config.plugin_shown, bytes, &digest, &config, cache)?;
+        let shadow = config.candidate.as_ref().map(|candidate| {
+            Shadow::start(config.name.as_str(), candidate, &config.limits, cache, Arc::clone(metrics))
+        });
         Ok(Route {
+            shadow,
             target: Target::new(config.name.as_str(), &config.target, clients),
             config,
             plugin: RwLock::new(plugin),
@@ -138,10 +164,8 @@ impl Route {
 }
 
 /// Compiles a route's plugin, whose SHA-256 is `digest`. `shown` names it in messages,
-/// as the routing file spells it. A file that is not the build the route pins is
-/// refused first, uncompiled. A file that is not WebAssembly at all is refused here,
-/// before the compiler's error could quote its first bytes: a team file may name any
-/// file as its plugin, a secret file included.
+/// as the routing file spells it. What [`refuse_before_compiling`] refuses is never
+/// compiled.
 fn compile(
     shown: &Path,
     bytes: &[u8],
@@ -149,10 +173,19 @@ fn compile(
     config: &RouteConfig,
     cache: Option<&Path>,
 ) -> Result<Arc<Plugin>, PluginLoadError> {
-    if let Some(pinned) = config.plugin_sha256.as_ref().filter(|pinned| *pinned != digest) {
+    refuse_before_compiling(shown, bytes, digest, config.plugin_sha256.as_deref())?;
+    Plugin::from_bytes(shown, bytes, config.limits.clone(), cache)
+}
+
+/// What is refused before a plugin file is compiled: another build than the pinned
+/// one, and a file that is not WebAssembly at all (before the compiler's error could
+/// quote its first bytes: a team file may name any file as its plugin, a secret file
+/// included).
+fn refuse_before_compiling(shown: &Path, bytes: &[u8], digest: &str, pin: Option<&str>) -> Result<(), PluginLoadError> {
+    if let Some(pinned) = pin.filter(|pinned| *pinned != digest) {
         return Err(PluginLoadError::DigestMismatch {
             path: shown.to_path_buf(),
-            expected: pinned.clone(),
+            expected: pinned.to_string(),
             found: digest.to_string(),
         });
     }
@@ -160,7 +193,33 @@ fn compile(
         let reason = "not a WebAssembly file (it does not begin with `\\0asm`)".to_string();
         return Err(PluginLoadError::Compile { path: shown.to_path_buf(), reason });
     }
-    Plugin::from_bytes(shown, bytes, config.limits.clone(), cache)
+    Ok(())
+}
+
+/// Loads a plugin file a route names besides its serving one (`candidate`,
+/// `previous`): read, its pin checked, then compiled like [`compile`] does. `shadow`
+/// charges its instances to the shadow budget (a candidate that runs in shadow).
+/// Also returns the file's digest, when it could be read.
+pub fn load_plugin_file(
+    file: &crate::config::PluginFile,
+    limits: &crate::config::PluginLimits,
+    cache: Option<&Path>,
+    shadow: bool,
+) -> (Option<String>, Result<Arc<Plugin>, PluginLoadError>) {
+    let bytes = match std::fs::read(&file.path) {
+        Ok(bytes) => bytes,
+        Err(source) => return (None, Err(PluginLoadError::Read { path: file.shown.clone(), source })),
+    };
+    let digest = crate::inbox::digest_hex(&bytes);
+    if let Err(refused) = refuse_before_compiling(&file.shown, &bytes, &digest, file.sha256.as_deref()) {
+        return (Some(digest), Err(refused));
+    }
+    let loaded = if shadow {
+        Plugin::candidate_from_bytes(&file.shown, &bytes, limits.clone(), cache)
+    } else {
+        Plugin::from_bytes(&file.shown, &bytes, limits.clone(), cache)
+    };
+    (Some(digest), loaded)
 }
 
 /// Size and modification time of a file: the cheap "did it change" check.
@@ -212,18 +271,20 @@ pub struct Routes {
     problems: Vec<Problem>,
     cache: Option<PathBuf>,
     clients: Clients,
+    /// Where shadows count what they compare.
+    metrics: Arc<Metrics>,
 }
 
 impl Routes {
     /// Loads every route's plugin. A route whose settings or plugin do not load is
     /// kept out and listed in [`Routes::problems`]; the others run.
-    pub fn load(config: &Config, cache: Option<&Path>, clients: Clients) -> Routes {
-        Routes::empty(cache, clients).next(config, true).0
+    pub fn load(config: &Config, cache: Option<&Path>, clients: Clients, metrics: Arc<Metrics>) -> Routes {
+        Routes::empty(cache, clients, metrics).next(config, true).0
     }
 
     /// No routes yet; `next` fills them in, compiling plugins through `cache`.
-    pub fn empty(cache: Option<&Path>, clients: Clients) -> Routes {
-        Routes { by_name: BTreeMap::new(), problems: Vec::new(), cache: cache.map(Path::to_path_buf), clients }
+    pub fn empty(cache: Option<&Path>, clients: Clients, metrics: Arc<Metrics>) -> Routes {
+        Routes { by_name: BTreeMap::new(), problems: Vec::new(), cache: cache.map(Path::to_path_buf), clients, metrics }
     }
 
     /// The routes of a new configuration: a route whose configuration did not change
@@ -288,7 +349,14 @@ impl Routes {
             }
             p.new = !self.problems.iter().any(|old| old.same_cause(p));
         }
-        (Routes { by_name, problems, cache: self.cache.clone(), clients: self.clients.clone() }, fresh)
+        let next = Routes {
+            by_name,
+            problems,
+            cache: self.cache.clone(),
+            clients: self.clients.clone(),
+            metrics: Arc::clone(&self.metrics),
+        };
+        (next, fresh)
     }
 
     /// Loads one route, unless it is the same refused version as before (then the
@@ -322,10 +390,17 @@ impl Routes {
                 ..p.clone()
             });
         }
-        Route::from_bytes(rc.clone(), &bytes, &self.clients, self.cache.as_deref()).map_err(|e| Problem {
-            digest_mismatch: matches!(e, PluginLoadError::DigestMismatch { .. }),
-            ..problem(e.to_string(), Some(digest))
+        Route::from_bytes(rc.clone(), &bytes, &self.clients, self.cache.as_deref(), &self.metrics).map_err(|e| {
+            Problem {
+                digest_mismatch: matches!(e, PluginLoadError::DigestMismatch { .. }),
+                ..problem(e.to_string(), Some(digest))
+            }
         })
+    }
+
+    /// The folder plugins are compiled through.
+    pub fn cache(&self) -> Option<&Path> {
+        self.cache.as_deref()
     }
 
     /// Routes and files that are not running as their files say.
@@ -370,6 +445,9 @@ impl Routes {
                 Ok(_) => {}
             }
             out.push((route.name().to_string(), result));
+            if let Some(shadow) = &route.shadow {
+                shadow.reload(self.cache.as_deref(), forced);
+            }
         }
         out
     }

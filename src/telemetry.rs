@@ -91,6 +91,14 @@ pub struct OutputRuleLabels {
     pub rule: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShadowPart {
+    pub route: String,
+    pub call: &'static str,
+    /// What differed (`crate::shadow`): `path`, `body`, `disposition`, … (a fixed set).
+    pub part: &'static str,
+}
+
 /// The end of the help text of every gauge computed from the shared inbox.
 macro_rules! publisher_note {
     () => {
@@ -210,6 +218,16 @@ pub struct Metrics {
     pub listener_connections: Family<ListenerLabel, Gauge>,
     /// Tokens refused at sign-in or by the API, and sign-ins refused, by reason.
     pub sign_in_refused: Family<SignInLabels, Counter>,
+    /// Answers of a shadow candidate compared with the serving plugin's, by call.
+    pub shadow_compared: Family<RouteCall, Counter>,
+    /// Differences a shadow candidate's answers showed, by call and part.
+    pub shadow_differences: Family<ShadowPart, Counter>,
+    /// Shadow candidate calls that faulted (not compared), by call and kind.
+    pub shadow_faults: Family<PluginFaultLabels, Counter>,
+    /// Shadow work dropped because the candidate was behind.
+    pub shadow_dropped: Family<RouteLabel, Counter>,
+    /// Bytes shadow candidates' instances hold (their own budget).
+    pub shadow_memory_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -274,6 +292,11 @@ impl Metrics {
             listener_refused: Family::default(),
             listener_connections: Family::default(),
             sign_in_refused: Family::default(),
+            shadow_compared: Family::default(),
+            shadow_differences: Family::default(),
+            shadow_faults: Family::default(),
+            shadow_dropped: Family::default(),
+            shadow_memory_bytes: Gauge::default(),
             registry: Registry::default(),
         };
         for via in ["console", "api"] {
@@ -429,7 +452,40 @@ impl Metrics {
             "Tokens refused, by where they were presented (console, api) and reason: unknown_token, rate_limited (429, the peer's failures are waited out), too_many_sessions (console)",
             m.sign_in_refused.clone(),
         );
+        registry.register(
+            "shadow_compared",
+            "Answers of a shadow candidate compared with the serving plugin's, by route and call",
+            m.shadow_compared.clone(),
+        );
+        registry.register(
+            "shadow_differences",
+            "Differences between a shadow candidate's answers and the serving plugin's, by route, call and part",
+            m.shadow_differences.clone(),
+        );
+        registry.register(
+            "shadow_faults",
+            "Shadow candidate calls that faulted (not compared), by route, call and kind",
+            m.shadow_faults.clone(),
+        );
+        registry.register(
+            "shadow_dropped",
+            "Shadow work dropped because the candidate was behind (never queued in front of deliveries)",
+            m.shadow_dropped.clone(),
+        );
+        registry.register(
+            "shadow_memory_bytes",
+            "Memory held by shadow candidates' instances (a budget apart from the serving plugins'), in bytes",
+            m.shadow_memory_bytes.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Creates a shadowed route's series at 0 (when its candidate starts).
+    pub fn register_shadow(&self, route: &str) {
+        let _ = self.shadow_dropped.get_or_create(&Metrics::route(route));
+        for call in PLUGIN_CALLS {
+            let _ = self.shadow_compared.get_or_create(&RouteCall { route: route.to_string(), call });
+        }
     }
 
     /// Creates a listener's series at 0 (called when it starts serving).
@@ -448,6 +504,7 @@ impl Metrics {
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         self.plugin_memory_bytes.set(crate::plugin::sandbox::BUDGET.used() as i64);
+        self.shadow_memory_bytes.set(crate::plugin::sandbox::SHADOW_BUDGET.used() as i64);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out

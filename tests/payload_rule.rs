@@ -401,7 +401,7 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
         format!("GET /api/repairs as {READER}"),
         format!("GET /console/entries/{decode_id} (console)"),
         format!("GET /console/entries/{echo_id} (console)"),
-        format!("GET /console/entries?route=orders (console)"),
+        "GET /console/entries?route=orders (console)".to_string(),
         "GET /console/failures (console)".to_string(),
         "GET /console/repairs (console)".to_string(),
     ] {

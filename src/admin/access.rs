@@ -61,6 +61,8 @@ pub enum Action {
     Ignore,
     Pause,
     Resume,
+    Promote,
+    Rollback,
     Reload,
     Purge,
     ReadAudit,
@@ -75,6 +77,8 @@ impl Action {
             Action::Ignore => "ignore",
             Action::Pause => "pause",
             Action::Resume => "resume",
+            Action::Promote => "promote",
+            Action::Rollback => "rollback",
             Action::Reload => "reload",
             Action::Purge => "purge",
             Action::ReadAudit => "read-audit",
@@ -84,7 +88,13 @@ impl Action {
     fn role(self) -> Role {
         match self {
             Action::Read => Role::Viewer,
-            Action::Requeue | Action::Park | Action::Ignore | Action::Pause | Action::Resume => Role::Operator,
+            Action::Requeue
+            | Action::Park
+            | Action::Ignore
+            | Action::Pause
+            | Action::Resume
+            | Action::Promote
+            | Action::Rollback => Role::Operator,
             Action::Reload | Action::Purge | Action::ReadAudit => Role::Admin,
         }
     }

@@ -209,6 +209,26 @@ impl Payload {
     pub const WITHHELD: Payload = Payload::Withheld("this token may not read payloads");
 }
 
+/// A shadow sample's side without what may hold or quote a payload.
+fn withhold_payloads(side: &mut serde_json::Value) {
+    let serde_json::Value::Object(fields) = side else { return };
+    for (name, value) in fields.iter_mut() {
+        match name.as_str() {
+            "body" | "state" | "reason" | "message" => *value = serde_json::Value::from(WITHHELD_TEXT),
+            "headers" => {
+                if let serde_json::Value::Array(headers) = value {
+                    for header in headers {
+                        if let Some(v) = header.get_mut(1) {
+                            *v = serde_json::Value::from(WITHHELD_TEXT);
+                        }
+                    }
+                }
+            }
+            _ => withhold_payloads(value),
+        }
+    }
+}
+
 /// What a reader without `payloads` gets in place of a text that may quote a payload.
 pub const WITHHELD_TEXT: &str = "withheld: this token may not read payloads";
 
@@ -270,6 +290,19 @@ impl Reader {
         }
         entry.last_error = self.text(entry.last_error.take());
         EntryView { entry, raw_data, body, attempts: None }
+    }
+
+    /// A shadow's report as this reader sees it: without `payloads`, the samples
+    /// keep their addresses (keys, event types, methods, paths, header names) and
+    /// lose bodies, states, header values and the texts that may quote a payload.
+    pub fn shadow(self, mut report: crate::shadow::Report) -> crate::shadow::Report {
+        if !self.payloads {
+            for sample in &mut report.samples {
+                withhold_payloads(&mut sample.serving);
+                withhold_payloads(&mut sample.candidate);
+            }
+        }
+        report
     }
 
     /// An attempt history as this reader sees it.
@@ -417,6 +450,11 @@ pub struct RouteView {
     pub error: Option<String>,
     /// Set while the route is paused: no instance claims its entries.
     pub paused: Option<PauseView>,
+    /// The candidate run in shadow beside the plugin, as the file spells its path;
+    /// its report is `GET /api/routes/{name}/shadow`.
+    pub candidate: Option<String>,
+    /// The version a rollback returns to (`previous` in the routing file).
+    pub previous: Option<String>,
 }
 
 /// A route's pause: since when, by whom, why.

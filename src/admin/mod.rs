@@ -463,6 +463,8 @@ pub async fn routes(
             plugin_pinned_sha256: r.config.plugin_sha256.clone(),
             error: running_error(&caller, change_refused.map(|p| p.error.as_str()), r.refused_file().as_deref()),
             paused: paused.remove(r.name()),
+            candidate: r.config.candidate.as_ref().map(|c| c.shown.display().to_string()),
+            previous: r.config.previous.as_ref().map(|c| c.shown.display().to_string()),
         });
     }
     let mut refused_files = Vec::new();
@@ -489,9 +491,87 @@ pub async fn routes(
             plugin_pinned_sha256: declared.and_then(|c| c.plugin_sha256.clone()),
             error: Some(refusal_shown(&caller, &p.error)),
             paused: paused.remove(name),
+            candidate: declared.and_then(|c| c.candidate.as_ref()).map(|c| c.shown.display().to_string()),
+            previous: declared.and_then(|c| c.previous.as_ref()).map(|c| c.shown.display().to_string()),
         });
     }
     Ok(Json(RouteList { routes: list, refused_files }))
+}
+
+/// `GET /api/routes/{name}/shadow`: what the route's candidate answered differently
+/// from its plugin on this instance, with samples as the caller may read them.
+pub async fn shadow(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Id(name): Id<String>,
+) -> Result<Json<crate::shadow::Report>, ApiError> {
+    caller.require(Action::Read)?;
+    visible_route(&s, &caller, &name)?;
+    let report = s.routes().get(&name).and_then(|r| r.shadow_report());
+    let Some(report) = report else {
+        let error = format!("route `{name}` runs no candidate: name one with `candidate = …` in its routing file");
+        return Err(ApiError::new(StatusCode::NOT_FOUND, error).route(name));
+    };
+    Ok(Json(Reader::of(&caller).shadow(report)))
+}
+
+/// `POST /api/routes/{name}/promote`: the route's candidate becomes its plugin.
+pub async fn promote(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Id(name): Id<String>,
+) -> Result<Json<crate::rollout::Stepped>, ApiError> {
+    rollout_step(&s, &caller, name, crate::config::edit::Step::Promote).await
+}
+
+/// `POST /api/routes/{name}/rollback`: the route's previous version serves again.
+pub async fn rollback(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Id(name): Id<String>,
+) -> Result<Json<crate::rollout::Stepped>, ApiError> {
+    rollout_step(&s, &caller, name, crate::config::edit::Step::Rollback).await
+}
+
+/// One rollout step (`crate::rollout`): the routing file rewritten, this instance
+/// reloaded at once (the others at their next reload), the step audited.
+pub(crate) async fn rollout_step(
+    s: &Arc<Shared>,
+    caller: &Caller,
+    name: String,
+    step: crate::config::edit::Step,
+) -> Result<Json<crate::rollout::Stepped>, ApiError> {
+    let action = match step {
+        crate::config::edit::Step::Promote => Action::Promote,
+        crate::config::edit::Step::Rollback => Action::Rollback,
+    };
+    caller.require(action)?;
+    visible_route(s, caller, &name)?;
+    let declared = s.config.lock().expect("config lock").route(&name).cloned();
+    let Some(route) = declared else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no route named `{name}`")).route(name));
+    };
+    let cache = s.routes().cache().map(std::path::Path::to_path_buf);
+    let result = tokio::task::spawn_blocking(move || crate::rollout::step(&route, step, cache.as_deref()))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the step did not finish: {e}")))?;
+    let (outcome, detail) = match &result {
+        Ok(done) => ("ok", done.detail()),
+        Err(e) if e.is_conflict() => ("refused", e.to_string()),
+        Err(e) => ("failed", e.to_string()),
+    };
+    let audit = audit_route(caller, action, &name, outcome, Some(detail));
+    audit::record(s.store.as_ref(), audit, s.clock.now()).await;
+    match result {
+        Ok(done) => {
+            crate::reload::reload_now(s).await;
+            Ok(Json(done))
+        }
+        Err(e) => {
+            let status = if e.is_conflict() { StatusCode::CONFLICT } else { StatusCode::INTERNAL_SERVER_ERROR };
+            Err(ApiError::new(status, e.to_string()).route(name))
+        }
+    }
 }
 
 /// Whether `name` is a route of the routing files (running or refused) that the

@@ -13,6 +13,8 @@
 //!   that shows what would move, then the job (`step=start`)
 //! - `GET  /console/repairs` — repair jobs and their progress
 //! - `GET  /console/audit?after=` — the audit log (admins, as in the API)
+//! - `GET  /console/routes/{name}/shadow` — a route's candidate plugin in shadow: what
+//!   it answered differently, with samples of both sides; promote and roll back
 //! - `GET/POST /console/login`, `POST /console/logout`, `GET /console/style.css`
 //!
 //! Every page and action runs the admin API's own handler for it with the signed-in
@@ -77,6 +79,7 @@ pub fn router(shared: &Arc<Shared>) -> Router {
         .route("/console/repairs", get(jobs).post(repair))
         .route("/console/audit", get(audit))
         .route("/console/routes/{name}/{action}", post(route_action))
+        .route("/console/routes/{name}/shadow", get(shadow))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(console)
 }
@@ -294,6 +297,19 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
         };
         let error =
             r.error.as_deref().map(|e| format!(r#"<div class="error small">{}</div>"#, esc(e))).unwrap_or_default();
+        let rollout = match (&r.candidate, &r.previous) {
+            (None, None) => String::new(),
+            (candidate, previous) => format!(
+                r#"<div class="small"><a href="/console/routes/{n}/shadow">{what}</a></div>"#,
+                n = html::url_param(&r.name),
+                what = esc(&match (candidate, previous) {
+                    (Some(c), _) => format!("candidate in shadow: {c}"),
+                    (None, Some(p)) => format!("promoted; previous: {p}"),
+                    (None, None) => unreachable!("matched above"),
+                }),
+            ),
+        };
+        let error = format!("{rollout}{error}");
         let action = if !may_pause {
             String::new()
         } else if r.paused.is_some() {
@@ -350,6 +366,10 @@ async fn route_action(
             admin::pause_route(State(s), caller, Id(name.clone()), Body(ReasonBody { reason })).await.map(|_| "paused")
         }
         "resume" => admin::resume_route(State(s), caller, Id(name.clone())).await.map(|_| "resumed"),
+        "promote" => admin::promote(State(s), caller, Id(name.clone())).await.map(|_| "promoted: its candidate serves"),
+        "rollback" => admin::rollback(State(s), caller, Id(name.clone()))
+            .await
+            .map(|_| "rolled back: its previous version serves"),
         _ => Err(ApiError::new(StatusCode::NOT_FOUND, format!("no route action `{action}`"))),
     };
     match result {
@@ -359,6 +379,107 @@ async fn route_action(
         }
         Err(e) => signed.refused(e),
     }
+}
+
+/// A route's shadow: counts by call and part, the candidate's faults and dropped work,
+/// the recent differences with both sides (as the caller may read them), and the
+/// promote and roll back buttons for who may use them.
+async fn shadow(State(c): State<Arc<Console>>, signed: Signed, Path(name): Path<String>) -> Response {
+    let s = Arc::clone(&c.shared);
+    let caller = Extension(signed.caller.clone());
+    let declared = s
+        .config
+        .lock()
+        .expect("config lock")
+        .route(&name)
+        .filter(|_| signed.caller.may_see(&name))
+        .map(|r| r.previous.is_some());
+    let report = match admin::shadow(State(s), caller, Id(name.clone())).await {
+        Ok(Json(report)) => Some(report),
+        // A promoted route has no candidate; it may still roll back.
+        Err(e) if e.code == StatusCode::NOT_FOUND && declared.is_some() => None,
+        Err(e) => return signed.refused(e),
+    };
+    let n = html::url_param(&name);
+    let mut body = String::new();
+    match &report {
+        None => body.push_str(r#"<p class="muted">This route runs no candidate.</p>"#),
+        Some(r) => {
+            let state = match &r.refused {
+                Some(why) => format!(
+                    r#"<span class="badge parked">refused</span> <span class="error small">{}</span>"#,
+                    esc(why)
+                ),
+                None => r#"<span class="badge done">compared</span>"#.to_string(),
+            };
+            let _ = write!(
+                body,
+                r#"<p>Candidate <code>{cand}</code> {state}<br><span class="muted small">sha256 {digest} · since {since} · nothing it renders is sent</span></p>"#,
+                cand = esc(&r.candidate),
+                digest = esc(r.candidate_sha256.as_deref().unwrap_or("—")),
+                since = esc(&time(r.since)),
+            );
+            let mut rows = String::new();
+            for (call, counts) in
+                [("decode", &r.counts.decode), ("render", &r.counts.render), ("classify", &r.counts.classify)]
+            {
+                let parts: Vec<String> = counts.parts.iter().map(|(p, k)| format!("{p} {k}")).collect();
+                let faults: Vec<String> = counts.faults.iter().map(|(f, k)| format!("{f} {k}")).collect();
+                let _ = write!(
+                    rows,
+                    r#"<tr data-call="{call}"><td>{call}</td><td class="num">{compared}</td><td class="num">{differing}</td><td>{parts}</td><td>{faults}</td></tr>"#,
+                    compared = counts.compared,
+                    differing = counts.differing,
+                    parts = esc(&parts.join(", ")),
+                    faults = esc(&faults.join(", ")),
+                );
+            }
+            let _ = write!(
+                body,
+                r#"<table class="shadow"><thead><tr><th>Call</th><th class="num">Compared</th><th class="num">Differing</th><th>Parts</th><th>Candidate faults</th></tr></thead><tbody>{rows}</tbody></table><p class="muted small">Dropped while the candidate was behind: {dropped}</p>"#,
+                dropped = r.counts.dropped,
+            );
+            let mut samples = String::new();
+            for sample in r.samples.iter().rev() {
+                let about = match (sample.entry, &sample.message_id) {
+                    (Some(id), _) => format!(r#"<a href="/console/entries/{id}">entry {id}</a>"#),
+                    (None, Some(m)) => format!("message {}", esc(m)),
+                    (None, None) => String::new(),
+                };
+                let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+                let _ = write!(
+                    samples,
+                    r#"<tr class="sample"><td>{at}</td><td>{call}</td><td>{about}</td><td>{parts}</td><td><pre>{ours}</pre></td><td><pre>{theirs}</pre></td></tr>"#,
+                    at = esc(&time(sample.at)),
+                    call = sample.call.as_str(),
+                    parts = esc(&sample.parts.join(", ")),
+                    ours = esc(&pretty(&sample.serving)),
+                    theirs = esc(&pretty(&sample.candidate)),
+                );
+            }
+            if !samples.is_empty() {
+                let _ = write!(
+                    body,
+                    r#"<h2>Recent differences</h2><table class="samples"><thead><tr><th>At</th><th>Call</th><th>About</th><th>Parts</th><th>Serving</th><th>Candidate</th></tr></thead><tbody>{samples}</tbody></table>"#
+                );
+            }
+        }
+    }
+    let csrf = signed.csrf_field();
+    if report.as_ref().is_some_and(|r| r.state == "running") && signed.caller.may(Action::Promote) {
+        let _ = write!(
+            body,
+            r#"<form method="post" action="/console/routes/{n}/promote" class="write inline">{csrf}<button type="submit" class="write">Promote the candidate</button></form> "#
+        );
+    }
+    if declared == Some(true) && signed.caller.may(Action::Rollback) {
+        let _ = write!(
+            body,
+            r#"<form method="post" action="/console/routes/{n}/rollback" class="write inline">{csrf}<button type="submit" class="write">Roll back to the previous version</button></form>"#
+        );
+    }
+    body.push_str(r#"<p class="muted small">Promotion and rollback rewrite the route's lines in its routing file, which stays the source of truth, and are recorded in the audit log.</p>"#);
+    signed.page(&format!("Shadow of {name}"), &body)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -249,6 +249,8 @@ pub struct Plugin {
     pool_size: AtomicUsize,
     /// Call slots: `limits.max_concurrent_calls`.
     slots: tokio::sync::Semaphore,
+    /// The process budget its instances are charged to.
+    budget: &'static sandbox::MemoryBudget,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -286,6 +288,29 @@ impl Plugin {
         cache: Option<&Path>,
         metering: Metering,
     ) -> Result<Arc<Plugin>, PluginLoadError> {
+        Self::build(path, bytes, limits, cache, metering, &sandbox::BUDGET)
+    }
+
+    /// A shadow candidate (`crate::shadow`): like [`Plugin::from_bytes`], but its
+    /// instances are charged to [`sandbox::SHADOW_BUDGET`], so however much memory it
+    /// takes, the serving plugins' budget is untouched.
+    pub fn candidate_from_bytes(
+        path: &Path,
+        bytes: &[u8],
+        limits: PluginLimits,
+        cache: Option<&Path>,
+    ) -> Result<Arc<Plugin>, PluginLoadError> {
+        Self::build(path, bytes, limits, cache, Metering::Bounded, &sandbox::SHADOW_BUDGET)
+    }
+
+    fn build(
+        path: &Path,
+        bytes: &[u8],
+        limits: PluginLimits,
+        cache: Option<&Path>,
+        metering: Metering,
+        budget: &'static sandbox::MemoryBudget,
+    ) -> Result<Arc<Plugin>, PluginLoadError> {
         let engine = engine_for(metering);
         let component = compile_cached(engine, path, bytes, cache)?;
         check_contract(path, engine, &component)?;
@@ -305,6 +330,7 @@ impl Plugin {
             limits,
             warm: Mutex::new(Vec::new()),
             pool_size: AtomicUsize::new(POOL_SIZE),
+            budget,
         };
         // Instantiate once now, so a plugin that cannot start within its limits (too
         // little memory, a trap in its start-up) is refused at load — by `inlet check`
@@ -343,7 +369,7 @@ impl Plugin {
             .insecure_random(random.clone())
             .insecure_random_seed(0)
             .build();
-        let limiter = Limiter::new(self.limits.memory_bytes);
+        let limiter = Limiter::charging(self.limits.memory_bytes, self.budget);
         let mut store = Store::new(self.pre.engine(), HostState { wasi, table: ResourceTable::new(), limiter });
         store.limiter(|s| &mut s.limiter);
         if self.metering == Metering::Bounded {

@@ -189,6 +189,11 @@ pub struct MemoryBudget {
 /// The process's plugin memory budget.
 pub static BUDGET: MemoryBudget = MemoryBudget { limit: AtomicUsize::new(usize::MAX), used: AtomicUsize::new(0) };
 
+/// The budget of shadow candidates (`crate::shadow`), apart from [`BUDGET`]: a
+/// candidate that hoards memory runs out of its own, never the serving plugins'.
+pub static SHADOW_BUDGET: MemoryBudget =
+    MemoryBudget { limit: AtomicUsize::new(usize::MAX), used: AtomicUsize::new(0) };
+
 impl MemoryBudget {
     /// Sets the limit; instances already over it keep what they have.
     pub fn set_limit(&self, bytes: usize) {
@@ -236,11 +241,12 @@ pub(super) struct Limiter {
 }
 
 impl Limiter {
+    #[cfg(test)]
     pub(super) fn new(cap: usize) -> Limiter {
         Limiter::charging(cap, &BUDGET)
     }
 
-    fn charging(cap: usize, budget: &'static MemoryBudget) -> Limiter {
+    pub(super) fn charging(cap: usize, budget: &'static MemoryBudget) -> Limiter {
         Limiter { cap, used: 0, hit: None, budget }
     }
 

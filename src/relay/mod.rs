@@ -423,9 +423,9 @@ impl Relay {
         Some(Disposition::Park { reason: format!("{what} refused, the request was not sent: {violation}") })
     }
 
-    /// Render, send, classify.
+    /// Render, send, classify; then hands what the plugin saw and answered to the
+    /// route's shadow, if it has one.
     async fn deliver(&self, c: &Claimed, decoded: Decoded, requests: &mut Vec<RequestRecord>) -> Disposition {
-        let route = self.route.name();
         let event = wit::Event {
             event_type: decoded.event_type,
             correlation_key: decoded.correlation_key,
@@ -433,11 +433,33 @@ impl Relay {
             body: decoded.body,
             schema_version: decoded.schema_version,
         };
+        let mut seen = self.route.shadow().map(|_| Seen { render: None, steps: Vec::new() });
+        let disposition = self.exchange(c, &event, requests, &mut seen).await;
+        if let (Some(shadow), Some(Seen { render: Some(render), steps })) = (self.route.shadow(), seen) {
+            shadow.offer(crate::shadow::Job::Deliver { entry: c.entry.id, event, render, steps });
+        }
+        disposition
+    }
+
+    /// The exchange of one attempt: render, then send and classify up to `max_steps`
+    /// times. `seen` (when the route has a shadow) gets the plugin's answers and the
+    /// inputs it had.
+    async fn exchange(
+        &self,
+        c: &Claimed,
+        event: &wit::Event,
+        requests: &mut Vec<RequestRecord>,
+        seen: &mut Option<Seen>,
+    ) -> Disposition {
+        let route = self.route.name();
         // One version for the whole exchange, even if a reload lands meanwhile.
         let plugin = self.route.plugin();
         let render_started = Instant::now();
         let rendered = plugin.render(event.clone()).await;
         self.metrics.plugin_call(route, "render", render_started);
+        if let Some(seen) = seen.as_mut() {
+            seen.render = Some(crate::shadow::RenderSide::of(&rendered));
+        }
         let request = match rendered {
             Ok(Ok(r)) => match self.refuse_request("render", 1, &r) {
                 Some(refused) => return refused,
@@ -477,8 +499,13 @@ impl Relay {
             let described = crate::target::describe(&outcome);
             let described = if exchange.step > 1 { format!("step {}: {described}", exchange.step) } else { described };
             let classify_started = Instant::now();
+            let shadow_copy = seen.as_ref().map(|_| (exchange.clone(), outcome.clone()));
             let classified = plugin.classify(event.clone(), exchange.clone(), outcome).await;
             self.metrics.plugin_call(route, "classify", classify_started);
+            if let (Some(seen), Some((exchange, outcome))) = (seen.as_mut(), shadow_copy) {
+                let serving = crate::shadow::ClassifySide::of(&classified);
+                seen.steps.push(crate::shadow::StepSeen { exchange, outcome, serving });
+            }
             return match classified {
                 Ok(wit::Disposition::Next(next)) => {
                     if exchange.step >= max_steps {
@@ -562,6 +589,12 @@ impl Relay {
             }
         })
     }
+}
+
+/// What the serving plugin saw and answered in one delivery, for the shadow.
+struct Seen {
+    render: Option<crate::shadow::RenderSide>,
+    steps: Vec<crate::shadow::StepSeen>,
 }
 
 /// An attempt's record as the settlement `s` ends it.

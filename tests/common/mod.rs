@@ -1560,6 +1560,8 @@ fn pg_bin_dir() -> PathBuf {
 pub struct TargetRequest {
     /// The correlation key of the body (as [`Delivery::key`]).
     pub key: String,
+    /// The request's path, as the plugin rendered it.
+    pub path: String,
     /// The `Idempotency-Key` header (empty if there was none).
     pub idempotency_key: String,
     pub arrived: Instant,
@@ -1662,7 +1664,12 @@ impl HasKeysInFlight for TargetState {
     }
 }
 
-async fn record(State(state): State<Arc<Mutex<TargetState>>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn record(
+    State(state): State<Arc<Mutex<TargetState>>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     let key = correlation_key(&body);
     let idempotency_key =
@@ -1684,7 +1691,8 @@ async fn record(State(state): State<Arc<Mutex<TargetState>>>, headers: HeaderMap
             st.effects.entry(key.clone()).or_default().push(idempotency_key.clone());
             204
         };
-        st.requests.push(TargetRequest { key, idempotency_key, arrived: Instant::now(), status });
+        let path = uri.path().to_string();
+        st.requests.push(TargetRequest { key, path, idempotency_key, arrived: Instant::now(), status });
         let (min, max) = st.delay_ms;
         let delay = if max > 0 { Duration::from_millis(fastrand::u64(min..=max)) } else { Duration::ZERO };
         (status, delay, guard)
