@@ -142,22 +142,15 @@ impl DecodeSide {
             (
                 Event { event_type: t1, correlation_key: k1, dedup_key: d1, schema_version: v1, body: b1 },
                 Event { event_type: t2, correlation_key: k2, dedup_key: d2, schema_version: v2, body: b2 },
-            ) => [
+            ) => differing([
                 ("event_type", t1 != t2),
                 ("correlation_key", k1 != k2),
                 ("dedup_key", d1 != d2),
                 ("schema_version", v1 != v2),
                 ("body", b1 != b2),
-            ]
-            .into_iter()
-            .filter_map(|(part, differs)| differs.then_some(part))
-            .collect(),
+            ]),
             (Ignore { reason: a }, Ignore { reason: b }) | (Error { message: a }, Error { message: b }) => {
-                if a == b {
-                    vec![]
-                } else {
-                    vec!["reason"]
-                }
+                differing([("reason", a != b)])
             }
             (Fault { fault: a }, Fault { fault: b }) if a == b => vec![],
             _ => vec!["answer"],
@@ -171,15 +164,12 @@ impl RequestSide {
     }
 
     pub fn differences(&self, other: &RequestSide) -> Vec<&'static str> {
-        [
+        differing([
             ("method", self.method != other.method),
             ("path", self.path != other.path),
             ("headers", self.headers != other.headers),
             ("body", self.body != other.body),
-        ]
-        .into_iter()
-        .filter_map(|(part, differs)| differs.then_some(part))
-        .collect()
+        ])
     }
 }
 
@@ -202,13 +192,7 @@ impl RenderSide {
     pub fn differences(&self, other: &RenderSide) -> Vec<&'static str> {
         match (self, other) {
             (RenderSide::Request(a), RenderSide::Request(b)) => a.differences(b),
-            (RenderSide::Error { message: a }, RenderSide::Error { message: b }) => {
-                if a == b {
-                    vec![]
-                } else {
-                    vec!["reason"]
-                }
-            }
+            (RenderSide::Error { message: a }, RenderSide::Error { message: b }) => differing([("reason", a != b)]),
             (RenderSide::Fault { fault: a }, RenderSide::Fault { fault: b }) if a == b => vec![],
             _ => vec!["answer"],
         }
@@ -241,22 +225,10 @@ impl ClassifySide {
         use ClassifySide::*;
         match (self, other) {
             (Done, Done) => vec![],
-            (Retry { hint_ms: a }, Retry { hint_ms: b }) => {
-                if a == b {
-                    vec![]
-                } else {
-                    vec!["hint"]
-                }
-            }
+            (Retry { hint_ms: a }, Retry { hint_ms: b }) => differing([("hint", a != b)]),
             (NotYet { reason: a }, NotYet { reason: b })
             | (Park { reason: a }, Park { reason: b })
-            | (Ignore { reason: a }, Ignore { reason: b }) => {
-                if a == b {
-                    vec![]
-                } else {
-                    vec!["reason"]
-                }
-            }
+            | (Ignore { reason: a }, Ignore { reason: b }) => differing([("reason", a != b)]),
             (Next { request: r1, state: s1 }, Next { request: r2, state: s2 }) => {
                 let mut parts: Vec<&'static str> = r1
                     .differences(r2)
@@ -277,6 +249,11 @@ impl ClassifySide {
             _ => vec!["disposition"],
         }
     }
+}
+
+/// The names of the parts that differ, in the order given.
+fn differing<const N: usize>(parts: [(&'static str, bool); N]) -> Vec<&'static str> {
+    parts.into_iter().filter_map(|(part, differs)| differs.then_some(part)).collect()
 }
 
 fn bytes_as_text<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {

@@ -56,9 +56,11 @@ async fn echoing_target() -> String {
 
 /// A viewer without payloads (`peek`), an operator without them (`blind-ops`), a
 /// viewer with them (`reader`, the control) and an admin; routes `orders` (to the
-/// echoing target) and `other` (a log target).
+/// echoing target, with the hostile plugin in shadow: it decodes every payload whole
+/// into its event, so the shadow's samples hold the marker) and `other` (a log target).
 fn write_config(dir: &Path, target: &str, admin_fields: &str) -> PathBuf {
     let plugin = plugin_path("work_order");
+    let candidate = plugin_path("hostile");
     let config = format!(
         "[store]\nurl = \"sqlite://inbox.db\"\n\n\
          [admin]\n{admin_fields}\
@@ -66,11 +68,12 @@ fn write_config(dir: &Path, target: &str, admin_fields: &str) -> PathBuf {
          [[admin.token]]\nname = \"blind-ops\"\nrole = \"operator\"\npayloads = false\nsecret = \"${{T_BLIND_OPS}}\"\n\
          [[admin.token]]\nname = \"reader\"\nrole = \"viewer\"\npayloads = true\nsecret = \"${{T_READER}}\"\n\
          [[admin.token]]\nname = \"root\"\nrole = \"admin\"\nsecret = \"${{T_ROOT}}\"\n\n\
-         [[route]]\nname = \"orders\"\nplugin = \"{p}\"\nsource = {{ kind = \"push\" }}\n\
+         [[route]]\nname = \"orders\"\nplugin = \"{p}\"\ncandidate = \"{c}\"\nsource = {{ kind = \"push\" }}\n\
          target = {{ kind = \"http\", url = \"{target}\", timeout = \"5s\" }}\n\
          retry = {{ initial = \"1h\", max = \"1h\" }}\n\n\
          [[route]]\nname = \"other\"\nplugin = \"{p}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
         p = plugin.display(),
+        c = candidate.display(),
     );
     let path = dir.join("inlet.toml");
     std::fs::write(&path, config).unwrap();
@@ -213,6 +216,8 @@ async fn crawl(
     covered.insert("/api/repairs");
     out.push(api_get(http, base, "/api/routes", token).await);
     covered.insert("/api/routes");
+    out.push(api_get(http, base, "/api/routes/orders/shadow", token).await);
+    covered.insert("/api/routes/{name}/shadow");
     out.push(api_get(http, base, "/api/audit", token).await);
     covered.insert("/api/audit");
     out.push(api_get(http, base, "/api/openapi.json", token).await);
@@ -255,6 +260,7 @@ async fn crawl(
         "/console/repairs".into(),
         "/console/audit".into(),
         "/console/login".into(),
+        "/console/routes/orders/shadow".into(),
     ];
     pages.extend(fingerprints.iter().map(|f| format!("/console/entries?route=orders&fingerprint={}", q(f))));
     pages.extend(ids.iter().map(|id| format!("/console/entries/{id}")));
@@ -390,6 +396,18 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
         .collect();
     assert!(words.iter().all(|w| w.len() >= 20), "{words:?}");
 
+    // The candidate's differences, the marker in both sides of their samples.
+    wait_for("the shadow's samples of the three marked messages", WAIT, || {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            let report = api_get(&http, &base, "/api/routes/orders/shadow", ROOT).await.json();
+            let differing = report["counts"]["decode"]["differing"].as_u64()?;
+            (differing >= 3 && report.to_string().contains(MARKER)).then_some(())
+        }
+    })
+    .await;
+
     // The control: a viewer with payloads reads the marker where it is.
     let (control, covered) = crawl(&http, &base, READER, &ids, &fingerprints).await;
     for asked in [
@@ -404,6 +422,8 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
         "GET /console/entries?route=orders (console)".to_string(),
         "GET /console/failures (console)".to_string(),
         "GET /console/repairs (console)".to_string(),
+        format!("GET /api/routes/orders/shadow as {READER}"),
+        "GET /console/routes/orders/shadow (console)".to_string(),
     ] {
         let a = answer(&control, &asked);
         assert_eq!(a.status, 200, "{asked}: {}", a.body);

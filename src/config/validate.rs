@@ -436,29 +436,18 @@ fn grants(c: &mut Checker<'_>, raw: &[RawGrant]) -> BTreeMap<String, BTreeSet<St
     out
 }
 
-/// `[plugins]`: the process-wide plugin memory budget.
+/// `[plugins]`: the process-wide plugin memory budgets (serving, shadow).
 fn plugins_section(c: &mut Checker<'_>, p: &RawPlugins) -> PluginsConfig {
     let mut plugins = PluginsConfig::default();
-    if let Some(mib) = &p.memory_budget_mib {
+    let mut budget = |mib: &Option<Spanned<u32>>, field: &str, bytes: &mut usize| {
+        let Some(mib) = mib else { return };
         if !(16..=1 << 20).contains(mib.get_ref()) {
-            c.error::<()>(
-                mib.span(),
-                "plugins.memory_budget_mib",
-                ConfigErrorKind::Invalid("must be between 16 and 1048576".into()),
-            );
+            c.error::<()>(mib.span(), field, ConfigErrorKind::Invalid("must be between 16 and 1048576".into()));
         }
-        plugins.memory_budget_bytes = (*mib.get_ref() as usize) << 20;
-    }
-    if let Some(mib) = &p.shadow_memory_budget_mib {
-        if !(16..=1 << 20).contains(mib.get_ref()) {
-            c.error::<()>(
-                mib.span(),
-                "plugins.shadow_memory_budget_mib",
-                ConfigErrorKind::Invalid("must be between 16 and 1048576".into()),
-            );
-        }
-        plugins.shadow_memory_budget_bytes = (*mib.get_ref() as usize) << 20;
-    }
+        *bytes = (*mib.get_ref() as usize) << 20;
+    };
+    budget(&p.memory_budget_mib, "plugins.memory_budget_mib", &mut plugins.memory_budget_bytes);
+    budget(&p.shadow_memory_budget_mib, "plugins.shadow_memory_budget_mib", &mut plugins.shadow_memory_budget_bytes);
     plugins
 }
 
