@@ -283,6 +283,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     // A route whose settings or plugin do not load is kept out (reported below); the
     // others start.
     crate::plugin::sandbox::SHADOW_BUDGET.set_limit(config.plugins.shadow_memory_budget_bytes);
+    crate::shadow::set_cpu_percent(config.plugins.shadow_cpu_percent);
     let metrics = Arc::new(Metrics::new());
     let routes = {
         let (config, cache, clients) = (config.clone(), options.plugin_cache.clone(), clients.clone());

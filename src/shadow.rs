@@ -636,6 +636,12 @@ async fn work(state: Arc<State>, mut rx: mpsc::Receiver<(Job, usize)>, queued: A
     let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     while let Some((job, bytes)) = rx.recv().await {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { break };
+        // Over its CPU share, the shadow waits here; meanwhile its queue fills and the
+        // serving path's offers are dropped and counted.
+        let pause = CPU.lock().expect("shadow cpu lock").pause();
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
         let state = Arc::clone(&state);
         let queued = Arc::clone(&queued);
         tokio::spawn(async move {
@@ -644,6 +650,78 @@ async fn work(state: Arc<State>, mut rx: mpsc::Receiver<(Job, usize)>, queued: A
             drop(slot);
         });
     }
+}
+
+/// The share of one core the shadow thread may use, in percent (`[plugins]
+/// shadow_cpu_percent`).
+static CPU_PERCENT: AtomicUsize = AtomicUsize::new(10);
+
+/// Sets the shadow thread's CPU share, in percent of one core (1 to 100).
+pub fn set_cpu_percent(percent: u32) {
+    CPU_PERCENT.store(percent.clamp(1, 100) as usize, Ordering::Relaxed);
+}
+
+/// The shadow thread's CPU budget: a bucket of CPU time that fills at its share of
+/// the wall clock, up to [`CPU_BURST`], and empties by the CPU the thread used (its
+/// own clock, `CLOCK_THREAD_CPUTIME_ID`: every candidate runs on that one thread, and
+/// the kernel's time for its page faults counts too). Lowering the thread's priority
+/// alone is not enough: a candidate that maps and touches memory at every call slows
+/// the serving threads through the process's shared memory map, however low its
+/// priority, so how much it may do at all is bounded.
+static CPU: Mutex<CpuBudget> = Mutex::new(CpuBudget { last: None, tokens: CPU_BURST, not_before: None });
+
+/// CPU time the shadow may use at once after a quiet spell.
+const CPU_BURST: std::time::Duration = std::time::Duration::from_millis(50);
+
+struct CpuBudget {
+    /// Wall clock and the thread's CPU clock when last looked at.
+    last: Option<(std::time::Instant, std::time::Duration)>,
+    /// CPU time left to spend.
+    tokens: std::time::Duration,
+    /// No job starts before this (a debt being waited out), whichever route's.
+    not_before: Option<std::time::Instant>,
+}
+
+impl CpuBudget {
+    /// How long to wait before the next job, after charging the CPU used since the
+    /// last look and crediting the wall time passed at the share. Called on the
+    /// shadow thread.
+    fn pause(&mut self) -> std::time::Duration {
+        let share = CPU_PERCENT.load(Ordering::Relaxed) as f64 / 100.0;
+        let now = (std::time::Instant::now(), thread_cpu());
+        if let Some(wait) = self.not_before.and_then(|t| t.checked_duration_since(now.0)) {
+            return wait;
+        }
+        let (credit, used) = match self.last.replace(now) {
+            Some((wall, cpu)) => (now.0.duration_since(wall).mul_f64(share), now.1.saturating_sub(cpu)),
+            None => (std::time::Duration::ZERO, std::time::Duration::ZERO),
+        };
+        // Tokens as signed nanoseconds: a job may overspend, and the debt is waited out.
+        let tokens = (self.tokens.as_nanos() as i128 + credit.as_nanos() as i128 - used.as_nanos() as i128)
+            .min(CPU_BURST.as_nanos() as i128);
+        if tokens >= 0 {
+            self.tokens = std::time::Duration::from_nanos(tokens as u64);
+            return std::time::Duration::ZERO;
+        }
+        // Owed: wait until the share has paid it back; the wait's credit is that
+        // payment, so the next look counts from its end.
+        let wait = std::time::Duration::from_nanos((-tokens) as u64).div_f64(share);
+        self.tokens = std::time::Duration::ZERO;
+        self.not_before = Some(now.0 + wait);
+        self.last = Some((now.0 + wait, now.1));
+        wait
+    }
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu() -> std::time::Duration {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } == 0;
+    if !ok {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// One job: the candidate's calls with the serving plugin's inputs, compared.

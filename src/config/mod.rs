@@ -64,11 +64,13 @@ pub struct PluginsConfig {
     pub memory_budget_bytes: usize,
     /// Memory all shadow candidates may hold together, in bytes.
     pub shadow_memory_budget_bytes: usize,
+    /// CPU all shadow candidates may use together, in percent of one core.
+    pub shadow_cpu_percent: u32,
 }
 
 impl Default for PluginsConfig {
     fn default() -> Self {
-        PluginsConfig { memory_budget_bytes: 2048 << 20, shadow_memory_budget_bytes: 256 << 20 }
+        PluginsConfig { memory_budget_bytes: 2048 << 20, shadow_memory_budget_bytes: 256 << 20, shadow_cpu_percent: 10 }
     }
 }
 

@@ -328,6 +328,10 @@ pub(super) struct RawPlugins {
     /// MiB (default 256), apart from `memory_budget_mib`: a candidate that hoards
     /// memory faults in the shadow, never takes memory from a serving plugin.
     pub shadow_memory_budget_mib: Option<Spanned<u32>>,
+    /// CPU all shadow candidates may use together, in percent of one core (default
+    /// 10, at most 100): past it their work waits and new work is dropped (counted),
+    /// so however much a candidate computes or maps, the serving path keeps the rest.
+    pub shadow_cpu_percent: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]

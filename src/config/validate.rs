@@ -448,6 +448,13 @@ fn plugins_section(c: &mut Checker<'_>, p: &RawPlugins) -> PluginsConfig {
     };
     budget(&p.memory_budget_mib, "plugins.memory_budget_mib", &mut plugins.memory_budget_bytes);
     budget(&p.shadow_memory_budget_mib, "plugins.shadow_memory_budget_mib", &mut plugins.shadow_memory_budget_bytes);
+    if let Some(percent) = &p.shadow_cpu_percent {
+        if !(1..=100).contains(percent.get_ref()) {
+            let problem = ConfigErrorKind::Invalid("must be between 1 and 100 (percent of one core)".into());
+            c.error::<()>(percent.span(), "plugins.shadow_cpu_percent", problem);
+        }
+        plugins.shadow_cpu_percent = *percent.get_ref();
+    }
     plugins
 }
 
