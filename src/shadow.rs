@@ -683,17 +683,21 @@ struct CpuBudget {
 }
 
 impl CpuBudget {
-    /// How long to wait before the next job, after charging the CPU used since the
-    /// last look and crediting the wall time passed at the share. Called on the
-    /// shadow thread.
+    /// How long to wait before the next job. Called on the shadow thread.
     fn pause(&mut self) -> std::time::Duration {
         let share = CPU_PERCENT.load(Ordering::Relaxed) as f64 / 100.0;
-        let now = (std::time::Instant::now(), thread_cpu());
+        self.pause_at((std::time::Instant::now(), thread_cpu()), share)
+    }
+
+    /// [`CpuBudget::pause`] as of `now` (wall clock, the thread's CPU clock) at
+    /// `share` of a core: charges the CPU used since the last look, credits the wall
+    /// time passed at the share, and when that leaves a debt, waits it out.
+    fn pause_at(&mut self, now: (std::time::Instant, std::time::Duration), share: f64) -> std::time::Duration {
         if let Some(wait) = self.not_before.and_then(|t| t.checked_duration_since(now.0)) {
             return wait;
         }
         let (credit, used) = match self.last.replace(now) {
-            Some((wall, cpu)) => (now.0.duration_since(wall).mul_f64(share), now.1.saturating_sub(cpu)),
+            Some((wall, cpu)) => (now.0.saturating_duration_since(wall).mul_f64(share), now.1.saturating_sub(cpu)),
             None => (std::time::Duration::ZERO, std::time::Duration::ZERO),
         };
         // Tokens as signed nanoseconds: a job may overspend, and the debt is waited out.
@@ -849,6 +853,27 @@ mod tests {
         assert!(event("k", b"1").differences(&event("k", b"1")).is_empty());
         assert_eq!(event("k", b"1").differences(&event("j", b"2")), vec!["correlation_key", "body"]);
         assert_eq!(event("k", b"1").differences(&DecodeSide::Ignore { reason: "x".into() }), vec!["answer"]);
+    }
+
+    #[test]
+    fn the_cpu_budget_waits_out_what_was_spent_past_the_share() {
+        use std::time::{Duration, Instant};
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut b = CpuBudget { last: None, tokens: CPU_BURST, not_before: None };
+        assert_eq!(b.pause_at((t0, ms(0)), 0.1), Duration::ZERO, "the first look starts the clocks");
+        // 20 ms of CPU in 10 ms: paid from the burst (50 + 1 - 20 = 31 ms left).
+        assert_eq!(b.pause_at((t0 + ms(10), ms(20)), 0.1), Duration::ZERO);
+        // 100 ms more in 10 ms: 31 + 1 - 100 = 68 ms owed, 680 ms at a tenth of a core.
+        assert_eq!(b.pause_at((t0 + ms(20), ms(120)), 0.1), ms(680));
+        // Anyone looking meanwhile waits for the rest of it.
+        assert_eq!(b.pause_at((t0 + ms(120), ms(120)), 0.1), ms(580));
+        // Paid: the next job goes, and the credit starts again from the wait's end.
+        assert_eq!(b.pause_at((t0 + ms(700), ms(120)), 0.1), Duration::ZERO);
+        assert_eq!(b.tokens, Duration::ZERO);
+        // A long quiet spell refills only up to the burst.
+        assert_eq!(b.pause_at((t0 + ms(60_000), ms(120)), 0.1), Duration::ZERO);
+        assert_eq!(b.tokens, CPU_BURST);
     }
 
     #[test]

@@ -170,11 +170,12 @@ async fn rows_digest(db: &Path) -> String {
 async fn shadow_reports_one_render_in_ten_and_a_replay_of_the_same_1000_entries_reports_the_same_sending_and_changing_nothing()
  {
     let target = RecordingTarget::start().await;
-    let setup = Setup::new(&target, "");
+    // The whole of a core for the candidate: here it must keep up, so that all of it
+    // is compared (at its default tenth of a core it drops what it cannot keep up with).
+    let setup = Setup::new(&target, "\n[plugins]\nshadow_cpu_percent = 100\n");
     let (mut inlet, api) = spawn(&setup.config).await;
 
-    // Live traffic: work orders wo-0 … wo-999, one at a time (the shadow drops work it
-    // cannot keep up with; here it must keep up, so all of it is compared).
+    // Live traffic: work orders wo-0 … wo-999, one at a time.
     const N: u32 = 1000;
     let mut entries = std::collections::BTreeMap::new();
     for i in 0..N {
