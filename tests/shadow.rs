@@ -96,11 +96,22 @@ impl Api {
         self.http.get(format!("{}/metrics", self.base)).send().await.unwrap().text().await.unwrap()
     }
 
-    /// Waits until every entry of the route is DONE (`n` of them).
+    /// Waits until `n` entries of the route were delivered (each is delivered once:
+    /// the target answers 204), then checks that none is left unresolved.
     async fn all_done(&self, n: usize) {
-        wait_until(&format!("{n} entries DONE"), WAIT, || async move {
-            let stats = self.get("/api/entries?route=orders&status=DONE&limit=1000", ADMIN).await;
-            stats["entries"].as_array().map_or(0, Vec::len) >= n
+        let done = "inlet_delivery_attempts_total{route=\"orders\",outcome=\"done\"}";
+        wait_until(&format!("{n} entries delivered"), WAIT, || async move {
+            count(&self.metrics().await, done).unwrap_or(0) >= n as u64
+        })
+        .await;
+        // The counter moves at the attempt's end, its settle commits right after.
+        wait_until("no entry left unresolved", WAIT, || async move {
+            let mut left = 0;
+            for status in ["open", "in_progress", "parked"] {
+                let page = self.get(&format!("/api/entries?route=orders&status={status}&limit=1"), ADMIN).await;
+                left += page["entries"].as_array().map_or(1, Vec::len);
+            }
+            left == 0
         })
         .await;
     }
@@ -328,6 +339,35 @@ async fn a_candidate_that_sleeps_traps_or_hoards_memory_changes_no_outcome_on_th
     assert!(count(&metrics, series).unwrap_or(0) >= 8, "{series}");
     let done = "inlet_delivery_attempts_total{route=\"orders\",outcome=\"done\"}";
     assert_eq!(count(&metrics, done), Some(keys.len() as u64), "{done}");
+
+    // A candidate that falls behind: every call sleeps until its backstop, so it
+    // finishes a few jobs a second while 1,100 messages arrive. Its queue (1,024 jobs)
+    // fills and the rest is dropped and counted; the deliveries do not wait for it.
+    let records = |r: &Value| -> u64 {
+        let call = |c: &str| {
+            let faults: u64 = r["counts"][c]["faults"].as_object().unwrap().values().filter_map(Value::as_u64).sum();
+            r["counts"][c]["compared"].as_u64().unwrap() + faults
+        };
+        call("decode") + call("render") + call("classify")
+    };
+    let before = api.shadow(ADMIN).await;
+    assert_eq!(before["counts"]["dropped"], 0, "{before}");
+    for i in 0..1100 {
+        api.push(&format!("sleep-late-{i}"), 1).await;
+    }
+    api.all_done(keys.len() + 1100).await;
+    let report = api.shadow(ADMIN).await;
+    let dropped = report["counts"]["dropped"].as_u64().unwrap();
+    // 2,200 jobs were offered (a decode and a delivery per message): each was dropped,
+    // is queued (at most 1,024), runs (at most 4 at once) or has run (each run job
+    // recorded at least one comparison or fault). None is lost without a count.
+    let ran = records(&report) - records(&before);
+    assert!(dropped > 0, "{report}");
+    assert!(dropped + 1024 + 4 + ran >= 2200, "dropped {dropped}, ran at most {ran}: {report}");
+    let metrics = api.metrics().await;
+    assert_eq!(count(&metrics, "inlet_shadow_dropped_total{route=\"orders\"}"), Some(dropped));
+    assert_eq!(count(&metrics, done), Some(keys.len() as u64 + 1100), "{done}");
+    assert_eq!(target.requests().len(), keys.len() + 1100, "one request per message");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
