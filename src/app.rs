@@ -184,6 +184,10 @@ pub struct Options {
     pub panic_on_key: Option<String>,
     /// Append every Pub/Sub ack to this file (see [`crate::source::ack_journal`]).
     pub ack_journal: Option<PathBuf>,
+    /// What to do about the inbox schema at start (`--migrate`; see UPGRADING.md).
+    pub migrate: inbox::MigrateMode,
+    /// How long a PostgreSQL migration waits for a lock (`--lock-timeout`).
+    pub lock_timeout: Duration,
 }
 
 impl Default for Options {
@@ -202,6 +206,8 @@ impl Default for Options {
             grace: Duration::from_secs(30),
             panic_on_key: None,
             ack_journal: None,
+            migrate: inbox::MigrateMode::Auto,
+            lock_timeout: inbox::schema::DEFAULT_LOCK_TIMEOUT,
         }
     }
 }
@@ -225,6 +231,9 @@ pub struct Running {
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
     grace: Duration,
+    /// SQLite: this instance's hold on the inbox file, released when it stops (held
+    /// here, not by the store, which background tasks may outlive the instance with).
+    _instance_lock: Option<inbox::InstanceLock>,
 }
 
 impl Running {
@@ -260,7 +269,11 @@ async fn shutdown_signal() {
 }
 
 pub async fn start(config: &Config, options: Options) -> Result<Running, StartError> {
-    let store = inbox::open(&config.store.url, config.store.max_connections).await?;
+    // First the SQLite file's instance lock: a second instance is refused before it
+    // migrates or touches anything.
+    let instance_lock = inbox::InstanceLock::take(&config.store.url, options.migrate == inbox::MigrateMode::Auto)?;
+    let store =
+        inbox::open_as(&config.store.url, config.store.max_connections, options.migrate, options.lock_timeout).await?;
     let mut tasks = JoinSet::new();
     let (shutdown, shutdown_rx) = watch::channel(false);
     let clock: Arc<dyn Clock> = match options.clock.clone() {
@@ -292,7 +305,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
             .await
             .expect("loading routes does not panic")
     };
-    // The inbox just answered (it was opened and migrated).
+    // The inbox just answered (it was opened and its schema found current).
     metrics.store_up.set(1);
     for outcome in ["ok", "failed"] {
         let _ = metrics.retention_runs.get_or_create(&crate::telemetry::OutcomeLabel { outcome });
@@ -400,7 +413,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     }
     tasks.spawn(crate::repair::run(Arc::clone(&shared), options.owner.clone(), shutdown_rx.clone()));
     tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
-    Ok(Running { addr, admin_addr, shared, shutdown, tasks, grace: options.grace })
+    Ok(Running { addr, admin_addr, shared, shutdown, tasks, grace: options.grace, _instance_lock: instance_lock })
 }
 
 async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, StartError> {

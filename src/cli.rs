@@ -3,6 +3,7 @@
 //! to stderr too (only warnings and errors, except for `inlet run`).
 
 mod rollout;
+mod schema;
 mod view;
 
 use std::path::{Path, PathBuf};
@@ -80,6 +81,41 @@ pub enum Command {
         /// nothing was acked without its row.
         #[arg(long, env = "INLET_ACK_JOURNAL")]
         ack_journal: Option<PathBuf>,
+        /// What to do about the inbox schema at start: `auto` applies pending
+        /// migrations (and creates a missing SQLite file); `check` refuses to start
+        /// unless the schema is this binary's, changing nothing — for production, with
+        /// `inlet migrate` run as a step of its own first; `off` neither, except that a
+        /// schema newer than this binary knows is refused in every mode. See UPGRADING.md.
+        #[arg(long, env = "INLET_MIGRATE", value_enum, default_value_t = inbox::MigrateMode::Auto)]
+        migrate: inbox::MigrateMode,
+        /// PostgreSQL: how long a migration (`--migrate auto`) waits for a lock another
+        /// session holds before it fails (`0s`: no limit).
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        lock_timeout: Duration,
+    },
+    /// Apply the inbox schema migrations this binary knows and the inbox lacks, in one
+    /// transaction, each recorded with this binary's version and the checksum of its
+    /// SQL; creates a missing SQLite file. Production runs this as a step of its own
+    /// (a Kubernetes Job) before starting instances with `inlet run --migrate check`.
+    /// Refuses a schema newer than this binary's, one migrated with other SQL, and a
+    /// SQLite inbox an instance is running on. Reads only the `[store]` of the routing
+    /// file.
+    Migrate {
+        /// The routing file or directory (default: `--config`).
+        #[arg(value_name = "CONFIG")]
+        routing: Option<PathBuf>,
+        /// Print the SQL each pending version would run; change and create nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// PostgreSQL: how long to wait for a lock another session holds before
+        /// failing with nothing applied (`0s`: no limit).
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        lock_timeout: Duration,
+    },
+    /// The inbox schema (reads only the `[store]` of `--config`; changes nothing).
+    Schema {
+        #[command(subcommand)]
+        command: SchemaCommand,
     },
     /// Validate a routing file (or a directory of them) and load its plugins; exit 1
     /// listing every error and every refused route.
@@ -110,6 +146,14 @@ pub enum Command {
         #[command(subcommand)]
         command: InboxCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SchemaCommand {
+    /// The inbox's schema version, the versions this binary knows, the pending ones,
+    /// and who applied each (binary version, the checksum of its SQL against this
+    /// binary's). Exit 0 when this binary runs on the schema as it is, 1 otherwise.
+    Status,
 }
 
 #[derive(Debug, Subcommand)]
@@ -402,10 +446,30 @@ fn routing_file(own: Option<PathBuf>, global: &Option<PathBuf>) -> anyhow::Resul
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let out = Output { json: cli.json };
     match cli.command {
-        Command::Run { routing, listen, instance, poll, retention, plugin_cache, grace, ack_journal } => {
+        Command::Run {
+            routing,
+            listen,
+            instance,
+            poll,
+            retention,
+            plugin_cache,
+            grace,
+            ack_journal,
+            migrate,
+            lock_timeout,
+        } => {
             let path = routing_file(routing, &cli.config)?;
             let config = Config::load_partial(&path).map_err(|errors| anyhow::anyhow!("{errors}"))?;
-            let mut options = app::Options { listen, poll, retention, grace, ack_journal, ..app::Options::default() };
+            let mut options = app::Options {
+                listen,
+                poll,
+                retention,
+                grace,
+                ack_journal,
+                migrate,
+                lock_timeout,
+                ..app::Options::default()
+            };
             match plugin_cache {
                 Some(p) if p.as_os_str() == "off" => options.plugin_cache = None,
                 Some(p) => options.plugin_cache = Some(p),
@@ -419,6 +483,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { routing } => check(&routing_file(routing, &cli.config)?),
+        Command::Migrate { routing, dry_run, lock_timeout } => {
+            let store = store_config(&routing_file(routing, &cli.config)?)?;
+            schema::migrate(&store.url, dry_run, lock_timeout, out).await
+        }
+        Command::Schema { command: SchemaCommand::Status } => {
+            let store = store_config(&routing_file(None, &cli.config)?)?;
+            schema::status(&store.url, out).await
+        }
         Command::Pubsub { command: PubsubCommand::Setup { routing } } => {
             let config = load_config(&routing_file(routing, &cli.config)?)?;
             let connection = Connection::from_env();
@@ -612,11 +684,17 @@ async fn announce_route_of(store: &dyn Store, id: i64) {
     }
 }
 
-/// The inbox of `--config`, read from its `[store]` alone.
+/// The `[store]` of a routing file (or directory), alone.
+fn store_config(path: &Path) -> anyhow::Result<crate::config::StoreConfig> {
+    crate::config::load_store(path).map_err(|errors| anyhow::anyhow!("{errors}"))
+}
+
+/// The inbox of `--config`, read from its `[store]` alone, for a command that reads or
+/// repairs entries: never migrated, never created (a missing SQLite file, a schema older
+/// or newer than this binary's: refused, nothing changed).
 async fn open_store(config: &Option<PathBuf>) -> anyhow::Result<Arc<dyn Store>> {
-    let path = routing_file(None, config)?;
-    let store = crate::config::load_store(&path).map_err(|errors| anyhow::anyhow!("{errors}"))?;
-    Ok(inbox::open(&store.url, 2).await?)
+    let store = store_config(&routing_file(None, config)?)?;
+    Ok(inbox::open_as(&store.url, 2, inbox::MigrateMode::Check, inbox::schema::DEFAULT_LOCK_TIMEOUT).await?)
 }
 
 /// Where the answer goes: tables for people, or JSON.

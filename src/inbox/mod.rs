@@ -63,7 +63,11 @@ macro_rules! bind_entry {
 mod sqlstore;
 
 pub mod postgres;
+pub mod schema;
 pub mod sqlite;
+
+pub use schema::{MigrateMode, SchemaError};
+pub use sqlite::InstanceLock;
 
 use std::fmt;
 use std::str::FromStr;
@@ -464,8 +468,21 @@ pub enum StoreError {
     /// person changed it. The caller's outcome is discarded.
     #[error("lease on entry {id} was lost; the outcome of this attempt is discarded")]
     LeaseLost { id: i64 },
-    #[error("inbox schema migration {version} failed: {error}")]
-    Migration { version: i64, error: sqlx::Error },
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    /// A command that does not create the inbox met none.
+    #[error("no inbox at {}: the SQLite file does not exist, and only `inlet migrate` or `inlet run` creates it", .0.display())]
+    NoInbox(std::path::PathBuf),
+    /// Another process holds the SQLite inbox's instance lock.
+    #[error(
+        "another Inlet is running on the SQLite inbox {} ({holder} holds {}): SQLite allows one instance per file; \
+         stop it first, or use PostgreSQL to run several",
+        db.display(),
+        lock.display()
+    )]
+    InstanceRunning { db: std::path::PathBuf, lock: std::path::PathBuf, holder: String },
+    #[error("cannot take the instance lock {} of the SQLite inbox: {error}", lock.display())]
+    InstanceLock { lock: std::path::PathBuf, error: std::io::Error },
     #[error("unsupported store url `{0}`: use sqlite://PATH or postgres://…")]
     UnsupportedUrl(String),
     #[error("stored entry {id} is unreadable: {reason}")]
@@ -574,6 +591,19 @@ fn refuses_row(e: &sqlx::Error) -> bool {
 pub trait Store: Send + Sync + 'static {
     /// `sqlite` or `postgres`.
     fn backend(&self) -> &'static str;
+
+    /// The schema migrations this binary embeds for this backend, oldest first.
+    fn migrations(&self) -> &'static [schema::Migration];
+
+    /// What `inlet_schema` records about the migrations applied, read without
+    /// changing anything.
+    async fn schema_record(&self) -> Result<schema::SchemaRecord, StoreError>;
+
+    /// Applies the pending migrations in one transaction, recording each with this
+    /// binary and its checksum (and completes `inlet_schema` if an earlier Inlet made
+    /// it); the migrations applied. Refuses a schema newer than this binary's or
+    /// migrated with other SQL. PostgreSQL waits at most `lock_timeout` for each lock.
+    async fn migrate(&self, lock_timeout: std::time::Duration) -> Result<Vec<schema::Migration>, StoreError>;
 
     /// Tells every instance on this inbox that these routes have entries to claim
     /// now (PostgreSQL: `NOTIFY`), so they need not wait for their poll interval.
@@ -745,7 +775,6 @@ pub trait Store: Send + Sync + 'static {
     async fn list_audit(&self, after_id: Option<i64>, limit: u32) -> Result<Vec<AuditRecord>, StoreError>;
 }
 
-/// Opens (and migrates) the store a URL names.
 /// Deletes finished entries that ended before `before`, `batch` rows per statement,
 /// until none is left; waits `pause` between batches so claims and settles get the
 /// database in between. Returns how many were deleted. A backlog of any size is
@@ -767,11 +796,35 @@ pub async fn purge_all(
     }
 }
 
+/// Opens the store a URL names and migrates it: what tests and benchmarks use.
+/// `inlet run` opens through [`open_as`] with its `--migrate` mode.
 pub async fn open(url: &str, max_connections: u32) -> Result<Arc<dyn Store>, StoreError> {
+    open_as(url, max_connections, MigrateMode::Auto, schema::DEFAULT_LOCK_TIMEOUT).await
+}
+
+/// Opens the store a URL names and treats its schema as `mode` says
+/// ([`schema::prepare`]). Only [`MigrateMode::Auto`] creates a SQLite file that is not
+/// there; otherwise a missing one is [`StoreError::NoInbox`], and nothing is created.
+/// The commands besides `inlet run` and `inlet migrate` open with
+/// [`MigrateMode::Check`]: they never change the schema.
+pub async fn open_as(
+    url: &str,
+    max_connections: u32,
+    mode: MigrateMode,
+    lock_timeout: std::time::Duration,
+) -> Result<Arc<dyn Store>, StoreError> {
+    let store = connect(url, max_connections, mode == MigrateMode::Auto).await?;
+    schema::prepare(store.as_ref(), mode, lock_timeout).await?;
+    Ok(store)
+}
+
+/// Connects to the store a URL names without looking at its schema; `create`: a SQLite
+/// file that is not there is created (else: [`StoreError::NoInbox`]).
+pub async fn connect(url: &str, max_connections: u32, create: bool) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::open(url, max_connections).await?))
+        Ok(Arc::new(sqlite::SqliteStore::connect(url, max_connections, create).await?))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(postgres::PgStore::open(url, max_connections).await?))
+        Ok(Arc::new(postgres::PgStore::connect(url, max_connections).await?))
     } else {
         Err(StoreError::UnsupportedUrl(crate::redact::url(url)))
     }

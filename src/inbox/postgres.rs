@@ -3,7 +3,7 @@
 //! Claims pick candidates with `FOR UPDATE SKIP LOCKED`, so instances never wait on
 //! each other's rows; "no older unresolved entry with this key" is answered from a
 //! partial index over unresolved rows only. Migrations run under an advisory lock so
-//! instances starting together apply them once.
+//! instances starting together apply them once, and under a `lock_timeout`.
 //!
 //! **Per-key order across instances rests on a lock per (route, key), not on
 //! snapshots.** `FOR UPDATE SKIP LOCKED` locks only the candidate row; the check over
@@ -24,21 +24,23 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow, Postgres};
 
 use super::StoreError;
+use super::schema::Migration;
 use super::sqlstore::store_impl;
 
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("sql/postgres_0001_inbox.sql")),
-    (2, include_str!("sql/postgres_0002_audit.sql")),
-    (3, include_str!("sql/postgres_0003_not_yet_since.sql")),
-    (4, include_str!("sql/postgres_0004_route_pause.sql")),
-    (5, include_str!("sql/postgres_0005_attempts.sql")),
-    (6, include_str!("sql/postgres_0006_repair_jobs.sql")),
-    (7, include_str!("sql/postgres_0007_key_in_progress.sql")),
-    (8, include_str!("sql/postgres_0008_statistics.sql")),
-    (9, include_str!("sql/postgres_0009_hot_path_indexes.sql")),
+/// The schema's migrations, oldest first (`inlet_schema` records which are applied).
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration::new(1, "inbox", include_str!("sql/postgres_0001_inbox.sql")),
+    Migration::new(2, "audit", include_str!("sql/postgres_0002_audit.sql")),
+    Migration::new(3, "not_yet_since", include_str!("sql/postgres_0003_not_yet_since.sql")),
+    Migration::new(4, "route_pause", include_str!("sql/postgres_0004_route_pause.sql")),
+    Migration::new(5, "attempts", include_str!("sql/postgres_0005_attempts.sql")),
+    Migration::new(6, "repair_jobs", include_str!("sql/postgres_0006_repair_jobs.sql")),
+    Migration::new(7, "key_in_progress", include_str!("sql/postgres_0007_key_in_progress.sql")),
+    Migration::new(8, "statistics", include_str!("sql/postgres_0008_statistics.sql")),
+    Migration::new(9, "hot_path_indexes", include_str!("sql/postgres_0009_hot_path_indexes.sql")),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII).
@@ -56,18 +58,36 @@ pub struct PgStore {
 }
 
 impl PgStore {
-    pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        // The server's NOTICEs (`relation "inlet_schema" already exists, skipping` at
-        // every start) say nothing an operator needs; sqlx would log each one.
+    /// Connects without looking at the schema.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        // The server's NOTICEs (`relation "inlet_schema" already exists, skipping`)
+        // say nothing an operator needs; sqlx would log each one.
         let options = PgConnectOptions::from_str(url)?.options([("client_min_messages", "warning")]);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(3))
             .connect_with(options)
             .await?;
-        let store = PgStore { pool, gauge_lease: tokio::sync::Mutex::new(None) };
-        store.migrate(MIGRATIONS, &[MIGRATION_LOCK]).await?;
-        Ok(store)
+        Ok(PgStore { pool, gauge_lease: tokio::sync::Mutex::new(None) })
+    }
+
+    /// A migration's transaction: first the migration lock, waited for without a
+    /// limit (another instance is migrating, and its own statements are bounded by its
+    /// lock timeout), then `lock_timeout` for the rest of the transaction, so a
+    /// migration that needs a table another session holds fails within it. Waiting
+    /// longer would be worse than failing: every later query on that table (claims,
+    /// inserts) would queue behind the migration's pending lock.
+    async fn begin_migration(
+        &self,
+        lock_timeout: Duration,
+    ) -> Result<sqlx::Transaction<'static, Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(MIGRATION_LOCK).execute(&mut *tx).await?;
+        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+            .bind(format!("{}ms", lock_timeout.as_millis()))
+            .execute(&mut *tx)
+            .await?;
+        Ok(tx)
     }
 }
 
@@ -636,4 +656,8 @@ store_impl! {
     insert_sql: INSERT_SQL,
     insert_or_existing_sql: Some(INSERT_OR_EXISTING_SQL),
     now_sql: "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT",
+    migrations: MIGRATIONS,
+    // Resolved through the search path, as every other statement's tables are.
+    schema_columns_sql: "SELECT attname::text FROM pg_attribute \
+        WHERE attrelid = to_regclass('inlet_schema') AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
 }

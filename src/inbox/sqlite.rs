@@ -3,27 +3,31 @@
 //! SQLite has one writer. Claims are a single `UPDATE … WHERE id IN (…) RETURNING`
 //! statement, which takes the write lock before it reads, so two claims can never
 //! see the same candidates; a busy timeout makes writers queue instead of failing.
+//! One instance per file is enforced by [`InstanceLock`], which `inlet run` holds.
 
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
 
 use super::StoreError;
+use super::schema::Migration;
 use super::sqlstore::store_impl;
 
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("sql/sqlite_0001_inbox.sql")),
-    (2, include_str!("sql/sqlite_0002_audit.sql")),
-    (3, include_str!("sql/sqlite_0003_not_yet_since.sql")),
-    (4, include_str!("sql/sqlite_0004_route_pause.sql")),
-    (5, include_str!("sql/sqlite_0005_attempts.sql")),
-    (6, include_str!("sql/sqlite_0006_repair_jobs.sql")),
-    (7, include_str!("sql/sqlite_0007_key_in_progress.sql")),
-    (8, include_str!("sql/sqlite_0008_waiting_key.sql")),
+/// The schema's migrations, oldest first (`inlet_schema` records which are applied).
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration::new(1, "inbox", include_str!("sql/sqlite_0001_inbox.sql")),
+    Migration::new(2, "audit", include_str!("sql/sqlite_0002_audit.sql")),
+    Migration::new(3, "not_yet_since", include_str!("sql/sqlite_0003_not_yet_since.sql")),
+    Migration::new(4, "route_pause", include_str!("sql/sqlite_0004_route_pause.sql")),
+    Migration::new(5, "attempts", include_str!("sql/sqlite_0005_attempts.sql")),
+    Migration::new(6, "repair_jobs", include_str!("sql/sqlite_0006_repair_jobs.sql")),
+    Migration::new(7, "key_in_progress", include_str!("sql/sqlite_0007_key_in_progress.sql")),
+    Migration::new(8, "waiting_key", include_str!("sql/sqlite_0008_waiting_key.sql")),
 ];
 
 /// The connection settings of the inbox file (also what the benchmark's raw-insert
@@ -38,26 +42,113 @@ pub fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
         .foreign_keys(true))
 }
 
+/// The file a SQLite URL names; `None` for an in-memory database.
+fn inbox_file(url: &str) -> Result<Option<PathBuf>, StoreError> {
+    if url.contains(":memory:") || url.contains("mode=memory") {
+        return Ok(None);
+    }
+    Ok(Some(connect_options(url)?.get_filename().to_path_buf()))
+}
+
 pub struct SqliteStore {
     pool: SqlitePool,
 }
 
 impl SqliteStore {
-    pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let options = connect_options(url)?;
-        // A fresh setup has no folder for the file yet.
-        if let Some(dir) = options.get_filename().parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| StoreError::Unavailable(sqlx::Error::Io(e)))?;
+    /// Connects without looking at the schema. `create`: a missing file (and its
+    /// folder) is created; else a missing file is [`StoreError::NoInbox`] and nothing
+    /// is created.
+    pub async fn connect(url: &str, max_connections: u32, create: bool) -> Result<Self, StoreError> {
+        let options = connect_options(url)?.create_if_missing(create);
+        if let Some(file) = inbox_file(url)? {
+            if !create && !file.exists() {
+                return Err(StoreError::NoInbox(file));
+            }
+            // A fresh setup has no folder for the file yet.
+            if let Some(dir) = file.parent().filter(|d| create && !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| StoreError::Unavailable(sqlx::Error::Io(e)))?;
+            }
         }
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await?;
-        let store = SqliteStore { pool };
-        store.migrate(MIGRATIONS, &[]).await?;
-        Ok(store)
+        Ok(SqliteStore { pool })
     }
+
+    /// A migration's transaction: `IMMEDIATE`, so it holds the write lock from its
+    /// first read of `inlet_schema` (no lock timeout: SQLite's busy timeout bounds the
+    /// wait, and [`InstanceLock`] keeps running instances away).
+    async fn begin_migration(&self, _lock_timeout: Duration) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+}
+
+/// "One instance per file", enforced: an exclusive `flock` on `<inbox>.lock` beside
+/// the SQLite file, held while this value lives (`inlet run` for its whole life,
+/// `inlet migrate` while it migrates). The other commands do not take it, so they work
+/// beside a running instance. The file holds the holder's pid, for the refusal to
+/// name; it is left in place when released (removing it would let a newcomer lock a
+/// file another is about to open).
+///
+/// A lock file rather than the inbox itself: SQLite locks the inbox with `fcntl`
+/// locks, which on some network file systems are the same locks as `flock`.
+#[derive(Debug)]
+pub struct InstanceLock {
+    _file: std::fs::File,
+    pub path: PathBuf,
+}
+
+impl InstanceLock {
+    /// Takes the lock of the SQLite inbox a URL names. `None` for PostgreSQL and an
+    /// in-memory database. `create`: the inbox's folder is created if missing (the
+    /// caller is about to create the inbox); otherwise a missing inbox is
+    /// [`StoreError::NoInbox`] and nothing is created.
+    pub fn take(url: &str, create: bool) -> Result<Option<InstanceLock>, StoreError> {
+        if !url.starts_with("sqlite:") {
+            return Ok(None);
+        }
+        let Some(db) = inbox_file(url)? else { return Ok(None) };
+        if !create && !db.exists() {
+            return Err(StoreError::NoInbox(db));
+        }
+        if let Some(dir) = db.parent().filter(|d| create && !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|error| StoreError::InstanceLock { lock: lock_path(&db), error })?;
+        }
+        let path = lock_path(&db);
+        let failed = |error| StoreError::InstanceLock { lock: path.clone(), error };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(failed)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path).ok().map(|pid| pid.trim().to_string());
+                let holder =
+                    holder.filter(|pid| !pid.is_empty()).map_or("another process".into(), |pid| format!("pid {pid}"));
+                return Err(StoreError::InstanceRunning { db, lock: path, holder });
+            }
+            Err(std::fs::TryLockError::Error(error)) => return Err(failed(error)),
+        }
+        use std::io::Write as _;
+        file.set_len(0).and_then(|()| writeln!(file, "{}", std::process::id())).map_err(failed)?;
+        Ok(Some(InstanceLock { _file: file, path }))
+    }
+}
+
+/// `<inbox>.lock`, beside the inbox, its folder resolved (two spellings of one folder
+/// lock one file).
+fn lock_path(db: &Path) -> PathBuf {
+    let dir = db.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mut name = db.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    dir.join(name)
 }
 
 /// The claim: one statement, which takes the write lock before it reads.
@@ -236,4 +327,6 @@ store_impl! {
     // SQLite has no data-modifying CTE; its second statement costs no round trip.
     insert_or_existing_sql: None::<&str>,
     now_sql: "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+    migrations: MIGRATIONS,
+    schema_columns_sql: "SELECT name FROM pragma_table_info('inlet_schema') ORDER BY cid",
 }

@@ -2,8 +2,9 @@
 //! implementation heavy; a macro keeps one body and one set of queries instead.
 
 /// Implements [`super::Store`] for `$store` (a struct with a `pool: $pool` field),
-/// given the backend's insert statement and clock query. Each backend brings its own
-/// `claim_rows` (the claim is where the two differ) and migrations.
+/// given the backend's insert statement, clock query, migrations and the query listing
+/// `inlet_schema`'s columns (none: no such table). Each backend brings its own
+/// `claim_rows` (the claim is where the two differ) and `begin_migration`.
 macro_rules! store_impl {
     (
         store: $store:ty,
@@ -14,36 +15,85 @@ macro_rules! store_impl {
         insert_sql: $insert_sql:expr,
         insert_or_existing_sql: $insert_or_existing_sql:expr,
         now_sql: $now_sql:expr,
+        migrations: $migrations:expr,
+        schema_columns_sql: $schema_columns_sql:expr,
     ) => {
         impl $store {
-            /// Applies the migrations newer than the recorded schema version, in one
-            /// transaction that first runs `prelude` (PostgreSQL: an advisory lock, so
-            /// instances starting together migrate once).
-            async fn migrate(&self, migrations: &[(i64, &str)], prelude: &[&str]) -> Result<(), $crate::inbox::StoreError> {
-                use $crate::inbox::StoreError;
-                let mut tx = self.pool.begin().await?;
-                for sql in prelude {
-                    sqlx::query(sql).execute(&mut *tx).await?;
+            /// What `inlet_schema` records, on `conn`, whatever shape an earlier Inlet
+            /// left the table in (columns it lacks read as unrecorded).
+            async fn read_schema(conn: &mut $conn) -> Result<$crate::inbox::schema::SchemaRecord, $crate::inbox::StoreError> {
+                use $crate::inbox::schema::{Applied, RecordTable, SchemaRecord, RECORD_COLUMNS};
+                let columns: Vec<String> = sqlx::query_scalar($schema_columns_sql).fetch_all(&mut *conn).await?;
+                if columns.is_empty() {
+                    return Ok(SchemaRecord { table: RecordTable::Missing, applied: Vec::new() });
                 }
-                sqlx::query("CREATE TABLE IF NOT EXISTS inlet_schema (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)")
-                    .execute(&mut *tx)
-                    .await?;
-                let current: i64 = sqlx::query_scalar("SELECT CAST(COALESCE(MAX(version), 0) AS BIGINT) FROM inlet_schema")
-                    .fetch_one(&mut *tx)
-                    .await?;
+                let has = |name: &str| columns.iter().any(|c| c == name);
+                let [binary, checksum, compatible] =
+                    RECORD_COLUMNS.map(|(name, ty)| if has(name) { name.to_string() } else { format!("CAST(NULL AS {ty})") });
+                let table = if RECORD_COLUMNS.iter().all(|(name, _)| has(name)) { RecordTable::Complete } else { RecordTable::VersionsOnly };
+                let sql = format!("SELECT version, applied_at, {binary}, {checksum}, {compatible} FROM inlet_schema ORDER BY version");
+                let rows: Vec<(i64, i64, Option<String>, Option<String>, Option<i64>)> =
+                    sqlx::query_as(&sql).fetch_all(&mut *conn).await?;
+                let applied = rows
+                    .into_iter()
+                    .map(|(version, applied_at, binary_version, checksum, compatible_from)| Applied {
+                        version,
+                        applied_at,
+                        binary_version,
+                        checksum,
+                        compatible_from,
+                    })
+                    .collect();
+                Ok(SchemaRecord { table, applied })
+            }
+
+            /// [`Store::migrate`](crate::inbox::Store::migrate): in the transaction the
+            /// backend begins for it (PostgreSQL: under the migration lock and the lock
+            /// timeout), `inlet_schema` made complete, the schema compared again (another
+            /// instance may have migrated meanwhile), then each pending migration applied
+            /// and recorded with this binary and its checksum.
+            async fn migrate_schema(&self, lock_timeout: std::time::Duration)
+                -> Result<Vec<$crate::inbox::schema::Migration>, $crate::inbox::StoreError>
+            {
+                use $crate::inbox::schema::{self, Comparison, Migration, Step, RECORD_COLUMNS};
+                let mut tx = self.begin_migration(lock_timeout).await?;
+                sqlx::query(schema::CREATE_TABLE).execute(&mut *tx).await.map_err(|e| Step::Record.failed(lock_timeout, e))?;
+                let columns: Vec<String> = sqlx::query_scalar($schema_columns_sql).fetch_all(&mut *tx).await?;
+                let missing: Vec<String> = RECORD_COLUMNS
+                    .iter()
+                    .filter(|(name, _)| !columns.iter().any(|c| c == name))
+                    .map(|(name, ty)| format!("ALTER TABLE inlet_schema ADD COLUMN {name} {ty}"))
+                    .collect();
+                for add in &missing {
+                    sqlx::query(add).execute(&mut *tx).await.map_err(|e| Step::Record.failed(lock_timeout, e))?;
+                }
+                let record = Self::read_schema(&mut *tx).await?;
+                let cmp = Comparison { known: $migrations, record: &record };
+                cmp.refuse_newer()?;
+                cmp.refuse_mismatches()?;
+                let pending: Vec<Migration> = cmp.pending().into_iter().copied().collect();
                 let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-                for (version, sql) in migrations.iter().filter(|(v, _)| *v > current) {
-                    let fail = |error| StoreError::Migration { version: *version, error };
-                    sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
-                    sqlx::query("INSERT INTO inlet_schema (version, applied_at) VALUES ($1, $2)")
-                        .bind(version)
-                        .bind(now)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(fail)?;
+                for m in &pending {
+                    let step = || Step::Version { version: m.version, name: m.name };
+                    // Through the executor: `RawSql::execute` is an `async fn` generic over
+                    // the executor, whose future the `Send` check of this trait method cannot
+                    // see through.
+                    sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(m.sql)).await.map_err(|e| step().failed(lock_timeout, e))?;
+                    sqlx::query(
+                        "INSERT INTO inlet_schema (version, applied_at, binary_version, checksum, compatible_from) \
+                         VALUES ($1, $2, $3, $4, $5)",
+                    )
+                    .bind(m.version)
+                    .bind(now)
+                    .bind(schema::BINARY)
+                    .bind(m.checksum())
+                    .bind(m.compatible_from)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| step().failed(lock_timeout, e))?;
                 }
                 tx.commit().await?;
-                Ok(())
+                Ok(pending)
             }
 
             /// One settle and its attempt record, inside the caller's transaction.
@@ -235,6 +285,21 @@ macro_rules! store_impl {
         impl $crate::inbox::Store for $store {
             fn backend(&self) -> &'static str {
                 $backend
+            }
+
+            fn migrations(&self) -> &'static [$crate::inbox::schema::Migration] {
+                $migrations
+            }
+
+            async fn schema_record(&self) -> Result<$crate::inbox::schema::SchemaRecord, $crate::inbox::StoreError> {
+                let mut conn = self.pool.acquire().await?;
+                Self::read_schema(&mut conn).await
+            }
+
+            async fn migrate(&self, lock_timeout: std::time::Duration)
+                -> Result<Vec<$crate::inbox::schema::Migration>, $crate::inbox::StoreError>
+            {
+                self.migrate_schema(lock_timeout).await
             }
 
             async fn announce(&self, routes: &[String]) -> Result<(), $crate::inbox::StoreError> {

@@ -1,0 +1,685 @@
+//! The inbox schema as an explicit step, through the real binary on both stores:
+//! `inlet migrate` upgrades from every earlier version with entries in every state to
+//! exactly a fresh install's schema; a newer schema is refused by `inlet run` in every
+//! mode and by the other commands; commands that only use the inbox never migrate and
+//! never create it; a PostgreSQL migration blocked by a held lock fails within its
+//! lock timeout; a second `inlet run` on one SQLite file is refused while the first
+//! runs on.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sqlx::Connection as _;
+
+use inlet::clock::Millis;
+use inlet::inbox::schema::{self, MigrateMode};
+use inlet::inbox::{self, ClaimRequest, ListFilter, Settlement, Status, Store};
+
+/// One inbox to migrate: a SQLite file in a folder of its own (which also holds the
+/// routing file), or a fresh PostgreSQL database.
+struct Db {
+    url: String,
+    dir: tempfile::TempDir,
+    pg: Option<common::TestPg>,
+}
+
+/// A value bound to a statement of [`Db::exec`].
+#[derive(Clone, Copy)]
+enum V<'a> {
+    Text(Option<&'a str>),
+    Int(Option<i64>),
+    Bytes(&'a [u8]),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Db {
+    async fn new(backend: Backend) -> Db {
+        let dir = tempfile::tempdir().expect("tempdir");
+        match backend {
+            Backend::Sqlite => Db { url: format!("sqlite://{}", dir.path().join("inbox.db").display()), dir, pg: None },
+            Backend::Postgres => {
+                let pg = common::TestPg::new().await;
+                Db { url: pg.url.clone(), dir, pg: Some(pg) }
+            }
+        }
+    }
+
+    fn backend(&self) -> Backend {
+        if self.pg.is_some() { Backend::Postgres } else { Backend::Sqlite }
+    }
+
+    fn file(&self) -> PathBuf {
+        self.dir.path().join("inbox.db")
+    }
+
+    /// A routing file with this inbox and one push route (`wo`, work-order plugin, log
+    /// target), listening on `port`.
+    fn config(&self, port: u16) -> PathBuf {
+        write_config(self.dir.path(), &self.url, port)
+    }
+
+    fn latest(&self) -> i64 {
+        schema::known(&self.url).expect("a store url").last().expect("migrations").version
+    }
+
+    /// Runs `sql` with `binds` on a connection of its own.
+    async fn exec(&self, sql: &str, binds: &[V<'_>]) {
+        macro_rules! run {
+            ($conn:expr) => {{
+                let mut conn = $conn;
+                let mut q = sqlx::query(sql);
+                for b in binds {
+                    q = match *b {
+                        V::Text(t) => q.bind(t),
+                        V::Int(i) => q.bind(i),
+                        V::Bytes(b) => q.bind(b),
+                    };
+                }
+                q.execute(&mut conn).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+                conn.close().await.unwrap();
+            }};
+        }
+        match self.backend() {
+            Backend::Sqlite => run!(sqlx::SqliteConnection::connect(&self.url).await.unwrap()),
+            Backend::Postgres => run!(sqlx::PgConnection::connect(&self.url).await.unwrap()),
+        }
+    }
+
+    /// Every table's name, each column, index and constraint as the database describes
+    /// them (SQLite: `sqlite_master`, whitespace normalised; PostgreSQL:
+    /// `information_schema.columns`, `pg_indexes`, constraints and statistics targets),
+    /// one line each, sorted.
+    async fn schema(&self) -> Vec<String> {
+        let normal = |s: String| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        match self.backend() {
+            Backend::Sqlite => {
+                let mut conn = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
+                let rows: Vec<(String, String, String, Option<String>)> =
+                    sqlx::query_as("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name")
+                        .fetch_all(&mut conn)
+                        .await
+                        .unwrap();
+                conn.close().await.unwrap();
+                rows.into_iter()
+                    .map(|(t, n, tbl, sql)| format!("{t} {n} on {tbl}: {}", normal(sql.unwrap_or_default())))
+                    .collect()
+            }
+            Backend::Postgres => {
+                let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+                let queries = [
+                    "SELECT format('column %s.%s #%s %s null=%s default=%s identity=%s', table_name, column_name, \
+                     ordinal_position, data_type, is_nullable, column_default, is_identity) \
+                     FROM information_schema.columns WHERE table_schema = 'public'",
+                    "SELECT format('index %s on %s: %s', indexname, tablename, indexdef) FROM pg_indexes \
+                     WHERE schemaname = 'public'",
+                    "SELECT format('constraint %s on %s: %s', conname, conrelid::regclass, pg_get_constraintdef(oid)) \
+                     FROM pg_constraint WHERE connamespace = 'public'::regnamespace",
+                    "SELECT format('statistics %s.%s: %s', c.relname, a.attname, a.attstattarget) FROM pg_attribute a \
+                     JOIN pg_class c ON c.oid = a.attrelid WHERE c.relnamespace = 'public'::regnamespace \
+                     AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped",
+                    "SELECT format('table %s options %s', relname, reloptions) FROM pg_class \
+                     WHERE relnamespace = 'public'::regnamespace AND relkind = 'r'",
+                ];
+                let mut lines = Vec::new();
+                for q in queries {
+                    let found: Vec<String> = sqlx::query_scalar(q).fetch_all(&mut conn).await.unwrap();
+                    lines.extend(found.into_iter().map(normal));
+                }
+                conn.close().await.unwrap();
+                lines.sort();
+                lines
+            }
+        }
+    }
+
+    /// The schema and every row of every table, as text: what "changed nothing" is
+    /// checked against (and, on SQLite, the file's bytes).
+    async fn snapshot(&self) -> (Vec<String>, Vec<String>, Option<Vec<u8>>) {
+        let mut rows = Vec::new();
+        match self.backend() {
+            Backend::Sqlite => {
+                let mut conn = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
+                let tables: Vec<String> =
+                    sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+                        .fetch_all(&mut conn)
+                        .await
+                        .unwrap();
+                for t in tables {
+                    let dump: Vec<String> = sqlx::query_scalar(&format!(
+                        "SELECT quote(json_array(*)) FROM (SELECT * FROM \"{t}\") ORDER BY 1"
+                    ))
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                    let count: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{t}\""))
+                        .fetch_one(&mut conn)
+                        .await
+                        .unwrap();
+                    rows.push(format!("{t}: {count} rows {}", inbox::digest_hex(dump.join("\n").as_bytes())));
+                }
+                conn.close().await.unwrap();
+                let bytes = std::fs::read(self.file()).expect("read the inbox file");
+                (self.schema().await, rows, Some(bytes))
+            }
+            Backend::Postgres => {
+                let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+                let tables: Vec<String> = sqlx::query_scalar(
+                    "SELECT relname::text FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind = 'r' \
+                     ORDER BY 1",
+                )
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+                for t in tables {
+                    let dump: Vec<String> =
+                        sqlx::query_scalar(&format!("SELECT row_to_json(t)::text FROM \"{t}\" t ORDER BY 1"))
+                            .fetch_all(&mut conn)
+                            .await
+                            .unwrap();
+                    rows.push(format!("{t}: {} rows {}", dump.len(), inbox::digest_hex(dump.join("\n").as_bytes())));
+                }
+                conn.close().await.unwrap();
+                (self.schema().await, rows, None)
+            }
+        }
+    }
+}
+
+/// `DIR/inlet.toml`: the inbox at `url` and one push route (`wo`, work-order plugin,
+/// log target), listening on `port`.
+fn write_config(dir: &Path, url: &str, port: u16) -> PathBuf {
+    let path = dir.join("inlet.toml");
+    let text = format!(
+        "[store]\nurl = \"{url}\"\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\n[[route]]\nname = \"wo\"\n\
+         plugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
+        common::plugin_path("work_order").display()
+    );
+    std::fs::write(&path, text).expect("write the routing file");
+    path
+}
+
+/// `inlet ARGS`, waited for at most a minute (an `inlet run` that should have been
+/// refused would run on: it is killed, and the test fails).
+fn inlet(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inlet"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
+        .env_remove("INLET_CONFIG")
+        .env_remove("INLET_MIGRATE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run inlet");
+    let exited = common::poll_blocking(Duration::from_secs(60), || child.try_wait().expect("wait for inlet"));
+    if exited.is_none() {
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("inlet output");
+        panic!("inlet {args:?} still running after 60 s (killed)\nstderr: {}", text(&out.stderr));
+    }
+    child.wait_with_output().expect("inlet output")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn succeeds(args: &[&str]) -> String {
+    let out = inlet(args);
+    assert!(out.status.success(), "inlet {args:?} failed:\n{}{}", text(&out.stdout), text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Runs a refused command: its stderr.
+fn refused(args: &[&str]) -> String {
+    let out = inlet(args);
+    assert!(!out.status.success(), "inlet {args:?} was not refused:\n{}{}", text(&out.stdout), text(&out.stderr));
+    text(&out.stderr)
+}
+
+fn now() -> Millis {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// An entry in each state, inserted with the columns of schema version 1 only, so the
+/// same statement is valid at every version: `(dedup key, status)`.
+const ROWS: [(&str, &str); 5] = [
+    ("k-open", "OPEN"),
+    ("k-flight", "IN_PROGRESS"),
+    ("k-done", "DONE"),
+    ("k-parked", "PARKED"),
+    ("k-ignored", "IGNORED"),
+];
+
+async fn insert_rows_of_every_state(db: &Db) {
+    for (key, status) in ROWS {
+        let (owner, expires, finished, error) = match status {
+            // A lease that expired with its instance.
+            "IN_PROGRESS" => (Some("gone-instance"), Some(1), None, None),
+            "DONE" => (None, None, Some(2), None),
+            "PARKED" => (None, None, None, Some("decode failed: not JSON")),
+            "IGNORED" => (None, None, Some(2), Some("ignored by hand: sent twice")),
+            _ => (None, None, None, None),
+        };
+        let raw = format!("{{\"id\":\"{key}\",\"seq\":1}}");
+        db.exec(
+            "INSERT INTO inbox_entry (route, dedup_key, correlation_key, event_type, body, raw_data, attributes, \
+             message_id, payload_digest, status, attempts, next_attempt_at, lease_owner, lease_token, \
+             lease_expires_at, last_error, received_at, updated_at, finished_at) \
+             VALUES ('wo', $1, $1, 'work-order', NULL, $2, '[]', $1, 'digest', $3, 0, 0, $4, 1, $5, $6, 1, 1, $7)",
+            &[
+                V::Text(Some(key)),
+                V::Bytes(raw.as_bytes()),
+                V::Text(Some(status)),
+                V::Text(owner),
+                V::Int(expires),
+                V::Text(error),
+                V::Int(finished),
+            ],
+        )
+        .await;
+    }
+}
+
+/// Every entry by dedup key, with its state.
+async fn states(store: &dyn Store) -> Vec<(String, Status)> {
+    let mut all: Vec<(String, Status)> = store
+        .list(&ListFilter { limit: 100, ..Default::default() })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.dedup_key, e.status))
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all
+}
+
+async fn upgrade_from_every_earlier_version(backend: Backend) {
+    let fresh = Db::new(backend).await;
+    succeeds(&["migrate", fresh.config(common::free_port()).to_str().unwrap()]);
+    let fresh_schema = fresh.schema().await;
+    for version in 1..fresh.latest() {
+        let db = Db::new(backend).await;
+        schema::create_as_of(&db.url, version).await.unwrap();
+        insert_rows_of_every_state(&db).await;
+        let config = db.config(common::free_port());
+        let config = config.to_str().unwrap();
+
+        let out = succeeds(&["migrate", config]);
+        let expected = format!("the inbox schema is at version {} (was {version})", db.latest());
+        assert!(out.contains(&expected), "from {version}: {out}");
+        assert_eq!(
+            db.schema().await,
+            fresh_schema,
+            "{backend:?}: the schema upgraded from {version} is a fresh install's"
+        );
+
+        // Current now: a command that never migrates opens it.
+        let store = inbox::open_as(&db.url, 2, MigrateMode::Check, schema::DEFAULT_LOCK_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("from {version}: {e}"));
+        let mut expected: Vec<(String, Status)> =
+            ROWS.iter().map(|(k, s)| (k.to_string(), s.parse().expect("a status"))).collect();
+        expected.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(states(store.as_ref()).await, expected, "{backend:?} from {version}: every row is there");
+        let parked = store.list(&ListFilter { status: Some(Status::Parked), limit: 10, ..Default::default() }).await;
+        let parked = parked.unwrap().pop().unwrap();
+        assert_eq!(parked.raw_data, br#"{"id":"k-parked","seq":1}"#);
+        assert_eq!(parked.last_error.as_deref(), Some("decode failed: not JSON"));
+
+        // Claim and settle work on the rows written before: the expired lease comes back,
+        // the parked entry is requeued, and all three are delivered.
+        let t = now();
+        assert_eq!(store.release_expired("wo", t).await.unwrap(), 1, "from {version}");
+        assert!(store.requeue(parked.id, t).await.unwrap(), "from {version}");
+        let req = ClaimRequest {
+            route: "wo",
+            owner: "after-upgrade",
+            limit: 10,
+            now: t,
+            lease_ms: 30_000,
+            ordered: true,
+            parked_blocks: false,
+        };
+        let claimed = store.claim(&req).await.unwrap();
+        let mut keys: Vec<&str> = claimed.iter().map(|c| c.entry.dedup_key.as_str()).collect();
+        keys.sort();
+        assert_eq!(keys, ["k-flight", "k-open", "k-parked"], "{backend:?} from {version}");
+        for c in &claimed {
+            store.settle(c.entry.id, &c.lease, t + 1, &Settlement::Done).await.unwrap();
+        }
+        let done = states(store.as_ref()).await.into_iter().filter(|(_, s)| *s == Status::Done).count();
+        assert_eq!(done, 4, "{backend:?} from {version}");
+
+        let status = succeeds(&["schema", "status", "-c", config, "--json"]);
+        let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+        assert_eq!(status["version"], db.latest());
+        assert_eq!(status["current"], true);
+        let versions = status["versions"].as_array().unwrap();
+        for v in versions {
+            let n = v["version"].as_i64().unwrap();
+            if n <= version {
+                // Applied by an Inlet that did not record it.
+                assert_eq!(
+                    (v["applied_by"].is_null(), v["checksum_state"].as_str()),
+                    (true, Some("not_recorded")),
+                    "{v}"
+                );
+            } else {
+                assert_eq!(v["applied_by"], schema::BINARY, "{v}");
+                assert_eq!(v["checksum_state"], "matches", "{v}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_from_every_earlier_version_on_sqlite() {
+    upgrade_from_every_earlier_version(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_from_every_earlier_version_on_postgres() {
+    upgrade_from_every_earlier_version(Backend::Postgres).await;
+}
+
+async fn a_newer_schema_is_refused(backend: Backend) {
+    let db = Db::new(backend).await;
+    let config = db.config(common::free_port());
+    let config = config.to_str().unwrap();
+    succeeds(&["migrate", config]);
+    let (latest, newer) = (db.latest(), db.latest() + 1);
+    db.exec(
+        "INSERT INTO inlet_schema (version, applied_at, binary_version, checksum) VALUES ($1, 0, 'inlet 9.9.9', 'ab')",
+        &[V::Int(Some(newer))],
+    )
+    .await;
+    let before = db.snapshot().await;
+    let both = [format!("at version {newer}"), format!("up to version {latest}")];
+    for mode in ["auto", "check", "off"] {
+        let err = refused(&["run", config, "--migrate", mode]);
+        assert!(both.iter().all(|v| err.contains(v)), "run --migrate {mode}: {err}");
+    }
+    for args in [vec!["inbox", "list", "-c", config], vec!["route", "list", "-c", config], vec!["migrate", config]] {
+        let err = refused(&args);
+        assert!(both.iter().all(|v| err.contains(v)), "{args:?}: {err}");
+    }
+    let out = inlet(&["schema", "status", "-c", config]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains(&format!("at version {newer}")), "{}", text(&out.stdout));
+    assert_eq!(db.snapshot().await, before, "{backend:?}: refusing changed nothing");
+
+    // The same version, declared by its migration to run with this binary's schema
+    // (expand): this binary starts on it.
+    db.exec(
+        "UPDATE inlet_schema SET compatible_from = $1 WHERE version = $2",
+        &[V::Int(Some(latest)), V::Int(Some(newer))],
+    )
+    .await;
+    let mut running = common::InletProcess::spawn_with_args(Path::new(config), &["--migrate", "check"], &[]);
+    running.wait_healthy(Duration::from_secs(60)).await;
+    assert!(running.log().contains("newer than this binary knows"), "{}", running.log());
+    let status = running.sigterm_and_wait(Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused_at_start_naming_both_versions_on_sqlite() {
+    a_newer_schema_is_refused(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused_at_start_naming_both_versions_on_postgres() {
+    a_newer_schema_is_refused(Backend::Postgres).await;
+}
+
+async fn commands_on_an_old_schema_change_nothing(backend: Backend) {
+    let db = Db::new(backend).await;
+    let old = db.latest() - 2;
+    schema::create_as_of(&db.url, old).await.unwrap();
+    insert_rows_of_every_state(&db).await;
+    let config = db.config(common::free_port());
+    let config = config.to_str().unwrap();
+    let before = db.snapshot().await;
+
+    let say = format!("at version {old}, this binary ({}) needs version {}", schema::BINARY, db.latest());
+    for args in [
+        vec!["inbox", "list", "-c", config],
+        vec!["inbox", "stats", "-c", config],
+        vec!["inbox", "requeue", "1", "-c", config],
+        vec!["route", "list", "-c", config],
+        vec!["route", "pause", "wo", "--reason", "x", "-c", config],
+        vec!["run", config, "--migrate", "check"],
+    ] {
+        let err = refused(&args);
+        assert!(err.contains(&say) && err.contains("run `inlet migrate` first"), "{args:?}: {err}");
+    }
+    let out = inlet(&["schema", "status", "-c", config]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let status = text(&out.stdout);
+    assert!(status.contains(&format!("schema version {old};")) && status.contains("pending"), "{status}");
+
+    let plan = succeeds(&["migrate", "--dry-run", config]);
+    for m in &schema::known(&db.url).unwrap()[old as usize..] {
+        assert!(plan.contains(&format!("-- version {} ({}), sha256 {}", m.version, m.name, m.checksum())), "{plan}");
+        assert!(plan.contains(m.sql.trim_end()), "{plan}");
+    }
+    assert_eq!(db.snapshot().await, before, "{backend:?}: nothing changed (schema, rows, file bytes)");
+
+    // `--migrate off` starts on it, with a warning, and leaves the schema as it is.
+    let mut off = common::InletProcess::spawn_with_args(Path::new(config), &["--migrate", "off"], &[]);
+    off.wait_healthy(Duration::from_secs(60)).await;
+    assert!(off.log().contains("--migrate off: starting on an older inbox schema"), "{}", off.log());
+    off.sigterm_and_wait(Duration::from_secs(30));
+    assert_eq!(db.snapshot().await.0, before.0, "{backend:?}: --migrate off migrated nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_on_an_old_schema_change_nothing_and_say_to_migrate_on_sqlite() {
+    commands_on_an_old_schema_change_nothing(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_on_an_old_schema_change_nothing_and_say_to_migrate_on_postgres() {
+    commands_on_an_old_schema_change_nothing(Backend::Postgres).await;
+}
+
+#[test]
+fn commands_on_a_missing_sqlite_file_create_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("data").join("inbox.db");
+    let config = dir.path().join("inlet.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"sqlite://{}\"\n\n[[route]]\nname = \"wo\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\n\
+             target = {{ kind = \"log\" }}\n",
+            db.display(),
+            common::plugin_path("work_order").display()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let say = format!("no inbox at {}", db.display());
+    for args in [
+        vec!["inbox", "stats", "-c", config],
+        vec!["inbox", "list", "-c", config],
+        vec!["route", "list", "-c", config],
+        vec!["schema", "status", "-c", config],
+        vec!["run", config, "--migrate", "check"],
+        vec!["run", config, "--migrate", "off"],
+    ] {
+        let err = refused(&args);
+        assert!(err.contains(&say), "{args:?}: {err}");
+    }
+    let plan = succeeds(&["migrate", "--dry-run", config]);
+    assert!(plan.contains(&format!("-- {say} yet: `inlet migrate` creates it")), "{plan}");
+    assert!(plan.contains("-- version 1 (inbox)"), "{plan}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["inlet.toml"], "nothing was created beside the routing file");
+
+    succeeds(&["migrate", config]);
+    assert!(db.is_file(), "`inlet migrate` creates the inbox");
+    succeeds(&["inbox", "stats", "-c", config]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_blocked_by_a_held_lock_fails_within_its_lock_timeout() {
+    let db = Db::new(Backend::Postgres).await;
+    let before = db.latest() - 1;
+    schema::create_as_of(&db.url, before).await.unwrap();
+    let config = db.config(common::free_port());
+    let config = config.to_str().unwrap();
+    let pending = &schema::known(&db.url).unwrap()[before as usize];
+
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut held = holder.begin().await.unwrap();
+    sqlx::query("LOCK TABLE inbox_entry IN ACCESS EXCLUSIVE MODE").execute(&mut *held).await.unwrap();
+
+    let say = format!(
+        "inbox schema migration {} ({}) could not take its locks within the lock timeout (1s)",
+        pending.version, pending.name
+    );
+    for args in [vec!["migrate", config, "--lock-timeout", "1s"], vec!["run", config, "--lock-timeout", "1s"]] {
+        let started = Instant::now();
+        let err = refused(&args);
+        let took = started.elapsed();
+        assert!(err.contains(&say) && err.contains("nothing was applied"), "{args:?}: {err}");
+        // Within the timeout plus a process start, far from the default 5 s wait or a hang.
+        assert!(took < Duration::from_millis(4_500), "{args:?} took {took:?}");
+    }
+    let store = inbox::connect(&db.url, 1, false).await.unwrap();
+    assert_eq!(store.schema_record().await.unwrap().version(), before, "nothing was applied");
+
+    held.rollback().await.unwrap();
+    let out = succeeds(&["migrate", config, "--lock-timeout", "1s"]);
+    assert!(out.contains(&format!("applied {} ({})", pending.version, pending.name)), "{out}");
+    assert_eq!(store.schema_record().await.unwrap().version(), db.latest());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_run_on_one_sqlite_file_is_refused_while_the_first_keeps_running() {
+    let db = Db::new(Backend::Sqlite).await;
+    let config = db.config(common::free_port());
+    let mut first = common::InletProcess::spawn(&config, &[]);
+    first.wait_healthy(Duration::from_secs(60)).await;
+    let config = config.to_str().unwrap();
+
+    let other_port = common::free_port().to_string();
+    let lock = std::fs::canonicalize(db.dir.path()).unwrap().join("inbox.db.lock");
+    let say = format!(
+        "another Inlet is running on the SQLite inbox {} (pid {} holds {})",
+        db.file().display(),
+        first.pid(),
+        lock.display()
+    );
+    let err = refused(&["run", config, "--listen", &format!("127.0.0.1:{other_port}")]);
+    assert!(err.contains(&say), "{err}");
+    let err = refused(&["migrate", config]);
+    assert!(err.contains(&say), "`inlet migrate` takes the same lock: {err}");
+
+    // The first instance runs on, and the commands that do not migrate work beside it.
+    first.assert_running();
+    let http = reqwest::Client::new();
+    let (status, _) = common::push_work_order(&http, &first.base, "wo", "K1", 1).await;
+    assert_eq!(status, 200);
+    succeeds(&["inbox", "stats", "-c", config]);
+    succeeds(&["schema", "status", "-c", config]);
+
+    // Once it stops, the lock is free.
+    first.sigterm_and_wait(Duration::from_secs(30));
+    let mut next = common::InletProcess::spawn(Path::new(config), &[]);
+    next.wait_healthy(Duration::from_secs(60)).await;
+}
+
+/// A PostgreSQL role for one test, dropped with what it was granted.
+struct Role {
+    name: String,
+    db_url: String,
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let (name, db_url) = (self.name.clone(), self.db_url.clone());
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let mut db = sqlx::PgConnection::connect(&db_url).await?;
+                sqlx::raw_sql(&format!("DROP OWNED BY \"{name}\"")).execute(&mut db).await?;
+                db.close().await?;
+                let mut admin = sqlx::PgConnection::connect(&common::pg_admin_url()).await?;
+                sqlx::raw_sql(&format!("DROP ROLE IF EXISTS \"{name}\"")).execute(&mut admin).await?;
+                admin.close().await
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop the test role {}: {dropped:?}", self.name);
+        }
+    }
+}
+
+/// After `inlet migrate` as the owner, instances run as a role that may only read and
+/// write rows: no DDL, no ownership (what UPGRADING.md tells production to do).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_run_as_a_role_that_may_only_read_and_write_rows() {
+    let db = Db::new(Backend::Postgres).await;
+    succeeds(&["migrate", db.config(common::free_port()).to_str().unwrap()]);
+    let pg = db.pg.as_ref().unwrap();
+    let role = Role { name: format!("{}_rt", pg.name()), db_url: db.url.clone() };
+    db.exec(
+        &format!(
+            "DO $$ BEGIN
+               CREATE ROLE \"{r}\" LOGIN;
+               GRANT CONNECT ON DATABASE \"{d}\" TO \"{r}\";
+               GRANT USAGE ON SCHEMA public TO \"{r}\";
+               GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO \"{r}\";
+               GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO \"{r}\";
+             END $$",
+            r = role.name,
+            d = pg.name()
+        ),
+        &[],
+    )
+    .await;
+    let runtime_url = db.url.replacen("postgres://postgres@", &format!("postgres://{}@", role.name), 1);
+    assert_ne!(runtime_url, db.url, "the role's URL: {}", db.url);
+    let runtime_dir = tempfile::tempdir().unwrap();
+    let config = write_config(runtime_dir.path(), &runtime_url, common::free_port());
+
+    // The role cannot migrate (it may not create anything)…
+    let mut conn = sqlx::PgConnection::connect(&runtime_url).await.unwrap();
+    let ddl = sqlx::raw_sql("CREATE TABLE nope (id BIGINT)").execute(&mut conn).await;
+    assert!(ddl.is_err(), "the runtime role may not create tables");
+    conn.close().await.unwrap();
+
+    // …and needs not: it runs, stores, delivers, pauses and reads.
+    let mut inlet = common::InletProcess::spawn_with_args(&config, &["--migrate", "check"], &[]);
+    inlet.wait_healthy(Duration::from_secs(60)).await;
+    let http = reqwest::Client::new();
+    let (status, answer) = common::push_work_order(&http, &inlet.base, "wo", "K1", 1).await;
+    assert_eq!(status, 200, "{answer}");
+    let store = inbox::open_as(&runtime_url, 1, MigrateMode::Check, schema::DEFAULT_LOCK_TIMEOUT).await.unwrap();
+    common::wait_until("the entry to be delivered by the runtime role", Duration::from_secs(30), || {
+        let store = std::sync::Arc::clone(&store);
+        async move { states(store.as_ref()).await.iter().any(|(_, s)| *s == Status::Done) }
+    })
+    .await;
+    let config = config.to_str().unwrap();
+    succeeds(&["route", "pause", "wo", "--reason", "role test", "-c", config]);
+    succeeds(&["route", "resume", "wo", "-c", config]);
+    succeeds(&["inbox", "stats", "-c", config]);
+    succeeds(&["schema", "status", "-c", config]);
+    inlet.assert_running();
+    assert!(inlet.sigterm_and_wait(Duration::from_secs(30)).success());
+    assert!(!inlet.log().contains("permission denied"), "{}", inlet.log());
+}
