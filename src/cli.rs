@@ -72,8 +72,18 @@ pub enum Command {
         /// Folder for compiled plugins (default ~/.cache/inlet/components); `off` disables it.
         #[arg(long, env = "INLET_PLUGIN_CACHE")]
         plugin_cache: Option<PathBuf>,
-        /// On SIGTERM or ctrl-c, how long in-flight deliveries may take to finish.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        /// On SIGTERM or ctrl-c, how long to keep taking pushes (and admin requests)
+        /// while `/readyz` answers 503 `draining`, so a load balancer stops sending
+        /// pushes here before the listener closes. A second signal cuts it short. `0s`
+        /// where nothing routes to this instance by its readiness (pull routes only).
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        drain_delay: Duration,
+        /// After the drain delay, how long requests and deliveries in flight may take
+        /// to finish; what still runs then is abandoned (its entries handed back to be
+        /// delivered again). Under Kubernetes set terminationGracePeriodSeconds to at
+        /// least drain delay + grace + 5s (the defaults, 5s + 20s, fit its default 30),
+        /// or its SIGKILL comes first.
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
         grace: Duration,
         /// Append every Pub/Sub message id Inlet acks to this file, after its row is
         /// committed (`ROUTE<TAB>ID` lines): lets a test or an audit check that
@@ -402,10 +412,11 @@ fn routing_file(own: Option<PathBuf>, global: &Option<PathBuf>) -> anyhow::Resul
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let out = Output { json: cli.json };
     match cli.command {
-        Command::Run { routing, listen, instance, poll, retention, plugin_cache, grace, ack_journal } => {
+        Command::Run { routing, listen, instance, poll, retention, plugin_cache, drain_delay, grace, ack_journal } => {
             let path = routing_file(routing, &cli.config)?;
             let config = Config::load_partial(&path).map_err(|errors| anyhow::anyhow!("{errors}"))?;
-            let mut options = app::Options { listen, poll, retention, grace, ack_journal, ..app::Options::default() };
+            let mut options =
+                app::Options { listen, poll, retention, drain_delay, grace, ack_journal, ..app::Options::default() };
             match plugin_cache {
                 Some(p) if p.as_os_str() == "off" => options.plugin_cache = None,
                 Some(p) => options.plugin_cache = Some(p),
@@ -1244,4 +1255,18 @@ async fn all_parked_ids(store: &dyn Store, route: &str) -> anyhow::Result<Vec<i6
         ids.extend(page.iter().map(|e| e.id));
     }
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `--drain-delay` and `--grace` defaults are written twice (clap's help wants
+    /// text, `app::Options` a duration): they must stay the same.
+    #[test]
+    fn run_defaults_match_the_library_defaults() {
+        let cli = Cli::try_parse_from(["inlet", "run", "inlet.toml"]).expect("parses");
+        let Command::Run { drain_delay, grace, .. } = cli.command else { panic!("not run: {:?}", cli.command) };
+        assert_eq!((drain_delay, grace), (app::DEFAULT_DRAIN_DELAY, app::DEFAULT_GRACE));
+    }
 }
