@@ -372,6 +372,14 @@ pub enum InboxCommand {
     },
     /// Unresolved entries per route and state, with the age of the oldest.
     Stats,
+    /// Copy a SQLite inbox into a new FILE while Inlet runs on it: a consistent
+    /// snapshot (SQLite's `VACUUM INTO`), checked, flushed to disk, one file. Prints
+    /// its entries, size and the time it is consistent as of. Never overwrites a file.
+    /// PostgreSQL is refused: use pg_dump (RUNBOOK.md, "Backups and restore").
+    Backup {
+        /// The backup file to create.
+        file: PathBuf,
+    },
     /// The audit log: every repair action, who did it, and how it ended.
     Audit {
         /// Only lines with an id above this.
@@ -551,6 +559,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let store = open_store(&cli.config).await?;
             rollout::step(&routing_file(None, &cli.config)?, store, &route, crate::config::edit::Step::Rollback, out)
                 .await
+        }
+        Command::Inbox { command: InboxCommand::Backup { file } } => {
+            // Not through `open_store`: that would create (and migrate) a missing
+            // inbox, and opens a pool where one connection does.
+            let path = routing_file(None, &cli.config)?;
+            let store = crate::config::load_store(&path).map_err(|errors| anyhow::anyhow!("{errors}"))?;
+            let backup = inbox::backup::backup(&store.url, &file).await?;
+            out.show(&backup, || {
+                println!(
+                    "backed up {} to {}: {} entries, {}; holds everything committed before {}",
+                    backup.source.display(),
+                    backup.file.display(),
+                    view::count(backup.entries.max(0) as u64),
+                    view::size(backup.bytes),
+                    view::date_millis(backup.consistent_at),
+                )
+            })?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Inbox { command } => {
             let store = open_store(&cli.config).await?;
@@ -829,6 +855,8 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
             out.show(&answer, || println!("purged {total} finished entries"))?;
             Ok(ExitCode::SUCCESS)
         }
+        // Answered in `run`, before an inbox is opened (opening creates a missing one).
+        InboxCommand::Backup { .. } => unreachable!("inbox backup opens no store"),
         InboxCommand::Audit { after, limit } => {
             let audit = store.list_audit(after, limit).await?;
             let next_after = (audit.len() == limit as usize).then(|| audit.last().map(|a| a.id)).flatten();

@@ -9,6 +9,7 @@
 //! Times are milliseconds since the Unix epoch (`BIGINT`), taken from the caller's
 //! [`crate::clock::Clock`], which follows the database's clock.
 
+pub mod backup;
 pub mod failures;
 pub mod group;
 
