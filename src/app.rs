@@ -1,5 +1,13 @@
 //! Wiring for `inlet run`: open the inbox, load the routes, serve HTTP, run one relay
 //! per route plus the housekeeping tasks, and stop cleanly.
+//!
+//! Stopping on a signal drains first ([`Running::run_until_signal`]): a load balancer
+//! (a Kubernetes Service) goes on routing pushes to an instance for a while after it
+//! is told to stop, until it has seen the instance turn unready. So on SIGTERM or
+//! SIGINT `/readyz` answers 503 at once while everything keeps running for the drain
+//! delay; only then does the listener close, the sources stop and the relays stop
+//! claiming, and what is in flight gets the grace period to finish. Pushes that
+//! arrive during the delay are stored and answered as usual, so none is refused.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -48,6 +56,9 @@ pub struct Shared {
     relay_options: RelayOptions,
     /// Settles of every relay of this process, committed in groups.
     settles: Arc<Group<Settles>>,
+    /// Set once the process is told to stop: `/readyz` answers 503, answers close
+    /// their connections.
+    pub drain: crate::server::Drain,
 }
 
 /// One relay task per route, each with its own stop signal, so a reload can stop and
@@ -129,9 +140,11 @@ impl Shared {
     }
 
     /// Stops every route (pullers finish the batch they store and nack the rest;
-    /// relays let in-flight attempts finish) and waits for them, at most `grace`:
-    /// attempts still running then are abandoned, and their leases expire.
-    async fn stop_routes(&self, grace: Duration) {
+    /// relays let in-flight attempts finish) and waits for them until `deadline`:
+    /// attempts still running then are abandoned, and their entries handed back to
+    /// the inbox (OPEN, no lease), so any instance claims them at once rather than when
+    /// their leases expire.
+    async fn stop_routes(&self, deadline: tokio::time::Instant) {
         let handles: Vec<JoinHandle<()>> = {
             let mut relays = self.relays.lock().expect("relays lock");
             let mut handles: Vec<_> = relays.stopping.drain(..).collect();
@@ -141,14 +154,38 @@ impl Shared {
             }
             handles
         };
-        let deadline = tokio::time::Instant::now() + grace;
+        let mut abandoned = false;
         for mut h in handles {
             if tokio::time::timeout_at(deadline, &mut h).await.is_err() {
-                tracing::warn!(
-                    ?grace,
-                    "grace period over; abandoning in-flight work (leases expire, entries are retried)"
-                );
+                abandoned = true;
                 h.abort();
+                // Dropped: its attempts' futures are gone, none settles after this.
+                let _ = h.await;
+            }
+        }
+        if !abandoned {
+            tracing::info!("sources and relays stopped; the attempts in flight finished");
+            return;
+        }
+        let owner = &self.relay_options.owner;
+        match self.store.release_owned(owner, self.clock.now()).await {
+            Ok(routes) => {
+                tracing::warn!(
+                    handed_back = routes.len(),
+                    "grace period over; abandoned the attempts still in flight and handed their entries back to the inbox (OPEN, to be delivered again)"
+                );
+                let mut announced = routes.clone();
+                announced.sort();
+                announced.dedup();
+                if let Err(error) = self.store.announce(&announced).await {
+                    tracing::debug!(%error, "could not announce the entries handed back");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(
+                    %error,
+                    "grace period over; abandoned the attempts still in flight, and could not hand their entries back: they are retried once their leases expire"
+                );
             }
         }
     }
@@ -177,7 +214,11 @@ pub struct Options {
     /// Where Pub/Sub sources and targets connect; default `PUBSUB_EMULATOR_HOST`
     /// or Google.
     pub pubsub: Connection,
-    /// How long shutdown waits for in-flight deliveries.
+    /// On a stop signal, how long the listener keeps taking requests while `/readyz`
+    /// answers 503 (see [`Running::run_until_signal`]); `Running::stop` does not wait.
+    pub drain_delay: Duration,
+    /// After the drain delay, how long requests and deliveries in flight may take to
+    /// finish; whatever still runs then is abandoned.
     pub grace: Duration,
     /// Fault injection for tests (see `RelayOptions::panic_on_key`).
     #[doc(hidden)]
@@ -189,6 +230,14 @@ pub struct Options {
     /// How long a PostgreSQL migration waits for a lock (`--lock-timeout`).
     pub lock_timeout: Duration,
 }
+
+/// The default drain delay: long enough for a Kubernetes Service (kube-proxy,
+/// endpoint slices) to stop routing to a pod that turned unready on most clusters.
+pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
+
+/// The default grace period. With [`DEFAULT_DRAIN_DELAY`] it leaves 5 s of
+/// Kubernetes' default 30 s `terminationGracePeriodSeconds` before its SIGKILL.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(20);
 
 impl Default for Options {
     fn default() -> Self {
@@ -203,7 +252,8 @@ impl Default for Options {
             plugin_cache: crate::plugin::default_cache_dir(),
             reload_every: Some(Duration::from_secs(2)),
             pubsub: Connection::from_env(),
-            grace: Duration::from_secs(30),
+            drain_delay: DEFAULT_DRAIN_DELAY,
+            grace: DEFAULT_GRACE,
             panic_on_key: None,
             ack_journal: None,
             migrate: inbox::MigrateMode::Auto,
@@ -229,7 +279,11 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     pub shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
+    /// The HTTP listeners, each with its open connections.
+    listeners: JoinSet<()>,
+    /// Housekeeping, reloads, repairs, clock calibration, announcements.
     tasks: JoinSet<()>,
+    drain_delay: Duration,
     grace: Duration,
     /// SQLite: this instance's hold on the inbox file, released when it stops (held
     /// here, not by the store, which background tasks may outlive the instance with).
@@ -237,35 +291,112 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops accepting pushes, stops pulling, stops claiming, lets in-flight
-    /// attempts finish within the grace period.
-    pub async fn stop(mut self) {
-        let _ = self.shutdown.send(true);
-        self.shared.stop_routes(self.grace).await;
-        while self.tasks.join_next().await.is_some() {}
+    /// Stops at once, without a drain delay: closes the listeners (requests in flight
+    /// are answered), stops pulling and claiming, and gives what is in flight the
+    /// grace period to finish; what still runs then is abandoned (attempts' entries
+    /// handed back to the inbox).
+    pub async fn stop(self) {
+        let Running { shared, shutdown, mut listeners, mut tasks, grace, .. } = self;
+        let started = std::time::Instant::now();
+        let deadline = tokio::time::Instant::now() + grace;
+        shared.drain.start();
+        let _ = shutdown.send(true);
+        let listeners = async {
+            if join_until(&mut listeners, deadline).await {
+                tracing::info!("listener closed; the requests in flight were answered");
+            } else {
+                tracing::warn!(?grace, "grace period over; closed connections with requests still in flight");
+            }
+        };
+        tokio::join!(listeners, shared.stop_routes(deadline));
+        if !join_until(&mut tasks, deadline).await {
+            tracing::warn!("grace period over; stopped the background tasks that had not finished");
+        }
+        tracing::info!(took = ?started.elapsed(), "stopped");
     }
 
-    /// Waits for ctrl-c or SIGTERM, then stops.
+    /// Waits for SIGTERM or SIGINT (ctrl-c), then drains: `/readyz` answers 503
+    /// `draining` at once, while the listener keeps taking pushes and admin requests
+    /// (each answer closing its connection), the sources keep pulling and the relays
+    /// keep delivering for the drain delay. A second signal cuts the delay short.
+    /// Then [`Running::stop`], within the grace period.
     pub async fn run_until_signal(self) {
-        shutdown_signal().await;
-        tracing::info!("shutdown requested");
+        let mut signals = Signals::install();
+        let signal = signals.next().await;
+        self.shared.drain.start();
+        tracing::info!(
+            signal,
+            drain_delay = ?self.drain_delay,
+            grace = ?self.grace,
+            "draining: /readyz answers 503 while the listener keeps taking requests for the drain delay (a second signal ends it)"
+        );
+        if !self.drain_delay.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(self.drain_delay) => {
+                    tracing::info!("drain delay over; closing the listener, stopping sources and relays");
+                }
+                signal = signals.next() => {
+                    tracing::info!(signal, "second signal; drain delay cut short: closing the listener, stopping sources and relays");
+                }
+            }
+        }
         self.stop().await;
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("install SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+/// Waits for the tasks of `set` until `deadline`, then aborts those left. Whether
+/// all had finished.
+async fn join_until(set: &mut JoinSet<()>, deadline: tokio::time::Instant) -> bool {
+    loop {
+        match tokio::time::timeout_at(deadline, set.join_next()).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return true,
+            Err(_) => {
+                set.shutdown().await;
+                return false;
+            }
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+}
+
+/// The stop signals: SIGTERM (Kubernetes, systemd) and SIGINT (ctrl-c), installed once
+/// so the second is caught like the first (the default action would kill the process).
+struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Signals {
+                term: signal(SignalKind::terminate()).expect("install the SIGTERM handler"),
+                int: signal(SignalKind::interrupt()).expect("install the SIGINT handler"),
+            }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    /// The next signal's name.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => "SIGTERM",
+                _ = self.int.recv() => "SIGINT",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "ctrl-c"
+        }
+    }
 }
 
 pub async fn start(config: &Config, options: Options) -> Result<Running, StartError> {
@@ -337,6 +468,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         config_seen: Mutex::default(),
         relays: Mutex::new(Relays::default()),
         settles,
+        drain: crate::server::Drain::default(),
         relay_options: RelayOptions {
             owner: options.owner.clone(),
             poll: options.poll,
@@ -376,6 +508,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     let routes = Arc::new(routes);
     shared.replace_routes(Arc::clone(&routes), &names);
     crate::reload::report(&shared, &routes);
+    let mut listeners = JoinSet::new();
     for (name, listener, app) in servers {
         // Paths and methods no endpoint serves are answered as JSON too. The gate and
         // the body bounds are layered last, so they stand in front of the fallbacks too.
@@ -389,14 +522,15 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
             .fallback(admin::answer::not_found)
             .method_not_allowed_fallback(admin::answer::method_not_allowed)
             .layer(axum::middleware::from_fn_with_state(body_bounds, crate::server::bound_body))
-            .layer(axum::middleware::from_fn_with_state(gate, admin::access::gate));
+            .layer(axum::middleware::from_fn_with_state(gate, admin::access::gate))
+            .layer(axum::middleware::from_fn_with_state(shared.drain.clone(), crate::server::close_while_draining));
         let bounds = crate::server::Bounds {
             name,
             header_read_timeout: config.server.header_read_timeout,
             max_connections: config.server.max_connections,
             max_connections_per_peer: config.server.max_connections_per_peer,
         };
-        tasks.spawn(crate::server::serve(listener, app, bounds, Arc::clone(&shared.metrics), shutdown_rx.clone()));
+        listeners.spawn(crate::server::serve(listener, app, bounds, Arc::clone(&shared.metrics), shutdown_rx.clone()));
     }
     crate::reload::remember_applied(&shared);
     tracing::info!(
@@ -413,7 +547,17 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     }
     tasks.spawn(crate::repair::run(Arc::clone(&shared), options.owner.clone(), shutdown_rx.clone()));
     tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
-    Ok(Running { addr, admin_addr, shared, shutdown, tasks, grace: options.grace, _instance_lock: instance_lock })
+    Ok(Running {
+        addr,
+        admin_addr,
+        shared,
+        shutdown,
+        listeners,
+        tasks,
+        drain_delay: options.drain_delay,
+        grace: options.grace,
+        _instance_lock: instance_lock,
+    })
 }
 
 async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, StartError> {

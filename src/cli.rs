@@ -73,8 +73,18 @@ pub enum Command {
         /// Folder for compiled plugins (default ~/.cache/inlet/components); `off` disables it.
         #[arg(long, env = "INLET_PLUGIN_CACHE")]
         plugin_cache: Option<PathBuf>,
-        /// On SIGTERM or ctrl-c, how long in-flight deliveries may take to finish.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        /// On SIGTERM or ctrl-c, how long to keep taking pushes (and admin requests)
+        /// while `/readyz` answers 503 `draining`, so a load balancer stops sending
+        /// pushes here before the listener closes. A second signal cuts it short. `0s`
+        /// where nothing routes to this instance by its readiness (pull routes only).
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        drain_delay: Duration,
+        /// After the drain delay, how long requests and deliveries in flight may take
+        /// to finish; what still runs then is abandoned (its entries handed back to be
+        /// delivered again). Under Kubernetes set terminationGracePeriodSeconds to at
+        /// least drain delay + grace + 5s (the defaults, 5s + 20s, fit its default 30),
+        /// or its SIGKILL comes first.
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
         grace: Duration,
         /// Append every Pub/Sub message id Inlet acks to this file, after its row is
         /// committed (`ROUTE<TAB>ID` lines): lets a test or an audit check that
@@ -406,6 +416,14 @@ pub enum InboxCommand {
     },
     /// Unresolved entries per route and state, with the age of the oldest.
     Stats,
+    /// Copy a SQLite inbox into a new FILE while Inlet runs on it: a consistent
+    /// snapshot (SQLite's `VACUUM INTO`), checked, flushed to disk, one file. Prints
+    /// its entries, size and the time it is consistent as of. Never overwrites a file.
+    /// PostgreSQL is refused: use pg_dump (RUNBOOK.md, "Backups and restore").
+    Backup {
+        /// The backup file to create.
+        file: PathBuf,
+    },
     /// The audit log: every repair action, who did it, and how it ended.
     Audit {
         /// Only lines with an id above this.
@@ -453,6 +471,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             poll,
             retention,
             plugin_cache,
+            drain_delay,
             grace,
             ack_journal,
             migrate,
@@ -464,6 +483,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 listen,
                 poll,
                 retention,
+                drain_delay,
                 grace,
                 ack_journal,
                 migrate,
@@ -612,6 +632,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let store = open_store(&cli.config).await?;
             rollout::step(&routing_file(None, &cli.config)?, store, &route, crate::config::edit::Step::Rollback, out)
                 .await
+        }
+        Command::Inbox { command: InboxCommand::Backup { file } } => {
+            // Not through `open_store`: that would create (and migrate) a missing
+            // inbox, and opens a pool where one connection does.
+            let path = routing_file(None, &cli.config)?;
+            let store = crate::config::load_store(&path).map_err(|errors| anyhow::anyhow!("{errors}"))?;
+            let backup = inbox::backup::backup(&store.url, &file).await?;
+            out.show(&backup, || {
+                println!(
+                    "backed up {} to {}: {} entries, {}; holds everything committed before {}",
+                    backup.source.display(),
+                    backup.file.display(),
+                    view::count(backup.entries.max(0) as u64),
+                    view::size(backup.bytes),
+                    view::date_millis(backup.consistent_at),
+                )
+            })?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Inbox { command } => {
             let store = open_store(&cli.config).await?;
@@ -896,6 +934,8 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
             out.show(&answer, || println!("purged {total} finished entries"))?;
             Ok(ExitCode::SUCCESS)
         }
+        // Answered in `run`, before an inbox is opened (opening creates a missing one).
+        InboxCommand::Backup { .. } => unreachable!("inbox backup opens no store"),
         InboxCommand::Audit { after, limit } => {
             let audit = store.list_audit(after, limit).await?;
             let next_after = (audit.len() == limit as usize).then(|| audit.last().map(|a| a.id)).flatten();
@@ -1322,4 +1362,18 @@ async fn all_parked_ids(store: &dyn Store, route: &str) -> anyhow::Result<Vec<i6
         ids.extend(page.iter().map(|e| e.id));
     }
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `--drain-delay` and `--grace` defaults are written twice (clap's help wants
+    /// text, `app::Options` a duration): they must stay the same.
+    #[test]
+    fn run_defaults_match_the_library_defaults() {
+        let cli = Cli::try_parse_from(["inlet", "run", "inlet.toml"]).expect("parses");
+        let Command::Run { drain_delay, grace, .. } = cli.command else { panic!("not run: {:?}", cli.command) };
+        assert_eq!((drain_delay, grace), (app::DEFAULT_DRAIN_DELAY, app::DEFAULT_GRACE));
+    }
 }

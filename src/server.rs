@@ -14,12 +14,16 @@
 //! `request_timeout` and is capped ([`bound_body`]; `/push` has its own
 //! `crate::source::push::limit`). Refusals are counted in
 //! `inlet_listener_refused_total{listener, reason}`.
+//!
+//! Draining ([`Drain`]): from a stop signal until the listener closes, every answer
+//! says `Connection: close`, so a client holding a keep-alive connection to this
+//! instance opens its next one through the load balancer, to an instance that stays.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -39,6 +43,36 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::telemetry::{ListenerLabel, Metrics};
+
+/// Whether the process is draining: told to stop, still serving until its drain
+/// delay is over. Shared by the listeners (which close connections after each
+/// answer) and `/readyz` (which answers 503 `draining`).
+#[derive(Debug, Clone, Default)]
+pub struct Drain(Arc<AtomicBool>);
+
+impl Drain {
+    /// Starts draining; false if it had started already.
+    pub fn start(&self) -> bool {
+        !self.0.swap(true, Ordering::SeqCst)
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Middleware in front of every endpoint: while draining, each answer closes its
+/// connection (hyper ends a connection after an answer saying `Connection: close`).
+/// A load balancer routes only new connections away from an instance that is no
+/// longer ready; without this, a client's pooled connection would keep its requests
+/// coming here until the listener closes under them.
+pub async fn close_while_draining(State(drain): State<Drain>, request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    if drain.is_draining() {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
 
 /// Pause after an accept error that is not about one connection (say, too many open
 /// files), so the loop does not spin while the process is out of descriptors.

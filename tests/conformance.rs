@@ -61,6 +61,7 @@ conformance!(
     unordered_route_claims_every_due_entry,
     retry_waits_until_due,
     expired_lease_is_taken_over_and_the_old_owner_is_fenced,
+    an_owner_hands_back_what_it_holds_and_is_fenced,
     requeue_only_touches_parked_or_open_entries,
     entry_parked_before_decoding_is_decoded_on_requeue,
     purge_removes_finished_entries_but_never_parked_ones,
@@ -367,6 +368,39 @@ async fn expired_lease_is_taken_over_and_the_old_owner_is_fenced(store: Arc<dyn 
     ));
     assert_eq!(store.get(b1).await.unwrap().unwrap().status, Status::InProgress);
     store.settle(b1, &new.lease, T0 + LEASE, &Settlement::Done).await.unwrap();
+}
+
+/// What a stopping instance abandons (`release_owned`) is OPEN at once, before its
+/// leases expire: claimable by another instance, the abandoned attempt's settle fenced.
+/// Nothing another owner holds moves.
+async fn an_owner_hands_back_what_it_holds_and_is_fenced(store: Arc<dyn Store>) {
+    let a1 = insert(&store, entry("r", "a", "1", "a1")).await;
+    let b1 = insert(&store, entry("s", "b", "2", "b1")).await;
+    let c1 = insert(&store, entry("r", "c", "3", "c1")).await;
+    let stopping = store.claim(&req("r", "stopping", T0, 1)).await.unwrap().remove(0);
+    let other = store.claim(&req("r", "other", T0, 10)).await.unwrap().remove(0);
+    let stopping_s = store.claim(&req("s", "stopping", T0, 10)).await.unwrap().remove(0);
+    assert_eq!((stopping.entry.id, other.entry.id, stopping_s.entry.id), (a1, c1, b1));
+
+    let mut routes = store.release_owned("stopping", T0 + 1).await.unwrap();
+    routes.sort();
+    assert_eq!(routes, ["r", "s"], "the route of each entry handed back");
+    for id in [a1, b1] {
+        let e = store.get(id).await.unwrap().unwrap();
+        assert_eq!((e.status, e.lease_owner, e.lease_expires_at), (Status::Open, None, None), "entry {id}");
+        assert!(e.last_error.as_deref().is_some_and(|t| t.contains("stopping")), "{:?}", e.last_error);
+    }
+    assert_eq!(store.get(c1).await.unwrap().unwrap().status, Status::InProgress, "another owner's entry stays");
+    assert!(store.release_owned("stopping", T0 + 2).await.unwrap().is_empty(), "nothing left to hand back");
+
+    // Long before the lease would expire, another instance takes it; the abandoned
+    // attempt cannot settle any more.
+    let taken = store.claim(&req("r", "next", T0 + 2, 10)).await.unwrap();
+    assert_eq!(ids(&taken), [a1]);
+    let late = store.settle(a1, &stopping.lease, T0 + 3, &Settlement::Done).await;
+    assert!(matches!(late, Err(StoreError::LeaseLost { id }) if id == a1), "{late:?}");
+    store.settle(a1, &taken[0].lease, T0 + 3, &Settlement::Done).await.unwrap();
+    assert_eq!(store.get(a1).await.unwrap().unwrap().status, Status::Done);
 }
 
 async fn requeue_only_touches_parked_or_open_entries(store: Arc<dyn Store>) {

@@ -503,7 +503,9 @@ async fn sigterm_with_messages_in_flight_acks_only_what_is_stored() {
     let (config, url, port) = process_config(dir.path(), &pull_route(&camunda.url(), ""));
     let acks = journal(dir.path()).display().to_string();
     let env = [("PUBSUB_EMULATOR_HOST", emulator.host.as_str()), ("INLET_ACK_JOURNAL", acks.as_str())];
-    let mut first = InletProcess::spawn(&config, &env);
+    // No drain delay: a pull route has no load balancer to wait for, and the stop
+    // must come while the source is still pulling, not after it pulled everything.
+    let mut first = InletProcess::spawn_with_args(&config, &["--drain-delay", "0s"], &env);
     let rows = Rows::open(&url).await;
 
     let report = common::publish_independent(&emulator, TOPIC, N, KEYS, 0, false).await;

@@ -698,8 +698,8 @@ async fn sqlite_locked_past_the_busy_timeout_answers_503_and_acks_nothing() {
 }
 
 /// Shutdown waits for in-flight deliveries only as long as the grace period: a
-/// delivery still running then is abandoned, its entry stays IN_PROGRESS under a
-/// lease that expires, and the next instance (or the next claim) takes it over.
+/// delivery still running then is abandoned and its entry handed back (OPEN, no
+/// lease), so the next instance takes it at once, not when its lease expires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_abandons_deliveries_still_running_after_the_grace_period() {
     let camunda = FakeCamunda::start().await.with_delay(Duration::from_secs(8));
@@ -725,6 +725,6 @@ async fn shutdown_abandons_deliveries_still_running_after_the_grace_period() {
     let took = started.elapsed();
     assert!(took < Duration::from_secs(5), "stop waited {took:?} for an 8 s delivery despite a 300 ms grace period");
     let entry = store.get(1).await.unwrap().expect("the entry");
-    assert_eq!(entry.status, Status::InProgress, "abandoned, not settled");
-    assert!(entry.lease_expires_at.is_some(), "its lease expires and the entry is taken over");
+    assert_eq!(entry.status, Status::Open, "abandoned, not settled, and handed back");
+    assert_eq!((entry.lease_owner, entry.lease_expires_at), (None, None), "no lease to wait out");
 }

@@ -18,15 +18,16 @@
 //! - `POST /api/purge` — body `{"older_than": "7d"}`: delete finished entries
 //! - `GET  /api/audit?after=&limit=` — the audit log
 //! - `GET  /api/openapi.json` — the OpenAPI 3.1 description ([`openapi`])
-//! - `GET  /metrics`, `GET /healthz` (process up), `GET /readyz` (inbox reachable)
+//! - `GET  /metrics`, `GET /healthz` (process up), `GET /readyz` (inbox reachable, not draining)
 //!
 //! API.md documents each request and answer. Every answer is a typed body
 //! ([`answer`]); every refusal is `{"error": "…"}` with a status code.
 //!
 //! Readiness: `/readyz` answers 200 `{"status": "ready"}` while the inbox answers, even
 //! with some routes refused — the healthy routes run, and restarting would not fix a
-//! team's broken file — and 503 `{"status": "unavailable"}` when it does not. Nothing
-//! more: it is open on the push listener, to strangers. Which routes are refused and
+//! team's broken file — and 503 `{"status": "unavailable"}` when it does not, or
+//! `{"status": "draining"}` from a stop signal on (the listener keeps taking pushes
+//! for the drain delay, see `crate::app`). Nothing more: it is open on the push listener, to strangers. Which routes are refused and
 //! why is in `GET /api/routes`, the reasons for admin tokens only (a reason may quote
 //! a routing file, which a team's token has no business reading in full).
 //!
@@ -402,6 +403,12 @@ pub async fn healthz() -> Json<Health> {
 }
 
 pub async fn readyz(State(s): State<Arc<Shared>>) -> Response {
+    // Draining comes first: the instance is going away whether or not the inbox
+    // answers, and the load balancer must stop sending it pushes.
+    if s.drain.is_draining() {
+        let body = Json(serde_json::json!({ "status": "draining" }));
+        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+    }
     if let Err(error) = s.store.db_now().await {
         tracing::warn!(%error, "not ready: the inbox does not answer");
         let body = Json(serde_json::json!({ "status": "unavailable" }));

@@ -13,6 +13,27 @@ pub fn date(ms: Millis) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)).to_string()
 }
 
+/// A time as a date to the millisecond, `2026-08-01T10:00:00.123Z` (UTC): what
+/// `gcloud pubsub subscriptions seek --time` takes.
+pub fn date_millis(ms: Millis) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)).to_string()
+}
+
+/// A file size for people: `512 B`, `4.0 KiB`, `12.3 MiB`, `2.1 GiB`.
+pub fn size(bytes: u64) -> String {
+    const UNITS: [&str; 3] = ["KiB", "MiB", "GiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 fn date_or_dash(ms: Option<Millis>) -> String {
     ms.map_or_else(|| "-".into(), date)
 }
@@ -187,5 +208,10 @@ mod tests {
         assert_eq!(clip("abc", 3), "abc");
         assert_eq!(clip("abcd\nef", 4), "abc…");
         assert_eq!(age(10_000, 2_000), "8s");
+        assert_eq!(date_millis(1_785_578_400_123), "2026-08-01T10:00:00.123Z");
+        assert_eq!(size(512), "512 B");
+        assert_eq!(size(4096), "4.0 KiB");
+        assert_eq!(size(12_900_000), "12.3 MiB");
+        assert_eq!(size(5 << 40), "5120.0 GiB");
     }
 }

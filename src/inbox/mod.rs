@@ -9,6 +9,7 @@
 //! Times are milliseconds since the Unix epoch (`BIGINT`), taken from the caller's
 //! [`crate::clock::Clock`], which follows the database's clock.
 
+pub mod backup;
 pub mod failures;
 pub mod group;
 
@@ -627,6 +628,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Returns entries whose lease expired to OPEN, so any instance can claim them.
     async fn release_expired(&self, route: &str, now: Millis) -> Result<u64, StoreError>;
+
+    /// Returns every entry `owner` holds to OPEN at once, whatever its lease: for an
+    /// instance that stops with attempts it abandoned, so another instance claims
+    /// them now instead of when their leases expire. A settle of such an attempt still
+    /// in flight is fenced off (`LeaseLost`). The route of each entry handed back.
+    async fn release_owned(&self, owner: &str, now: Millis) -> Result<Vec<String>, StoreError>;
 
     /// Records the outcome of an attempt, fenced by the lease.
     async fn settle(&self, id: i64, lease: &Lease, now: Millis, s: &Settlement) -> Result<(), StoreError> {

@@ -407,6 +407,10 @@ macro_rules! store_impl {
                 Ok(r.rows_affected())
             }
 
+            async fn release_owned(&self, owner: &str, now: $crate::clock::Millis) -> Result<Vec<String>, $crate::inbox::StoreError> {
+                Ok(sqlx::query_scalar(include_str!("sql/release_owned.sql")).bind(owner).bind(now).fetch_all(&self.pool).await?)
+            }
+
             async fn settle_recorded(
                 &self,
                 id: i64,

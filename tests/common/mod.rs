@@ -1255,19 +1255,32 @@ impl InletProcess {
     /// (`block_in_place`), so fakes in this process keep answering the deliveries Inlet
     /// finishes while it stops; on a current-thread runtime they would stall.
     pub fn sigterm_and_wait(&mut self, within: Duration) -> std::process::ExitStatus {
+        self.signal("TERM");
+        self.wait_exit(within)
+    }
+
+    /// Sends a signal (`TERM`, `INT`, as `kill -NAME` spells it) and returns at once;
+    /// panics with the log if the process had already exited.
+    pub fn signal(&mut self, name: &str) {
         if let Some(status) = self.try_exited() {
-            panic!("inlet {} had already exited with {status} before SIGTERM\n{}", self.name, self.log_tail());
+            panic!("inlet {} had already exited with {status} before SIG{name}\n{}", self.name, self.log_tail());
         }
         let pid = self.child.id().to_string();
-        let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status();
-        assert!(sent.as_ref().is_ok_and(|s| s.success()), "kill -TERM {pid} (inlet {}): {sent:?}", self.name);
+        let sent = std::process::Command::new("kill").args([&format!("-{name}"), &pid]).status();
+        assert!(sent.as_ref().is_ok_and(|s| s.success()), "kill -{name} {pid} (inlet {}): {sent:?}", self.name);
+    }
+
+    /// Waits for the process to exit (after a [`signal`](Self::signal)); panics with
+    /// the log if it is still running after `within` (it is then killed). Leaves this
+    /// worker's tasks to the others while it waits, as [`sigterm_and_wait`](Self::sigterm_and_wait).
+    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
         let multi_thread = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         let mut wait = || poll_blocking(within, || self.try_exited());
         let exited = if multi_thread { tokio::task::block_in_place(wait) } else { wait() };
         exited.unwrap_or_else(|| {
             self.sigkill();
-            panic!("inlet {} did not exit within {within:?} of SIGTERM (killed)\n{}", self.name, self.log_tail());
+            panic!("inlet {} did not exit within {within:?} (killed)\n{}", self.name, self.log_tail());
         })
     }
 
