@@ -63,6 +63,14 @@ impl ConfigMapVolume {
         if let Some(old) = self.current.replace(name) {
             std::fs::remove_dir_all(self.dir.join(old)).unwrap();
         }
+        // Last, the links of keys no longer in the ConfigMap (dangling since the rename).
+        for entry in std::fs::read_dir(&self.dir).unwrap() {
+            let entry = entry.unwrap();
+            let key = entry.file_name().to_string_lossy().into_owned();
+            if !key.starts_with("..") && !files.iter().any(|(k, _)| *k == key) {
+                std::fs::remove_file(entry.path()).unwrap();
+            }
+        }
         swapped
     }
 
@@ -286,6 +294,81 @@ async fn a_kubelet_configmap_swap_reloads_routes_and_plugins_within_two_polls_wi
         [current.as_str(), "..data", "inlet.toml", "orders.toml", "plugin.wasm"],
         "one timestamped directory, `..data` and the keys"
     );
+    inlet.assert_running();
+    assert!(inlet.sigterm_and_wait(WAIT).success());
+}
+
+/// Kubelet's swaps as fast as it can make them, a key (a team file) appearing and
+/// disappearing with every other one, while reloads are forced back to back
+/// (`POST /api/reload`): a file listed by a reload and gone when it reads it is a file
+/// that was removed, not a broken one, so nothing is refused or logged as an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_coming_and_going_under_back_to_back_reloads_is_never_refused() {
+    let target = RecordingTarget::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let inbox = dir.path().join("inbox.db");
+    let shared = format!("[store]\nurl = \"sqlite://{}\"\n\n[admin]\nauth = \"none-loopback\"\n", inbox.display());
+    let work_order = std::fs::read(common::plugin_path("work_order")).unwrap();
+    let base_files = vec![
+        ("inlet.toml", shared.into_bytes()),
+        ("orders.toml", route("orders", &target, "5s").into_bytes()),
+        ("plugin.wasm", work_order),
+    ];
+    let mut volume = ConfigMapVolume::new(&dir.path().join("routes"));
+    volume.project(&base_files);
+
+    let listen = format!("127.0.0.1:{}", common::free_port());
+    let cache = dir.path().join("plugin-cache");
+    let mut inlet = InletProcess::spawn_with_args(
+        &volume.dir,
+        &["--listen", &listen, "--poll", "50ms", "--plugin-cache", cache.to_str().unwrap()],
+        &[],
+    );
+    inlet.wait_healthy(WAIT).await;
+    let base = inlet.base.clone();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reloader = {
+        let (http, base, stop) = (http.clone(), base.clone(), std::sync::Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut reloads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = http.post(format!("{base}/api/reload")).send().await.unwrap();
+                assert_eq!(r.status().as_u16(), 200);
+                reloads += 1;
+            }
+            reloads
+        })
+    };
+    let extra = route("extra", &target, "5s").into_bytes();
+    let started = Instant::now();
+    let mut swaps = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        let mut files = base_files.clone();
+        if swaps % 2 == 0 {
+            files.push(("extra.toml", extra.clone()));
+        }
+        let volume_files = files;
+        volume = tokio::task::spawn_blocking(move || {
+            volume.project(&volume_files);
+            volume
+        })
+        .await
+        .unwrap();
+        swaps += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reloads = reloader.await.unwrap();
+    eprintln!("{swaps} swaps under {reloads} forced reloads");
+
+    let metrics = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert_eq!(metric_sum(&metrics, "inlet_config_reloads_total", &["outcome=\"refused\""]), 0.0, "{metrics}");
+    assert_eq!(metric_sum(&metrics, "inlet_route_load_failures_total", &[]), 0.0, "{metrics}");
+    assert_eq!(metric_sum(&metrics, "inlet_plugin_reloads_total", &["outcome=\"refused\""]), 0.0, "{metrics}");
+    let log = inlet.log();
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+    assert!(errors.is_empty(), "errors logged: {errors:#?}");
     inlet.assert_running();
     assert!(inlet.sigterm_and_wait(WAIT).success());
 }
