@@ -182,7 +182,14 @@ pub(super) fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<
     let files = routing_files(path).map_err(|e| read_error(path, &e))?;
     let mut texts = Vec::new();
     for file in files {
-        let text = read(&file)?;
+        let text = match read(&file) {
+            // A file of a directory gone since the listing (a team file deleted, a key
+            // dropped by kubelet's `..data` swap, whose link dangles until kubelet
+            // removes it) was removed, not broken: read the directory as it is now,
+            // without it, rather than refuse the whole reload for a moment's race.
+            Err(_) if is_dir && !file.is_file() => continue,
+            other => other?,
+        };
         texts.push((file, text));
     }
     // The grants come from the shared file, and every team file is checked against
