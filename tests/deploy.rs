@@ -267,7 +267,7 @@ fn common_policy(overlay: &str, docs: &[Value]) {
             cache.starts_with(mp) && cache != mp
         })
         .max_by_key(|m| str_at(m, &["mountPath"]).unwrap().len())
-        .unwrap_or_else(|| panic!("{overlay}: --plugin-cache {} is in no volume mount", cache.display()));
+        .unwrap_or_else(|| panic!("{overlay}: --plugin-cache {} is not a folder inside a volume mount (a volume's root is not Inlet's own)", cache.display()));
     let holder_volume = volume(str_at(holder, &["name"]).unwrap()).expect("the cache volume");
     assert!(
         s(holder_volume, &["emptyDir"]).is_some(),
@@ -465,6 +465,8 @@ fn the_routing_files_pass_inlet_check() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!said.contains("warning"), "{overlay}: inlet check warns about the rendered routing files:\n{said}");
     }
 }
 
