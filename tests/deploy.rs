@@ -109,9 +109,10 @@ fn args(container: &Value) -> Vec<&str> {
 
 /// The value after `flag` in `args`; the flag must be there, spelled out.
 fn flag<'a>(args: &[&'a str], flag: &str, overlay: &str) -> &'a str {
-    let at = args.iter().position(|a| *a == flag).unwrap_or_else(|| {
-        panic!("{overlay}: the inlet container does not pass {flag} explicitly (args {args:?})")
-    });
+    let at = args
+        .iter()
+        .position(|a| *a == flag)
+        .unwrap_or_else(|| panic!("{overlay}: the inlet container does not pass {flag} explicitly (args {args:?})"));
     args.get(at + 1).unwrap_or_else(|| panic!("{overlay}: {flag} without a value"))
 }
 
@@ -285,7 +286,10 @@ fn common_policy(overlay: &str, docs: &[Value]) {
     for (file, text) in &files {
         let parsed: toml::Table = text.parse().expect("a routing file is TOML");
         for var in toml_env_refs(&toml::Value::Table(parsed)) {
-            assert!(env.contains(var.as_str()), "{overlay}: {file} reads ${{{var}}}, which the inlet container's env does not set");
+            assert!(
+                env.contains(var.as_str()),
+                "{overlay}: {file} reads ${{{var}}}, which the inlet container's env does not set"
+            );
         }
     }
 
@@ -300,9 +304,18 @@ fn common_policy(overlay: &str, docs: &[Value]) {
                 s(c, &full).or_else(|| s(pspec, &full)).cloned()
             };
             assert_eq!(either(&["runAsNonRoot"]), Some(Value::Bool(true)), "{cname}: runAsNonRoot");
-            assert_eq!(s(c, &["securityContext", "readOnlyRootFilesystem"]), Some(&Value::Bool(true)), "{cname}: readOnlyRootFilesystem");
-            assert_eq!(s(c, &["securityContext", "allowPrivilegeEscalation"]), Some(&Value::Bool(false)), "{cname}: allowPrivilegeEscalation");
-            let drop: Vec<&str> = seq(c, &["securityContext", "capabilities", "drop"]).into_iter().filter_map(Value::as_str).collect();
+            assert_eq!(
+                s(c, &["securityContext", "readOnlyRootFilesystem"]),
+                Some(&Value::Bool(true)),
+                "{cname}: readOnlyRootFilesystem"
+            );
+            assert_eq!(
+                s(c, &["securityContext", "allowPrivilegeEscalation"]),
+                Some(&Value::Bool(false)),
+                "{cname}: allowPrivilegeEscalation"
+            );
+            let drop: Vec<&str> =
+                seq(c, &["securityContext", "capabilities", "drop"]).into_iter().filter_map(Value::as_str).collect();
             assert_eq!(drop, ["ALL"], "{cname}: capabilities.drop");
             assert_eq!(
                 either(&["seccompProfile", "type"]).as_ref().and_then(Value::as_str),
@@ -339,7 +352,10 @@ fn common_policy(overlay: &str, docs: &[Value]) {
             .find(|v| name(v) == service)
             .unwrap_or_else(|| panic!("{overlay}: no Service {service}"));
         let selector = s(svc, &["spec", "selector"]).and_then(Value::as_mapping).expect("a selector");
-        assert!(selector.iter().all(|(k, v)| labels.get(k) == Some(v)), "{overlay}: {service} does not select the pods");
+        assert!(
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+            "{overlay}: {service} does not select the pods"
+        );
         let ports = seq(svc, &["spec", "ports"]);
         assert!(
             ports.iter().any(|p| container_port(inlet, s(p, &["targetPort"]).expect("targetPort")) == u64::from(port)),
@@ -403,8 +419,11 @@ fn postgres_runs_replicas_after_a_migration_job() {
     assert_eq!(flag(&args(inlet), "--migrate", "postgres"), "check");
     let job = one(&docs, "Job", "postgres");
     let migrates = seq(pod_spec(job), &["containers"]).into_iter().any(|c| {
-        let line: Vec<&str> = seq(c, &["command"]).into_iter().chain(seq(c, &["args"])).filter_map(Value::as_str).collect();
-        line.first() == Some(&"inlet") && line.get(1) == Some(&"migrate") && str_at(c, &["image"]) == str_at(inlet, &["image"])
+        let line: Vec<&str> =
+            seq(c, &["command"]).into_iter().chain(seq(c, &["args"])).filter_map(Value::as_str).collect();
+        line.first() == Some(&"inlet")
+            && line.get(1) == Some(&"migrate")
+            && str_at(c, &["image"]) == str_at(inlet, &["image"])
     });
     assert!(migrates, "postgres: the Job does not run `inlet migrate` with the instances' image");
 }
@@ -420,7 +439,8 @@ fn materialize(docs: &[Value], overlay: &str, dir: &Path) -> (PathBuf, Vec<(Stri
         std::fs::write(routes.join(file), text).unwrap();
         let parsed: toml::Table = text.parse().unwrap();
         for route in parsed.get("route").and_then(|r| r.as_array()).into_iter().flatten() {
-            let plugin = route.get("plugin").and_then(|p| p.as_str().or_else(|| p.get("path").and_then(|p| p.as_str())));
+            let plugin =
+                route.get("plugin").and_then(|p| p.as_str().or_else(|| p.get("path").and_then(|p| p.as_str())));
             let plugin = plugin.unwrap_or_else(|| panic!("{overlay}: {file}: a route without a plugin path"));
             assert!(!Path::new(plugin).is_absolute(), "{overlay}: {file}: plugin path {plugin} should be relative");
             let stem = Path::new(plugin).file_stem().unwrap().to_str().unwrap();
@@ -435,7 +455,9 @@ fn materialize(docs: &[Value], overlay: &str, dir: &Path) -> (PathBuf, Vec<(Stri
             let n = str_at(e, &["name"]).unwrap().to_string();
             let value = match (str_at(e, &["value"]), str_at(e, &["valueFrom", "secretKeyRef", "key"])) {
                 (Some(v), _) => v.to_string(),
-                (None, Some(key)) if key.contains("database-url") => "postgres://inlet:secret@127.0.0.1:5432/inlet".to_string(),
+                (None, Some(key)) if key.contains("database-url") => {
+                    "postgres://inlet:secret@127.0.0.1:5432/inlet".to_string()
+                }
                 (None, Some(key)) => format!("stand-in-{key}-0123456789abcdef0123456789abcdef"),
                 (None, None) => panic!("{overlay}: env {n} is neither a literal nor a Secret key"),
             };
@@ -491,7 +513,11 @@ fn monitoring_files_are_generated_from_config() {
         let (_, docs) = render(overlay);
         let rule = one(&docs, "PrometheusRule", overlay);
         assert_eq!(str_at(rule, &["apiVersion"]), Some("monitoring.coreos.com/v1"));
-        assert_eq!(s(rule, &["spec", "groups"]), s(&source, &["groups"]), "{overlay}: the PrometheusRule's groups differ from config/alerts/inlet.yml");
+        assert_eq!(
+            s(rule, &["spec", "groups"]),
+            s(&source, &["groups"]),
+            "{overlay}: the PrometheusRule's groups differ from config/alerts/inlet.yml"
+        );
         assert!(!seq(rule, &["spec", "groups"]).is_empty());
 
         let cm = of_kind(&docs, "ConfigMap")
@@ -506,7 +532,9 @@ fn monitoring_files_are_generated_from_config() {
 fn kubernetes_validate() -> PathBuf {
     match std::env::var_os("INLET_K8S_VALIDATE").filter(|p| !p.is_empty()) {
         Some(p) => PathBuf::from(p),
-        None => panic!("INLET_K8S_VALIDATE is not set: run scripts/ensure-kubernetes-validate and export its last line (scripts/test does)"),
+        None => panic!(
+            "INLET_K8S_VALIDATE is not set: run scripts/ensure-kubernetes-validate and export its last line (scripts/test does)"
+        ),
     }
 }
 
@@ -529,7 +557,11 @@ fn rendered_manifests_pass_the_kubernetes_schemas() {
             let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
             assert!(out.status.success(), "{overlay}: kubernetes-validate {version} refused:\n{report}");
             let passed = report.lines().filter(|l| l.contains(" passed for resource ")).count();
-            assert_eq!(passed, builtin.len(), "{overlay}: not every document was validated against {version}:\n{report}");
+            assert_eq!(
+                passed,
+                builtin.len(),
+                "{overlay}: not every document was validated against {version}:\n{report}"
+            );
         }
     }
 }
