@@ -174,64 +174,20 @@ fn engine_for(metering: Metering) -> &'static Engine {
         config.consume_fuel(bounded);
         let engine = Engine::new(&config).expect("the wasmtime configuration is valid");
         if bounded {
-            tick_epochs(&engine, "inlet-epoch");
+            let ticker = engine.weak();
+            std::thread::Builder::new()
+                .name("inlet-epoch".into())
+                .spawn(move || {
+                    while let Some(engine) = ticker.upgrade() {
+                        engine.increment_epoch();
+                        drop(engine);
+                        std::thread::sleep(TICK);
+                    }
+                })
+                .expect("spawn the epoch thread");
         }
         engine
     })
-}
-
-/// The engine of shadow candidates (`crate::shadow`): bounded like [`engine`], with
-/// instances from a pool whose linear memories stay mapped and are reset by `memset`
-/// when reused. A candidate that grows and drops memory at every call then does it
-/// in memory already mapped: on-demand instances map, grow (`mprotect`) and unmap at
-/// every instance, and those changes of the process's memory map stall the serving
-/// threads too (they share the map), however low the candidate's priority.
-fn candidate_engine() -> &'static Engine {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE.get_or_init(|| {
-        let mut pool = wasmtime::PoolingAllocationConfig::new();
-        pool.total_component_instances(CANDIDATE_POOL)
-            .total_core_instances(CANDIDATE_POOL * 8)
-            .total_memories(CANDIDATE_POOL * 4)
-            .total_tables(CANDIDATE_POOL * 8)
-            .total_stacks(CANDIDATE_POOL)
-            .max_core_instance_size(16 << 20)
-            .max_component_instance_size(16 << 20)
-            .table_elements(1 << 20)
-            .max_memories_per_module(2)
-            .linear_memory_keep_resident(CANDIDATE_KEEP_RESIDENT)
-            .table_keep_resident(1 << 20);
-        let mut config = wasmtime::Config::new();
-        config.wasm_component_model(true);
-        config.epoch_interruption(true);
-        config.consume_fuel(true);
-        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config).expect("the candidates' wasmtime configuration is valid");
-        tick_epochs(&engine, "inlet-epoch-shadow");
-        engine
-    })
-}
-
-/// Candidate instances the pool holds at once (live and warm, every candidate of the
-/// process together); one more waits for a slot like a busy plugin.
-const CANDIDATE_POOL: u32 = 32;
-/// Memory a candidate's linear memory keeps mapped between uses of its slot.
-const CANDIDATE_KEEP_RESIDENT: usize = 16 << 20;
-
-/// Advances `engine`'s epoch every [`TICK`] on a thread of its own, for as long as the
-/// engine lives.
-fn tick_epochs(engine: &Engine, name: &str) {
-    let ticker = engine.weak();
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            while let Some(engine) = ticker.upgrade() {
-                engine.increment_epoch();
-                drop(engine);
-                std::thread::sleep(TICK);
-            }
-        })
-        .expect("spawn the epoch thread");
 }
 
 /// Per-store state: the WASI context and the memory limiter.
@@ -332,7 +288,7 @@ impl Plugin {
         cache: Option<&Path>,
         metering: Metering,
     ) -> Result<Arc<Plugin>, PluginLoadError> {
-        Self::build(path, bytes, limits, cache, metering, engine_for(metering), &sandbox::BUDGET)
+        Self::build(path, bytes, limits, cache, metering, &sandbox::BUDGET)
     }
 
     /// A shadow candidate (`crate::shadow`): like [`Plugin::from_bytes`], but its
@@ -344,7 +300,7 @@ impl Plugin {
         limits: PluginLimits,
         cache: Option<&Path>,
     ) -> Result<Arc<Plugin>, PluginLoadError> {
-        Self::build(path, bytes, limits, cache, Metering::Bounded, candidate_engine(), &sandbox::SHADOW_BUDGET)
+        Self::build(path, bytes, limits, cache, Metering::Bounded, &sandbox::SHADOW_BUDGET)
     }
 
     fn build(
@@ -353,9 +309,9 @@ impl Plugin {
         limits: PluginLimits,
         cache: Option<&Path>,
         metering: Metering,
-        engine: &'static Engine,
         budget: &'static sandbox::MemoryBudget,
     ) -> Result<Arc<Plugin>, PluginLoadError> {
+        let engine = engine_for(metering);
         let component = compile_cached(engine, path, bytes, cache)?;
         check_contract(path, engine, &component)?;
         let mut linker = Linker::<HostState>::new(engine);
