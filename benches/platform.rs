@@ -99,6 +99,10 @@ struct Args {
     latency_window: Duration,
     /// The shadow section's push rate, messages per second.
     shadow_rate: f64,
+    /// `[plugins] shadow_cpu_percent` of the runs with a candidate (`None`: the default).
+    shadow_cpu_percent: Option<usize>,
+    /// The candidates the shadow section runs (prefixes of `CANDIDATES`, without `-`).
+    shadow_candidates: Option<Vec<String>>,
     only: Option<Vec<String>>,
 }
 
@@ -126,6 +130,8 @@ impl Args {
             long_window: Duration::from_secs(66),
             latency_window: Duration::from_secs(10),
             shadow_rate: 200.0,
+            shadow_cpu_percent: None,
+            shadow_candidates: None,
             only: None,
         }
     }
@@ -154,7 +160,7 @@ impl Args {
 fn usage() -> &'static str {
     "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,shadow,backlog,instances] \
      [--clients N] [--messages N] [--keys N] [--relay-backlog N] [--peer-jobs N] [--peer-concurrency N] \
-     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--shadow-rate N] [--latency-seconds N]"
+     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--shadow-rate N] [--latency-seconds N] [--shadow-cpu-percent N] [--shadow-candidates sleep,trap,hoard]"
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -192,6 +198,10 @@ fn parse_args() -> Result<Args, String> {
             "--instances" => args.instances = list(flag, v)?,
             "--shadow-rate" => args.shadow_rate = number(flag, v)? as f64,
             "--latency-seconds" => args.latency_window = Duration::from_secs(number(flag, v)? as u64),
+            "--shadow-cpu-percent" => args.shadow_cpu_percent = Some(number(flag, v)?),
+            "--shadow-candidates" => {
+                args.shadow_candidates = Some(v.split(',').map(|s| s.trim().to_string()).collect())
+            }
             "--only" => {
                 let names: Vec<String> = v.split(',').map(|s| s.trim().to_string()).collect();
                 if let Some(bad) = names.iter().find(|n| !SECTIONS.contains(&n.as_str())) {
@@ -1021,9 +1031,12 @@ async fn shadow_section(args: &Args, plugin: &Path, target: &Target, report: &mu
         // bodies carry the candidate's prefix in every run (the serving plugin treats
         // every id alike).
         for (c, (prefix, _)) in CANDIDATES.iter().enumerate() {
+            if !args.shadow_candidates.as_ref().is_none_or(|w| w.iter().any(|n| prefix.trim_end_matches('-') == n)) {
+                continue;
+            }
             for shadowed in [false, true] {
                 let pg = TestPg::new().await;
-                let shadow = shadowed.then_some(candidate.as_path());
+                let shadow = shadowed.then_some((candidate.as_path(), args.shadow_cpu_percent));
                 let inlet = Instance::start_with(&pg.url, plugin, shadow, target, args.concurrency, "shadow").await;
                 let paced =
                     paced_latency(args, &inlet, target, prefixed_push_bodies(total, args.keys, prefix), per_s).await;
@@ -1071,11 +1084,17 @@ async fn shadow_section(args: &Args, plugin: &Path, target: &Target, report: &mu
         None,
     );
     for (c, (_, what)) in CANDIDATES.iter().enumerate() {
+        if with[c].is_empty() {
+            continue;
+        }
         let p99 = median_of(&with[c], |p| p.p99);
         let ratio = p99.as_secs_f64() / base.as_secs_f64();
         report.row(
             "shadow pg",
-            &format!("the same with a candidate that {what}, p50 / p99"),
+            &format!(
+                "the same with a candidate that {what}{}, p50 / p99",
+                args.shadow_cpu_percent.map_or(String::new(), |p| format!(" (shadow_cpu_percent {p})"))
+            ),
             format!("{:.1} ms / {:.1} ms", ms(median_of(&with[c], |p| p.p50)), ms(p99)),
             format!("p99 without a candidate {:.1} ms", ms(base)),
             Some(ratio),
@@ -1193,16 +1212,21 @@ impl Instance {
         Instance::start_with(url, plugin, None, target, concurrency, name).await
     }
 
-    /// [`Instance::start`], with a candidate plugin in shadow if one is given.
+    /// [`Instance::start`], with a candidate plugin in shadow if one is given (and the
+    /// shadow's CPU share, if given).
     async fn start_with(
         url: &str,
         plugin: &Path,
-        candidate: Option<&Path>,
+        candidate: Option<(&Path, Option<usize>)>,
         target: &Target,
         concurrency: usize,
         name: &str,
     ) -> Instance {
-        let candidate = candidate.map(|c| format!("candidate = \"{}\"\n", c.display())).unwrap_or_default();
+        let plugins = match candidate {
+            Some((_, Some(percent))) => format!("[plugins]\nshadow_cpu_percent = {percent}\n\n"),
+            _ => String::new(),
+        };
+        let candidate = candidate.map(|(c, _)| format!("candidate = \"{}\"\n", c.display())).unwrap_or_default();
         let dir = tempfile::tempdir().expect("tempdir");
         let port = common::free_port();
         let config = dir.path().join("inlet.toml");
@@ -1210,7 +1234,7 @@ impl Instance {
             &config,
             format!(
                 "[store]\nurl = \"{url}\"\nmax_connections = {POOL}\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\n\
-                 [admin]\nauth = \"none-loopback\"\n\n\
+                 [admin]\nauth = \"none-loopback\"\n\n{plugins}\
                  [[route]]\nname = \"{ROUTE}\"\nplugin = \"{}\"\n{candidate}source = {{ kind = \"push\" }}\n\
                  target = {{ kind = \"http\", url = \"{}\", timeout = \"10s\" }}\nordering = \"per-key\"\nconcurrency = {concurrency}\n",
                 plugin.display(),
