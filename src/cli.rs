@@ -810,6 +810,19 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
     for warning in config.access_warnings() {
         eprintln!("warning: {}: {warning}", path.display());
     }
+    // A candidate that does not load never stops its route, so it is not an error
+    // here either; but it is a mistake to catch before it is shipped.
+    for route in routes.iter() {
+        if let Some(report) = route.shadow_report().filter(|r| r.state != "running") {
+            let why = report.refused.as_deref().unwrap_or("it does not load");
+            eprintln!(
+                "warning: {}: route `{}`: candidate {} is refused, the route serves without it: {why}",
+                route.config.file.display(),
+                route.name(),
+                report.candidate
+            );
+        }
+    }
     let store = crate::redact::url(&config.store.url);
     println!("{}: ok ({} routes, store {store})", path.display(), config.routes.len());
     Ok(ExitCode::SUCCESS)

@@ -426,6 +426,10 @@ async fn promotion_and_rollback_are_one_audited_step_each_and_the_routing_file_s
         &format!("candidate = {{ path = \"plugins/v2.wasm\", sha256 = \"{}\" }}", "0".repeat(64)),
     );
     std::fs::write(&setup.config, &pinned).unwrap();
+    // `inlet check` passes (the route serves without it) but says so.
+    let (out, code) = cli(&setup.config, &["check"], &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("warning:") && out.contains("candidate") && out.contains("is refused"), "{out}");
     let (out, code) = cli(&setup.config, &["plugin", "promote", "orders"], &[]);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("does not load") && out.contains("sha256"), "{out}");
