@@ -492,7 +492,7 @@ async fn message_ids(http: &reqwest::Client, base: &str, route: &str) -> Vec<Str
     ids
 }
 
-/// Issue 23, finding 5: DNS rebinding. A page the developer opens rebinds its name
+/// DNS rebinding. A page the developer opens rebinds its name
 /// (`evil.example`) to 127.0.0.1: its pushes carry `Host: evil.example` and `Origin`.
 /// To a route without push auth, each of the two alone is refused (403) and nothing
 /// is stored; the probes and `/metrics` do not answer that name either. Loopback and

@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::{InletProcess, RecordingTarget, push_work_order, wait_until};
 use serde_json::Value;
@@ -88,26 +88,8 @@ impl ConfigMapVolume {
 /// `..2026_12_04_03_00_00.123456789`, as kubelet names its directories (UTC time, then
 /// a unique suffix).
 fn timestamped_dir_name() -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    let secs = now.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "..{year:04}_{month:02}_{day:02}_{:02}_{:02}_{:02}.{:09}",
-        rem / 3_600,
-        rem % 3_600 / 60,
-        rem % 60,
-        now.subsec_nanos()
-    )
+    let t = common::utc_now();
+    format!("..{:04}_{:02}_{:02}_{:02}_{:02}_{:02}.{:09}", t.year, t.month, t.day, t.hour, t.minute, t.second, t.nanos)
 }
 
 /// A push route to the plugin `plugin.wasm` beside the file (a key of the same
@@ -216,7 +198,7 @@ async fn a_kubelet_configmap_swap_reloads_routes_and_plugins_within_two_polls_wi
     // (a) The team file changes: a second route, and a longer timeout for the first.
     // Wait for a reload tick to pass first, so the swap lands at an arbitrary point of
     // the timer's period rather than just after start.
-    tokio::time::sleep(RELOAD_EVERY / 2).await;
+    tokio::time::sleep(RELOAD_EVERY / 2).await; // off the timer's phase on purpose
     let team = route("orders", &target, "7s") + &route("billing", &target, "5s");
     let swapped = volume.project(&[
         ("inlet.toml", shared.clone().into_bytes()),

@@ -420,7 +420,7 @@ fn metric(text: &str, series: &str) -> u64 {
     text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')).map_or(0, |v| v.trim().parse().unwrap())
 }
 
-/// Issue 23, finding 7: 10,001 sign-ins of one token end only that token's oldest
+/// 10,001 sign-ins of one token end only that token's oldest
 /// sessions (another token's session stays valid); 1,000 wrong tokens from one peer
 /// are slowed (429 with `Retry-After`), then even its right token waits, every refusal
 /// is counted in `/metrics` and logged, and a right token from another peer signs in.

@@ -193,7 +193,7 @@ async fn a_publish_that_timed_out_is_not_published_later() {
     proxy.set_up(true);
     // Long enough for a client that kept retrying in the background to get through:
     // this waits for something that must not happen, so there is no condition to poll.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await; // waiting for what must not arrive
     let late = emulator.pull("out-sub").await;
     assert!(late.is_empty(), "a publish the target gave up on arrived later: {late:?}");
 

@@ -520,7 +520,7 @@ async fn trickle(addr: SocketAddr, path: &str, body: &[u8], every: Duration) -> 
             }
             // The trickle is the attack: a byte per period, each far inside the
             // header timeout, so only the body deadline can end the request.
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(every).await; // the trickle's pace is the attack
         }
     });
     let mut received = Vec::new();

@@ -186,7 +186,7 @@ async fn only_a_valid_token_from_the_subscription_stores_a_row() {
     setup.instance.running.stop().await;
 }
 
-/// Issue 23, finding 5: on a verified route the token binds the request to its
+/// On a verified route the token binds the request to its
 /// audience, so the `Host` rule does not apply (a load balancer's name need not be in
 /// `public_hosts`); `Origin` is refused on every push all the same (a browser page never
 /// holds Pub/Sub's token), before the token is looked at, and nothing is stored.

@@ -299,7 +299,7 @@ async fn a_re_decoded_entry_takes_the_plugins_dedup_key_and_is_never_delivered_t
     inlet.stop().await;
 }
 
-/// Issue 11, must show 1: an entry that went not-yet → retry → done has three
+/// An entry that went not-yet → retry → done has three
 /// attempts in its history, each with the plugin's answer, the request and its
 /// status, and the entry's status and reason after it — in the store and in
 /// `GET /api/entries/{id}`.
@@ -349,7 +349,7 @@ async fn every_attempt_is_recorded_with_its_answer_request_and_outcome(backend: 
     inlet.stop().await;
 }
 
-/// Issue 11: parked and retrying entries grouped by route and a fingerprint of their
+/// Parked and retrying entries grouped by route and a fingerprint of their
 /// error with the varying parts masked — six several-matches parks over six keys, four
 /// undecodable payloads whose errors differ only in a column number, two entries
 /// retrying after 503s — are three groups with the right counts, in the store and in

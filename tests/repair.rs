@@ -124,7 +124,7 @@ async fn a_failure_group_is_requeued_by_a_rate_limited_job_that_survives_a_kill(
     assert_eq!(dry["matches"]["distinct_keys"], 10, "{dry}");
     // A window in which nothing may be delivered: a dry run that moved entries would
     // have them at the target by now; there is no event to poll for.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // a window for what must not happen
     assert_eq!(camunda.count(), 0, "a dry run moves nothing");
     let (_, still) = api(&http, reqwest::Method::GET, &format!("{base}/api/failures?route=wo"), None).await;
     assert_eq!(still["groups"].as_array().unwrap().len(), 2, "{still}");
