@@ -99,7 +99,7 @@ impl Route {
             }
             *seen = stamp;
         }
-        let bytes = std::fs::read(&path).map_err(|source| PluginLoadError::Read { path: shown.clone(), source })?;
+        let bytes = read_plugin_file(&path).map_err(|source| PluginLoadError::Read { path: shown.clone(), source })?;
         let digest = crate::inbox::digest_hex(&bytes);
         let mut last_failed = self.last_failed.lock().expect("reload lock");
         if digest == self.plugin().digest() {
@@ -132,7 +132,7 @@ impl Route {
         cache: Option<&Path>,
         metrics: &Arc<Metrics>,
     ) -> Result<Route, PluginLoadError> {
-        let bytes = std::fs::read(&config.plugin)
+        let bytes = read_plugin_file(&config.plugin)
             .map_err(|source| PluginLoadError::Read { path: config.plugin_shown.clone(), source })?;
         Route::from_bytes(config, &bytes, clients, cache, metrics)
     }
@@ -206,7 +206,7 @@ pub fn load_plugin_file(
     cache: Option<&Path>,
     shadow: bool,
 ) -> (Option<String>, Result<Arc<Plugin>, PluginLoadError>) {
-    let bytes = match std::fs::read(&file.path) {
+    let bytes = match read_plugin_file(&file.path) {
         Ok(bytes) => bytes,
         Err(source) => return (None, Err(PluginLoadError::Read { path: file.shown.clone(), source })),
     };
@@ -220,6 +220,18 @@ pub fn load_plugin_file(
         Plugin::from_bytes(&file.shown, &bytes, limits.clone(), cache)
     };
     (Some(digest), loaded)
+}
+
+/// Reads a plugin file, once more if it vanished under the first read while its path
+/// still names a file: kubelet swaps a ConfigMap by renaming `..data` to a new folder
+/// and then removing the old one, so a read whose path went through the old `..data`
+/// just before the removal finds nothing, while the same path already names the new
+/// file.
+fn read_plugin_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    match std::fs::read(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && path.is_file() => std::fs::read(path),
+        read => read,
+    }
 }
 
 /// Size and modification time of a file: the cheap "did it change" check.
@@ -379,7 +391,7 @@ impl Routes {
             digest_mismatch: false,
             retry: Some(Box::new(Retry { config: rc.clone(), stamp: now, digest })),
         };
-        let bytes = std::fs::read(&rc.plugin).map_err(|source| {
+        let bytes = read_plugin_file(&rc.plugin).map_err(|source| {
             problem(PluginLoadError::Read { path: rc.plugin_shown.clone(), source }.to_string(), None)
         })?;
         let digest = crate::inbox::digest_hex(&bytes);

@@ -516,7 +516,10 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
     let plugin_shown = base.join(written.get_ref());
     let plugin = c.expand(&written, &path_field).and_then(|p| {
         let path: PathBuf = base.join(&p);
-        if path.is_file() {
+        // Looked up twice: a path through kubelet's `..data` link that resolved to the
+        // folder a ConfigMap swap is just removing finds nothing, while a second lookup
+        // already goes through the new folder. A file really missing is missing twice.
+        if path.is_file() || path.is_file() {
             Some(path)
         } else {
             c.error(
