@@ -26,7 +26,8 @@ use crate::target::Clients;
 #[derive(Debug, Parser)]
 #[command(
     name = "inlet",
-    version = crate::plugin::VERSION_LINE,
+    version = crate::build_info::SHORT.as_str(),
+    long_version = crate::build_info::LONG.as_str(),
     about = "Pub/Sub in, transactional inbox, ordered relay out — extended by WebAssembly plugins"
 )]
 pub struct Cli {

@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod build_info;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -230,6 +230,20 @@ pub struct Metrics {
     pub shadow_memory_bytes: Gauge,
 }
 
+/// `inlet_build_info`: what `inlet --version` says, as labels of a constant 1.
+fn build_info() -> prometheus_client::metrics::info::Info<Vec<(String, String)>> {
+    use crate::build_info::{COMMIT, VERSION, contracts, schemas};
+    let mut labels = vec![
+        ("version".to_string(), VERSION.to_string()),
+        ("commit".to_string(), COMMIT.to_string()),
+        ("contracts".to_string(), contracts()),
+    ];
+    for (store, newest) in schemas() {
+        labels.push((format!("schema_{store}"), newest.to_string()));
+    }
+    prometheus_client::metrics::info::Info::new(labels)
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -307,6 +321,11 @@ impl Metrics {
         for outcome in ["ok", "refused"] {
             let _ = m.config_reloads.get_or_create(&OutcomeLabel { outcome });
         }
+        registry.register(
+            "build",
+            "What this binary is: version, commit, plugin contracts, newest inbox schema per store",
+            build_info(),
+        );
         registry.register("ingested", "Messages taken in, by outcome", m.ingested.clone());
         registry.register(
             "plugin_memory_bytes",

@@ -42,6 +42,48 @@ fn write_config(dir: &Path, plugin: &Path) -> String {
 }
 
 #[test]
+fn version_names_the_commit_the_contracts_and_the_schema_range_as_the_metric_does() {
+    // The commit is the checkout's HEAD, as git says it (build.rs asks git, or takes
+    // INLET_BUILD_COMMIT when a builder sets it).
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("git runs");
+    assert!(head.status.success(), "the tests run in a git checkout");
+    let head = text(&head.stdout).trim().to_string();
+    let commit = std::env::var("INLET_BUILD_COMMIT").ok().filter(|c| !c.trim().is_empty()).unwrap_or(head);
+    let version = env!("CARGO_PKG_VERSION");
+
+    let out = inlet(&["-V"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("inlet {version} (commit {commit}, plugin contract inlet:plugin@0.1.0)")
+    );
+
+    let out = inlet(&["--version"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let long = text(&out.stdout);
+    let lines: Vec<&str> = long.lines().collect();
+    assert_eq!(lines[0], format!("inlet {version}"), "{long}");
+    assert_eq!(lines[1], format!("commit:           {commit}"), "{long}");
+    assert_eq!(lines[2], "plugin contracts: inlet:plugin@0.1.0", "{long}");
+    let newest = |url: &str| inlet::inbox::schema::known(url).unwrap().last().unwrap().version;
+    let (postgres, sqlite) = (newest("postgres://"), newest("sqlite:"));
+    assert!(postgres >= 9 && sqlite >= 8, "every migration released so far is embedded");
+    assert!(lines[3].starts_with(&format!("inbox schema:     postgres 1–{postgres}, sqlite 1–{sqlite} (")), "{long}");
+
+    // The metric carries the same facts, as labels of a constant 1.
+    let metrics = inlet::telemetry::Metrics::new().render();
+    let sample = format!(
+        "inlet_build_info{{version=\"{version}\",commit=\"{commit}\",contracts=\"inlet:plugin@0.1.0\",\
+         schema_postgres=\"{postgres}\",schema_sqlite=\"{sqlite}\"}} 1"
+    );
+    assert!(metrics.lines().any(|l| l == sample), "{sample} missing:\n{metrics}");
+}
+
+#[test]
 fn check_accepts_a_good_file_and_lists_every_error_of_a_bad_one() {
     let dir = tempfile::tempdir().unwrap();
     let good = write_config(dir.path(), &common::plugin_path("work_order"));

@@ -394,10 +394,8 @@ fn generated_projects_stand_alone_and_carry_the_hosts_contract() {
 fn the_cli_names_the_contracts_it_supports_and_refuses_a_used_folder() {
     let dir = tempfile::tempdir().unwrap();
     let out = run(team_command(inlet(), dir.path()).arg("--version"));
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        format!("inlet {} (plugin contract inlet:plugin@0.1.0)", env!("CARGO_PKG_VERSION"))
-    );
+    let version = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(version.contains("\nplugin contracts: inlet:plugin@0.1.0\n"), "{version}");
     let out = run(team_command(inlet(), dir.path()).args(["plugin", "contract"]));
     assert!(out.status.success(), "{}", show(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "inlet:plugin@0.1.0\n");
@@ -407,7 +405,7 @@ fn the_cli_names_the_contracts_it_supports_and_refuses_a_used_folder() {
     // Every supported contract's WIT declares the package it is listed under.
     for c in inlet::plugin::CONTRACTS {
         assert!(c.wit.contains(&format!("\npackage {};\n", c.package)), "{}", c.package);
-        assert!(inlet::plugin::VERSION_LINE.contains(c.package), "--version names {}", c.package);
+        assert!(version.contains(c.package), "--version names {}", c.package);
     }
 
     // A folder that holds anything is refused, and left as it was.

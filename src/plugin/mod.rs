@@ -146,9 +146,6 @@ pub struct Contract {
 /// Every contract version this host supports (today one), newest last.
 pub const CONTRACTS: &[Contract] = &[Contract { package: "inlet:plugin@0.1.0", interface: CONTRACT, wit: WIT }];
 
-/// `inlet --version`: the host's version and the plugin contracts it speaks.
-pub const VERSION_LINE: &str = concat!(env!("CARGO_PKG_VERSION"), " (plugin contract inlet:plugin@0.1.0)");
-
 /// The process-wide engine that runs plugins (fuel and epoch yields on).
 pub fn engine() -> &'static Engine {
     engine_for(Metering::Bounded)
