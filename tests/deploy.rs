@@ -1,11 +1,14 @@
-//! The Kubernetes manifests (deploy/kubernetes) as a policy: each overlay rendered by
-//! the real `kubectl kustomize`, its documents parsed and held to what Inlet needs on a
-//! platform (a termination grace that covers the drain, routing files mounted as a
-//! folder, the plugin cache in a folder of Inlet's own, every `${VAR}` supplied,
-//! non-root and read-only, the probes, one replica on SQLite and a migration Job before
-//! `--migrate check` instances on PostgreSQL); the routing files in the rendered
-//! ConfigMap pass `inlet check`; the PrometheusRule and dashboard are exactly the files
-//! under config/; and every built-in kind passes kubernetes-validate's schemas offline.
+//! The deploy files as a policy. The Kubernetes manifests (deploy/kubernetes): each
+//! overlay rendered by the real `kubectl kustomize`, its documents parsed and held to
+//! what Inlet needs on a platform (a termination grace that covers the drain, routing
+//! files mounted as a folder, the plugin cache in a folder of Inlet's own, every
+//! `${VAR}` supplied, non-root and read-only, the probes, one replica on SQLite and a
+//! migration Job before `--migrate check` instances on PostgreSQL); the routing files
+//! in the rendered ConfigMap pass `inlet check`; the PrometheusRule and dashboard are
+//! exactly the files under config/; and every built-in kind passes
+//! kubernetes-validate's schemas offline. The systemd unit (deploy/systemd): verified
+//! and rated by `systemd-analyze`, its stop timeout over the drain, its command line
+//! run; the VM routing file passes `inlet check`.
 
 mod common;
 
@@ -564,4 +567,142 @@ fn rendered_manifests_pass_the_kubernetes_schemas() {
             );
         }
     }
+}
+
+/// The unit's `Key=value` lines (continuations joined), in order.
+fn unit_settings(text: &str) -> Vec<(String, String)> {
+    let joined = text.replace("\\\n", " ");
+    joined
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('['))
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap_or_else(|| panic!("not a setting: {l}"));
+            (k.trim().to_string(), v.split_whitespace().collect::<Vec<_>>().join(" "))
+        })
+        .collect()
+}
+
+fn systemd_analyze(args: &[&str]) -> std::process::Output {
+    Command::new("systemd-analyze")
+        .args(args)
+        .output()
+        .expect("systemd-analyze (Debian's systemd package) runs: tests/deploy.rs checks the systemd unit with it")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_systemd_unit_verifies_is_sandboxed_and_its_command_line_drains_within_its_stop_timeout() {
+    let unit = read(&repo().join("deploy/systemd/inlet.service"));
+    let settings = unit_settings(&unit);
+    let get = |key: &str| -> Vec<&str> { settings.iter().filter(|(k, _)| k == key).map(|(_, v)| v.as_str()).collect() };
+    let exec: Vec<&str> = get("ExecStart")[0].split_whitespace().collect();
+    assert_eq!(exec[..3], ["/usr/local/bin/inlet", "run", "/etc/inlet/routes"], "{exec:?}");
+
+    // The stop timeout covers the drain and the grace, with room for the exit.
+    let drain = seconds(flag(&exec, "--drain-delay", "systemd"));
+    let grace = seconds(flag(&exec, "--grace", "systemd"));
+    let stop = seconds(get("TimeoutStopSec")[0]);
+    assert!(stop >= drain + grace + 5, "TimeoutStopSec {stop}s < drain {drain}s + grace {grace}s + 5s");
+    assert_eq!(get("KillSignal"), ["SIGTERM"]);
+    assert!(get("ExecReload")[0].contains("-HUP $MAINPID"), "reload is SIGHUP");
+    // wasmtime makes the code it compiles executable: W^X enforcement would kill it.
+    assert!(get("MemoryDenyWriteExecute").is_empty(), "MemoryDenyWriteExecute breaks plugin compilation");
+    assert_eq!(
+        flag(&exec, "--plugin-cache", "systemd"),
+        "${CACHE_DIRECTORY}/plugins",
+        "the cache in a folder of its own"
+    );
+
+    // systemd's own checks, on a copy that names the binary under test.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("inlet.service");
+    std::fs::write(&copy, unit.replace("/usr/local/bin/inlet", env!("CARGO_BIN_EXE_inlet"))).unwrap();
+    let copy = copy.to_str().unwrap();
+    let out = systemd_analyze(&["verify", copy]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.trim().is_empty(), "systemd-analyze verify: {said}");
+    let out = systemd_analyze(&["security", "--offline=true", copy]);
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "systemd-analyze security: {report}{}", String::from_utf8_lossy(&out.stderr));
+    let exposure: f64 = report
+        .lines()
+        .find_map(|l| l.split_once("Overall exposure level for inlet.service: "))
+        .and_then(|(_, v)| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no overall exposure in:\n{report}"));
+    assert!(exposure <= 2.0, "exposure {exposure} (systemd's scale: up to 2.0 is OK, 10 is unsandboxed):\n{report}");
+
+    // The command line as systemd runs it, with the folders it makes: a SQLite inbox in
+    // the state directory, the plugin cache under the cache directory. It starts,
+    // answers /healthz, and a SIGTERM ends it cleanly within the stop timeout.
+    let state = dir.path().join("state");
+    let cache = dir.path().join("cache");
+    let routes = dir.path().join("routes");
+    for d in [&state, &cache, &routes] {
+        std::fs::create_dir(d).unwrap();
+    }
+    std::fs::write(
+        routes.join("inlet.toml"),
+        format!(
+            "[store]\nurl = \"sqlite://{}/inbox.db\"\n\n[[route]]\nname = \"wo\"\nplugin = \"{}\"\n\
+             source = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
+            state.display(),
+            common::plugin_path("work_order").display()
+        ),
+    )
+    .unwrap();
+    let listen = format!("127.0.0.1:{}", common::free_port());
+    let cache_arg = format!("{}/plugins", cache.display());
+    let mut args: Vec<&str> =
+        exec[3..].iter().map(|a| if *a == "${CACHE_DIRECTORY}/plugins" { cache_arg.as_str() } else { a }).collect();
+    args.extend(["--listen", &listen]);
+    let envs: Vec<(String, String)> = get("Environment")
+        .iter()
+        .map(|e| e.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).expect("Environment=KEY=VALUE"))
+        .collect();
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut inlet = common::InletProcess::spawn_with_args(&routes, &args, &envs);
+    inlet.wait_healthy(std::time::Duration::from_secs(60)).await;
+    assert!(state.join("inbox.db").is_file(), "the inbox is made in the state directory");
+    assert!(cache.join("plugins").is_dir(), "the plugin cache is a folder Inlet made under the cache directory");
+    let status = inlet.sigterm_and_wait(std::time::Duration::from_secs(stop));
+    assert!(status.success(), "a stop is a clean exit: {status}");
+}
+
+#[test]
+fn the_vm_routing_file_passes_inlet_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&routes).unwrap();
+    std::fs::create_dir_all(&plugins).unwrap();
+    let file = repo().join("deploy/systemd/routes/inlet.toml");
+    std::fs::copy(&file, routes.join("inlet.toml")).unwrap();
+    std::fs::copy(common::plugin_path("work_order"), plugins.join("work_order.wasm")).unwrap();
+    // Every ${VAR} the file reads, as /etc/inlet/inlet.env would set it.
+    let wanted = toml_env_refs(&toml::Value::Table(read(&file).parse::<toml::Table>().expect("the file is TOML")));
+    let given = [
+        ("INLET_DATABASE_URL", "postgres://inlet_app:secret@127.0.0.1:5432/inlet"),
+        ("INLET_ADMIN_LISTEN", "10.0.0.11:9090"),
+        ("INLET_OPS_TOKEN", "stand-in-ops-token-0123456789abcdef0123456789abcdef"),
+        ("ORDERS_ENGINE_URL", "http://engine.internal:8080"),
+    ];
+    assert_eq!(wanted, given.iter().map(|(k, _)| k.to_string()).collect(), "DEPLOY.md names each of these");
+    for (var, _) in given {
+        assert!(read(&repo().join("DEPLOY.md")).contains(var), "DEPLOY.md says what {var} is");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_inlet"))
+        .arg("check")
+        .arg(&routes)
+        .env_remove("INLET_CONFIG")
+        .envs(given)
+        .output()
+        .expect("run inlet check");
+    assert!(
+        out.status.success(),
+        "inlet check {}: {}{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
