@@ -862,7 +862,14 @@ target = {{ kind = "log" }}
 /// a duplicate (one entry per dedup key), so the inbox ends with each message once.
 ///
 /// The route is unordered: the emulator answers Seek on an ordered subscription
-/// with UNIMPLEMENTED (Google's service seeks both).
+/// with UNIMPLEMENTED (Google's service seeks both). Before the restore the instance
+/// pulls the same messages from a second subscription of the topic, while the test
+/// acks them on the route's own with unary pulls, as that instance would have: the
+/// emulator never learns that a stopped instance's stream is closed and sends what a
+/// seek brings back to that dead stream (seen here: 0 of 200 reached the restarted
+/// instance in 180 s, docs/pubsub-client-notes.md §8 and §10). So the restarted
+/// instance is the first to stream from the route's subscription, as it is after a
+/// restart on Google's service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_without_duplicating_entries() {
     const HALF: usize = 100;
@@ -876,18 +883,37 @@ async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_withou
         "{}ordering = \"none\"\n",
         pull_route(&camunda.url(), &format!(r#"{}, retain_acked = "1h""#, setup_fields()))
     );
-    let running = start_in_process(dir.path(), &url, &routes, &emulator).await;
     let config = dir.path().join("inlet.toml");
+    std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
     let steps = inlet::pubsub::setup(&Config::load(&config).unwrap(), &Connection::emulator(&emulator.host))
         .await
         .expect("setup");
     assert_eq!(steps.len(), 2, "topic and subscription created: {steps:?}");
+    emulator.create_subscription(TOPIC, "before-restore", false).await;
+    let before_restore = routes.replace(&format!("subscriptions/{SUBSCRIPTION}\""), "subscriptions/before-restore\"");
+    assert_ne!(before_restore, routes);
+    let running = start_in_process(dir.path(), &url, &before_restore, &emulator).await;
     let rows = Rows::open(&url).await;
+    // What the instance acks, acked on the route's subscription too.
+    let ack_on_route_subscription = async |n: usize| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut acked = 0;
+        while acked < n {
+            assert!(tokio::time::Instant::now() < deadline, "{acked} of {n} acked on the route's subscription in 60 s");
+            let pulled = emulator.pull(SUBSCRIPTION).await.len();
+            acked += pulled;
+            if pulled == 0 {
+                tokio::time::sleep(Duration::from_millis(200)).await; // poll interval: nothing there yet
+            }
+        }
+        assert_eq!(acked, n, "the route's subscription held exactly what was published");
+    };
 
     // Before the backup: the first half, stored and acked.
     let first_published_after = std::time::SystemTime::now();
     common::publish_independent(&emulator, TOPIC, HALF, KEYS, 0, false).await;
     wait_all_done(&rows, HALF as i64, Duration::from_secs(120)).await;
+    ack_on_route_subscription(HALF).await;
     wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
     let backup = dir.path().join("backup.db");
     let (stdout, stderr, ok) = inlet_cli(
@@ -905,6 +931,7 @@ async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_withou
     // After the backup: the second half, stored and acked, then the instance stops.
     common::publish_independent(&emulator, TOPIC, HALF, KEYS, HALF, false).await;
     wait_all_done(&rows, 2 * HALF as i64, Duration::from_secs(120)).await;
+    ack_on_route_subscription(HALF).await;
     wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
     running.stop().await;
     drop(rows);
@@ -920,6 +947,8 @@ async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_withou
 
     // Seek back past the backup time to before the first half was published, so the
     // messages the backup holds come again too: the inbox must take them as duplicates.
+    // The routing file as it is after the restore: the route on its own subscription.
+    std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
     let backup_at = inlet::pubsub::parse_time(&backup_time).expect("the backup's time is RFC 3339");
     let margin = backup_at.duration_since(first_published_after).unwrap() + Duration::from_secs(1);
     let margin = format!("{}ms", margin.as_millis());
@@ -939,6 +968,7 @@ async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_withou
         ],
     );
     assert!(ok, "inlet pubsub seek failed:\n{stdout}{stderr}");
+    print!("{stdout}");
     assert!(
         stdout.contains(&format!("seeked subscription projects/{PROJECT}/subscriptions/{SUBSCRIPTION} to ")),
         "{stdout}"
