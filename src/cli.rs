@@ -171,11 +171,41 @@ pub enum SchemaCommand {
 pub enum PubsubCommand {
     /// Create the topics and subscriptions a routing file names, where missing:
     /// target topics, source topics, dead-letter topics and subscriptions (ordered
-    /// when the route is, with a retry policy and the dead-letter policy if set).
+    /// when the route is, with a retry policy, the dead-letter policy if set, and the
+    /// acked-message retention if `retain_acked` is set). An existing subscription's
+    /// retention is set to its route's `retain_acked` where it differs (printed as
+    /// `updated …`); nothing else of it is changed.
     Setup {
         /// The routing file or directory (default: `--config`).
         #[arg(value_name = "CONFIG")]
         routing: Option<PathBuf>,
+    },
+    /// Seek subscriptions back to a time, after restoring the inbox from a backup:
+    /// what was published from then on is delivered again (the inbox keeps one entry
+    /// per route and dedup key, so what it holds already is a duplicate, acked and
+    /// dropped), and what was published before counts as acked. The subscription
+    /// must retain acked messages (`retain_acked`). RUNBOOK.md, "Backups and restore".
+    #[command(group = clap::ArgGroup::new("which").required(true).multiple(true).args(["routes", "subscriptions", "all"]))]
+    Seek {
+        /// The route (of `--config`) whose pull subscription to seek; repeatable.
+        #[arg(long = "route", value_name = "NAME")]
+        routes: Vec<String>,
+        /// A subscription to seek, `projects/P/subscriptions/S` (a push route's, which
+        /// the routing file does not name); repeatable.
+        #[arg(long = "subscription", value_name = "NAME")]
+        subscriptions: Vec<String>,
+        /// Every route of `--config` that pulls from a subscription.
+        #[arg(long)]
+        all: bool,
+        /// The time to go back to, RFC 3339: the time `inlet inbox backup` printed,
+        /// or a PostgreSQL snapshot's.
+        #[arg(long, value_name = "TIME", value_parser = crate::pubsub::parse_time)]
+        to: std::time::SystemTime,
+        /// Go back this much further than `--to`: the longest a message waited in the
+        /// subscription when the backup was taken (a message published before `--to`
+        /// but acked after it is otherwise lost), e.g. `15m`.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        margin: Duration,
     },
 }
 
@@ -455,6 +485,36 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
     Config::load(path).map_err(|errors| anyhow::anyhow!("{errors}"))
 }
 
+/// The pull subscriptions `inlet pubsub seek` goes back on: those of the named
+/// routes, or of every pull route with `all`.
+fn seek_targets(config: &Config, routes: &[String], all: bool) -> anyhow::Result<Vec<String>> {
+    use crate::config::SourceConfig;
+    let mut names = Vec::new();
+    for name in routes {
+        let route = config
+            .routes
+            .iter()
+            .find(|r| r.name.as_str() == name)
+            .ok_or_else(|| anyhow::anyhow!("no route {name} in {}", config.path.display()))?;
+        match &route.source {
+            SourceConfig::Pubsub(s) => names.push(s.subscription.clone()),
+            SourceConfig::Push => anyhow::bail!(
+                "route {name} is a push route: its routing file does not name the subscription, so seek it with --subscription projects/P/subscriptions/S"
+            ),
+        }
+    }
+    if all {
+        for route in &config.routes {
+            if let SourceConfig::Pubsub(s) = &route.source
+                && !names.contains(&s.subscription)
+            {
+                names.push(s.subscription.clone());
+            }
+        }
+    }
+    Ok(names)
+}
+
 /// The routing file a command works on: its own argument, else `--config` (or
 /// `INLET_CONFIG`).
 fn routing_file(own: Option<PathBuf>, global: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -531,6 +591,29 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::FAILURE)
                 }
             }
+        }
+        Command::Pubsub { command: PubsubCommand::Seek { routes, subscriptions, all, to, margin } } => {
+            let mut names = Vec::new();
+            if all || !routes.is_empty() {
+                let config = load_config(&routing_file(None, &cli.config)?)?;
+                names.extend(seek_targets(&config, &routes, all)?);
+            }
+            names.extend(subscriptions);
+            let to = to.checked_sub(margin).ok_or_else(|| anyhow::anyhow!("--margin reaches before 1970"))?;
+            let connection = Connection::from_env();
+            println!("pubsub: {}", connection.describe());
+            let admin = connection.subscription_admin().await.map_err(anyhow::Error::msg)?;
+            let mut failed = false;
+            for name in &names {
+                match crate::pubsub::seek(&admin, name, to).await {
+                    Ok(done) => println!("{done}"),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        failed = true;
+                    }
+                }
+            }
+            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
         Command::Plugin {
             command: PluginCommand::Test { plugin, route, message, attributes, message_id, responses },

@@ -1,5 +1,5 @@
 //! Google Pub/Sub clients for the pull source, the publish target and
-//! `inlet pubsub setup`: where to connect and with which credentials.
+//! `inlet pubsub setup` and `seek`: where to connect and with which credentials.
 //!
 //! The `google-cloud-pubsub` crate does not read `PUBSUB_EMULATOR_HOST`, so Inlet
 //! does: with it set, every client goes to `http://HOST` (the crate needs the
@@ -7,7 +7,7 @@
 //! metadata server and each call fails only after a minute of retries. Without it,
 //! clients go to Google with Application Default Credentials.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use google_cloud_auth::credentials::Credentials;
 use google_cloud_auth::credentials::anonymous::Builder as Anonymous;
@@ -15,7 +15,8 @@ use google_cloud_gax::error::rpc::Code;
 use google_cloud_gax::options::RequestOptionsBuilder as _;
 use google_cloud_gax::retry_policy::NeverRetry;
 use google_cloud_pubsub::client::{Publisher, Subscriber, SubscriptionAdmin, TopicAdmin};
-use google_cloud_pubsub::model::{DeadLetterPolicy, RetryPolicy as SubscriptionRetry};
+use google_cloud_pubsub::model::{DeadLetterPolicy, RetryPolicy as SubscriptionRetry, Subscription};
+use google_cloud_wkt::FieldMask;
 
 use crate::config::{Config, Ordering, SourceConfig, TargetConfig};
 
@@ -134,11 +135,81 @@ pub fn is_code(e: &Error, code: Code) -> bool {
     e.status().is_some_and(|s| s.code == code)
 }
 
+/// How long a subscription keeps messages: its `retain_acked_messages` and
+/// `message_retention_duration` (`None`: not set, Pub/Sub's default of 7 days).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub retain_acked: bool,
+    pub duration: Option<Duration>,
+}
+
+impl Retention {
+    /// What a route's `retain_acked` asks for.
+    pub fn acked_for(duration: Duration) -> Retention {
+        Retention { retain_acked: true, duration: Some(duration) }
+    }
+
+    fn of(subscription: &Subscription) -> Retention {
+        Retention {
+            retain_acked: subscription.retain_acked_messages,
+            duration: subscription.message_retention_duration.and_then(|d| Duration::try_from(d).ok()),
+        }
+    }
+
+    /// The changes from `self` to `to`, field by field, as Pub/Sub names them.
+    fn changes(&self, to: &Retention) -> Vec<String> {
+        let mut changes = Vec::new();
+        if self.retain_acked != to.retain_acked {
+            changes.push(format!("retain_acked_messages {} → {}", self.retain_acked, to.retain_acked));
+        }
+        if self.duration != to.duration {
+            let show = |d: Option<Duration>| d.map_or_else(|| "unset (7d)".to_string(), short_duration);
+            changes.push(format!("message_retention_duration {} → {}", show(self.duration), show(to.duration)));
+        }
+        changes
+    }
+}
+
+/// `7d`, `2h`, `90m`, `45s`: the largest whole unit, as a routing file writes it.
+pub fn short_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
 /// One line of what `inlet pubsub setup` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SetupStep {
-    Created { kind: &'static str, name: String },
-    Exists { kind: &'static str, name: String },
+    Created {
+        kind: &'static str,
+        name: String,
+    },
+    Exists {
+        kind: &'static str,
+        name: String,
+    },
+    /// A subscription created keeping acked messages for `retain_acked`.
+    CreatedRetaining {
+        name: String,
+        retain_acked: Duration,
+    },
+    /// An existing subscription's retention changed to what the routing file asks;
+    /// `changes` says field by field what it was and what it is.
+    Updated {
+        name: String,
+        changes: Vec<String>,
+    },
+    /// An existing subscription keeps acked messages though its route does not ask
+    /// for it: left as it is, said so because it costs.
+    RetainsUnasked {
+        name: String,
+        duration: Option<Duration>,
+    },
 }
 
 impl std::fmt::Display for SetupStep {
@@ -146,14 +217,28 @@ impl std::fmt::Display for SetupStep {
         match self {
             SetupStep::Created { kind, name } => write!(f, "created {kind} {name}"),
             SetupStep::Exists { kind, name } => write!(f, "{kind} {name} exists"),
+            SetupStep::CreatedRetaining { name, retain_acked } => {
+                write!(f, "created subscription {name}, keeping acked messages for {}", short_duration(*retain_acked))
+            }
+            SetupStep::Updated { name, changes } => write!(f, "updated subscription {name}: {}", changes.join(", ")),
+            SetupStep::RetainsUnasked { name, duration } => write!(
+                f,
+                "subscription {name} exists and keeps acked messages for {}, which its route does not set \
+                 (`retain_acked`): left as it is",
+                duration.map_or_else(|| "7d".to_string(), short_duration)
+            ),
         }
     }
 }
 
 /// Creates the topics and subscriptions a routing file names, where missing:
 /// every pubsub target's topic; for every pubsub source its topic, dead-letter
-/// topic and subscription (ordered when the route is, with a retry policy and the
-/// dead-letter policy when one is configured). Existing ones are left as they are.
+/// topic and subscription (ordered when the route is, with a retry policy, the
+/// dead-letter policy when one is configured, and the acked-message retention when
+/// `retain_acked` is set). An existing subscription is left as it is, except its
+/// retention: set to the route's `retain_acked` where it differs (only those two
+/// fields, reported as `updated`), reported where the route sets none and the
+/// subscription keeps acked messages anyway.
 pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<SetupStep>, String> {
     let topics = connection.topic_admin().await?;
     let subscriptions = connection.subscription_admin().await?;
@@ -173,21 +258,10 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
             ensure_topic(&t.topic, &mut steps).await?;
         }
         let SourceConfig::Pubsub(s) = &route.source else { continue };
+        let wanted = s.retain_acked.map(Retention::acked_for);
         let Some(topic) = &s.topic else {
             // Without a topic the subscription cannot be created; it must exist.
-            let probe = probe(&subscriptions, &s.subscription, Duration::from_secs(30)).await;
-            match probe {
-                Probe::Reachable => {
-                    steps.push(SetupStep::Exists { kind: "subscription", name: s.subscription.clone() })
-                }
-                Probe::NotFound => {
-                    return Err(format!(
-                        "route {}: subscription {} does not exist and source.topic is not set, so it cannot be created",
-                        route.name, s.subscription
-                    ));
-                }
-                Probe::Unreachable(e) => return Err(format!("Pub/Sub is unreachable: {e}")),
-            }
+            steps.push(reconcile(&subscriptions, route.name.as_str(), &s.subscription, wanted, false).await?);
             continue;
         };
         ensure_topic(topic, &mut steps).await?;
@@ -202,6 +276,9 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
                     .set_minimum_backoff(google_cloud_wkt::Duration::clamp(1, 0))
                     .set_maximum_backoff(google_cloud_wkt::Duration::clamp(60, 0)),
             );
+        if let Some(retain) = s.retain_acked {
+            create = create.set_retain_acked_messages(true).set_message_retention_duration(wkt_duration(retain));
+        }
         if let Some(dlq) = &s.dead_letter_topic {
             ensure_topic(dlq, &mut steps).await?;
             create = create.set_dead_letter_policy(
@@ -210,13 +287,184 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
                     .set_max_delivery_attempts(s.max_delivery_attempts as i32),
             );
         }
-        match create.send().await {
-            Ok(_) => steps.push(SetupStep::Created { kind: "subscription", name: s.subscription.clone() }),
-            Err(e) if is_code(&e, Code::AlreadyExists) => {
-                steps.push(SetupStep::Exists { kind: "subscription", name: s.subscription.clone() })
+        match (create.send().await, s.retain_acked) {
+            (Ok(_), None) => steps.push(SetupStep::Created { kind: "subscription", name: s.subscription.clone() }),
+            (Ok(_), Some(retain_acked)) => {
+                steps.push(SetupStep::CreatedRetaining { name: s.subscription.clone(), retain_acked })
             }
-            Err(e) => return Err(format!("cannot create subscription {}: {e}", s.subscription)),
+            (Err(e), _) if is_code(&e, Code::AlreadyExists) => {
+                steps.push(reconcile(&subscriptions, route.name.as_str(), &s.subscription, wanted, true).await?)
+            }
+            (Err(e), _) => return Err(format!("cannot create subscription {}: {e}", s.subscription)),
         }
     }
     Ok(steps)
+}
+
+/// An existing subscription of route `route`: its retention set to `wanted` where it
+/// differs (an UpdateSubscription of just those two fields), else reported as it is.
+async fn reconcile(
+    admin: &SubscriptionAdmin,
+    route: &str,
+    name: &str,
+    wanted: Option<Retention>,
+    has_topic: bool,
+) -> Result<SetupStep, String> {
+    let exists = SetupStep::Exists { kind: "subscription", name: name.to_string() };
+    let call = admin.get_subscription().set_subscription(name).with_retry_policy(NeverRetry).send();
+    let current = match tokio::time::timeout(Duration::from_secs(30), call).await {
+        Err(_) => return Err("Pub/Sub is unreachable: no answer within 30s".to_string()),
+        Ok(Ok(current)) => current,
+        Ok(Err(e)) if is_code(&e, Code::NotFound) && !has_topic => {
+            return Err(format!(
+                "route {route}: subscription {name} does not exist and source.topic is not set, so it cannot be created"
+            ));
+        }
+        Ok(Err(e)) if e.status().is_none() => return Err(format!("Pub/Sub is unreachable: {e}")),
+        // It exists (creating it said so, or the service answered); with nothing to
+        // change, not being allowed to read it is no reason to fail.
+        Ok(Err(_)) if wanted.is_none() => return Ok(exists),
+        Ok(Err(e)) => return Err(format!("cannot read subscription {name}: {e}")),
+    };
+    let has = Retention::of(&current);
+    let Some(wanted) = wanted else {
+        return Ok(if has.retain_acked {
+            SetupStep::RetainsUnasked { name: name.to_string(), duration: has.duration }
+        } else {
+            exists
+        });
+    };
+    let changes = has.changes(&wanted);
+    if changes.is_empty() {
+        return Ok(exists);
+    }
+    let mut update = Subscription::new().set_name(name).set_retain_acked_messages(wanted.retain_acked);
+    if let Some(d) = wanted.duration {
+        update = update.set_message_retention_duration(wkt_duration(d));
+    }
+    admin
+        .update_subscription()
+        .set_subscription(update)
+        .set_update_mask(FieldMask::default().set_paths(["retain_acked_messages", "message_retention_duration"]))
+        .send()
+        .await
+        .map_err(|e| format!("cannot update subscription {name}: {e}"))?;
+    Ok(SetupStep::Updated { name: name.to_string(), changes })
+}
+
+fn wkt_duration(d: Duration) -> google_cloud_wkt::Duration {
+    google_cloud_wkt::Duration::clamp(d.as_secs() as i64, d.subsec_nanos() as i32)
+}
+
+/// What `inlet pubsub seek` did to one subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seeked {
+    pub subscription: String,
+    /// The time sought, as RFC 3339 with milliseconds.
+    pub to: String,
+    /// Part of the way back is older than the subscription keeps messages: what was
+    /// published before this time is gone from Pub/Sub.
+    pub retained_since: Option<String>,
+}
+
+impl std::fmt::Display for Seeked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "seeked subscription {} to {}: what was published from then on is delivered again, anything earlier counts as acked",
+            self.subscription, self.to
+        )?;
+        if let Some(since) = &self.retained_since {
+            write!(f, " (it keeps messages only since {since}: what was published before that is not coming back)")?;
+        }
+        Ok(())
+    }
+}
+
+/// Seeks `subscription` back to `to` (Pub/Sub's Seek to a time): the retained
+/// messages published from `to` on are marked unacked, so they are delivered again,
+/// and every message published before it is marked acked. Refused for a time in the
+/// future (it would ack everything pending) and for a subscription that does not
+/// retain acked messages (a seek back there only acks, it brings nothing back).
+pub async fn seek(admin: &SubscriptionAdmin, subscription: &str, to: SystemTime) -> Result<Seeked, String> {
+    let now = SystemTime::now();
+    if to > now {
+        return Err(format!(
+            "{} is in the future: a seek there would mark every pending message of {subscription} acked",
+            rfc3339(to)
+        ));
+    }
+    let current = admin
+        .get_subscription()
+        .set_subscription(subscription)
+        .send()
+        .await
+        .map_err(|e| format!("cannot read subscription {subscription}: {e}"))?;
+    let has = Retention::of(&current);
+    if !has.retain_acked {
+        return Err(format!(
+            "subscription {subscription} does not retain acked messages, so a seek back brings nothing back (and \
+             acks what was published before {}): set `retain_acked` on its route and run `inlet pubsub setup`",
+            rfc3339(to)
+        ));
+    }
+    let kept = has.duration.unwrap_or(Duration::from_secs(7 * 86_400));
+    let retained_since = (now.duration_since(to).unwrap_or_default() > kept).then(|| rfc3339(now - kept));
+    let time = google_cloud_wkt::Timestamp::try_from(to).map_err(|e| format!("cannot seek to {}: {e}", rfc3339(to)))?;
+    admin
+        .seek()
+        .set_subscription(subscription)
+        .set_time(time)
+        .send()
+        .await
+        .map_err(|e| format!("cannot seek subscription {subscription}: {e}"))?;
+    Ok(Seeked { subscription: subscription.to_string(), to: rfc3339(to), retained_since })
+}
+
+/// A time as `inlet pubsub seek --to` takes it: RFC 3339 with any offset, e.g.
+/// `2026-08-01T10:00:00.412Z` (what `inlet inbox backup` prints).
+pub fn parse_time(s: &str) -> Result<SystemTime, String> {
+    let ts = google_cloud_wkt::Timestamp::try_from(s)
+        .map_err(|_| format!("`{s}` is not an RFC 3339 time such as 2026-08-01T10:00:00.412Z"))?;
+    SystemTime::try_from(ts).map_err(|e| format!("`{s}`: {e}"))
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_shown_in_their_largest_whole_unit() {
+        let shown: Vec<String> =
+            [600, 5400, 3600, 7 * 86_400, 90_061].map(|s| short_duration(Duration::from_secs(s))).into();
+        assert_eq!(shown, ["10m", "90m", "1h", "7d", "90061s"]);
+    }
+
+    #[test]
+    fn a_retention_change_names_only_the_fields_that_change() {
+        let none = Retention { retain_acked: false, duration: None };
+        let hour = Retention::acked_for(Duration::from_secs(3600));
+        assert_eq!(
+            none.changes(&hour),
+            ["retain_acked_messages false → true", "message_retention_duration unset (7d) → 1h"]
+        );
+        let week = Retention { retain_acked: false, duration: Some(Duration::from_secs(7 * 86_400)) };
+        assert_eq!(
+            week.changes(&Retention::acked_for(Duration::from_secs(7 * 86_400))),
+            ["retain_acked_messages false → true"]
+        );
+        assert!(hour.changes(&hour).is_empty());
+    }
+
+    #[test]
+    fn seek_times_are_rfc3339_with_any_offset() {
+        let utc = parse_time("2026-08-01T10:00:00.412Z").unwrap();
+        assert_eq!(parse_time("2026-08-01T12:00:00.412+02:00").unwrap(), utc);
+        assert_eq!(rfc3339(utc), "2026-08-01T10:00:00.412Z");
+        assert!(parse_time("2026-08-01 10:00").unwrap_err().contains("RFC 3339"));
+    }
 }

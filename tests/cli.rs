@@ -169,6 +169,23 @@ async fn inbox_commands_list_show_requeue_park_and_purge() {
     assert!(store.get(id).await.unwrap().is_some(), "open entries stay");
 }
 
+/// `pubsub seek --route` names routes that pull: a push route's subscription is not
+/// in the routing file, and an unknown route is no route; both are refused before
+/// Pub/Sub is asked anything.
+#[test]
+fn pubsub_seek_refuses_a_push_route_and_an_unknown_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &common::plugin_path("work_order"));
+    let to = "2026-08-01T10:00:00.412Z";
+    let out = inlet(&["--config", &config, "pubsub", "seek", "--route", "wo", "--to", to]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("route wo is a push route"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--subscription"), "{}", text(&out.stderr));
+    let out = inlet(&["--config", &config, "pubsub", "seek", "--route", "nope", "--to", to]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no route nope in"), "{}", text(&out.stderr));
+}
+
 #[test]
 fn a_plugin_built_against_another_contract_version_is_refused_naming_both() {
     let dir = tempfile::tempdir().unwrap();

@@ -718,3 +718,292 @@ async fn a_stalled_store_holds_the_source_to_its_flow_control_budget() {
     assert_eq!(most_held, BUDGET, "the budget, not the broker, limited what was held");
     running.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// Acked-message retention and seek: getting back what a restored inbox lacks
+// ---------------------------------------------------------------------------------------
+
+/// `inlet ARGS…` against `emulator`: stdout, stderr and whether it exited 0.
+fn inlet_cli(emulator: &PubSubEmulator, args: &[&str]) -> (String, String, bool) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"))
+        .args(args)
+        .env("PUBSUB_EMULATOR_HOST", &emulator.host)
+        .env_remove("INLET_CONFIG")
+        .output()
+        .expect("run inlet");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
+}
+
+/// `inlet pubsub setup CONFIG`: the lines after the connection line; panics if it fails.
+fn setup_lines(emulator: &PubSubEmulator, config: &Path) -> Vec<String> {
+    let (stdout, stderr, ok) = inlet_cli(emulator, &["pubsub", "setup", &config.display().to_string()]);
+    assert!(ok, "inlet pubsub setup failed:\n{stdout}{stderr}");
+    stdout.lines().skip(1).map(str::to_string).collect()
+}
+
+/// The subscription as the emulator reports it: `retain_acked_messages` and
+/// `message_retention_duration` in whole seconds.
+async fn retention_of(emulator: &PubSubEmulator, subscription: &str) -> (bool, Option<i64>) {
+    let admin = Connection::emulator(&emulator.host).subscription_admin().await.expect("admin client");
+    let s = admin
+        .get_subscription()
+        .set_subscription(emulator.subscription_path(subscription))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("get subscription {subscription}: {e}"));
+    (s.retain_acked_messages, s.message_retention_duration.map(|d| d.seconds()))
+}
+
+/// Setup creates a subscription keeping acked messages as long as the route's
+/// `retain_acked` says, sets an existing one's to it when the file changes (and says
+/// what changed), leaves alone and reports a retention the route does not ask for;
+/// seek refuses a subscription that keeps no acked messages and a time to come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_sets_the_acked_message_retention_and_updates_it_when_the_routing_file_changes() {
+    let emulator = PubSubEmulator::start(PROJECT).await;
+    // Made outside Inlet, without retention: one for a route without `topic`, which
+    // setup must find and update, one that a seek must refuse.
+    emulator.create_topic("made-by-hand").await;
+    emulator.create_subscription("made-by-hand", "existing", false).await;
+    emulator.create_subscription("made-by-hand", "no-retention", false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = common::plugin_path("work_order");
+    let write = |orders_retention: &str| {
+        let routes = format!(
+            r#"[[route]]
+name = "orders"
+plugin = "{plugin}"
+source = {{ kind = "pubsub", subscription = "projects/{PROJECT}/subscriptions/{SUBSCRIPTION}", topic = "projects/{PROJECT}/topics/{TOPIC}"{orders_retention} }}
+target = {{ kind = "log" }}
+
+[[route]]
+name = "existing"
+plugin = "{plugin}"
+source = {{ kind = "pubsub", subscription = "projects/{PROJECT}/subscriptions/existing", retain_acked = "30m" }}
+target = {{ kind = "log" }}
+"#,
+            plugin = plugin.display()
+        );
+        process_config(dir.path(), &routes).0
+    };
+    let sub = |name: &str| format!("projects/{PROJECT}/subscriptions/{name}");
+    let topic = format!("projects/{PROJECT}/topics/{TOPIC}");
+
+    let config = write(r#", retain_acked = "1h""#);
+    assert_eq!(
+        setup_lines(&emulator, &config),
+        [
+            format!("created topic {topic}"),
+            format!("created subscription {}, keeping acked messages for 1h", sub(SUBSCRIPTION)),
+            format!(
+                "updated subscription {}: retain_acked_messages false → true, message_retention_duration 7d → 30m",
+                sub("existing")
+            ),
+        ]
+    );
+    assert_eq!(retention_of(&emulator, SUBSCRIPTION).await, (true, Some(3600)), "as created");
+    assert_eq!(retention_of(&emulator, "existing").await, (true, Some(1800)), "as updated");
+
+    let config = write(r#", retain_acked = "2h""#);
+    assert_eq!(
+        setup_lines(&emulator, &config),
+        [
+            format!("topic {topic} exists"),
+            format!("updated subscription {}: message_retention_duration 1h → 2h", sub(SUBSCRIPTION)),
+            format!("subscription {} exists", sub("existing")),
+        ]
+    );
+    assert_eq!(retention_of(&emulator, SUBSCRIPTION).await, (true, Some(7200)), "updated to the file's");
+    assert_eq!(
+        setup_lines(&emulator, &config),
+        [
+            format!("topic {topic} exists"),
+            format!("subscription {} exists", sub(SUBSCRIPTION)),
+            format!("subscription {} exists", sub("existing"))
+        ],
+        "nothing left to change"
+    );
+
+    // Without `retain_acked` the route leaves the retention alone (turning it off is
+    // a cost decision setup does not take behind anyone's back), and says so.
+    let config = write("");
+    assert_eq!(
+        setup_lines(&emulator, &config)[1],
+        format!(
+            "subscription {} exists and keeps acked messages for 2h, which its route does not set (`retain_acked`): left as it is",
+            sub(SUBSCRIPTION)
+        )
+    );
+    assert_eq!(retention_of(&emulator, SUBSCRIPTION).await, (true, Some(7200)), "left as it was");
+
+    let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let (stdout, stderr, ok) =
+        inlet_cli(&emulator, &["pubsub", "seek", "--subscription", &sub("no-retention"), "--to", &now]);
+    assert!(!ok, "a seek back on a subscription without retention is refused:\n{stdout}");
+    assert!(stderr.contains("does not retain acked messages"), "{stderr}");
+    let later = humantime::format_rfc3339_millis(std::time::SystemTime::now() + Duration::from_secs(3600)).to_string();
+    let (stdout, stderr, ok) =
+        inlet_cli(&emulator, &["pubsub", "seek", "--subscription", &sub(SUBSCRIPTION), "--to", &later]);
+    assert!(!ok, "a seek to a time to come is refused:\n{stdout}");
+    assert!(stderr.contains("is in the future"), "{stderr}");
+    let (stdout, stderr, ok) =
+        inlet_cli(&emulator, &["pubsub", "seek", "--subscription", &sub(SUBSCRIPTION), "--to", "yesterday"]);
+    assert!(!ok && stderr.contains("RFC 3339"), "a time that is not RFC 3339 is refused:\n{stdout}{stderr}");
+}
+
+/// The restore of RUNBOOK.md end to end: an inbox backed up, messages acked after
+/// the backup, the backup restored (it lacks them), the route's subscription sought
+/// back with `inlet pubsub seek`, Inlet started. Everything published after the seek
+/// time comes again: what the backup lacks is stored, what it holds is recognized as
+/// a duplicate (one entry per dedup key), so the inbox ends with each message once.
+///
+/// The route is unordered: the emulator answers Seek on an ordered subscription
+/// with UNIMPLEMENTED (Google's service seeks both). Before the restore the instance
+/// pulls the same messages from a second subscription of the topic, while the test
+/// acks them on the route's own with unary pulls, as that instance would have: the
+/// emulator never learns that a stopped instance's stream is closed and sends what a
+/// seek brings back to that dead stream (seen here: 0 of 200 reached the restarted
+/// instance in 180 s, docs/pubsub-client-notes.md §8 and §10). So the restarted
+/// instance is the first to stream from the route's subscription, as it is after a
+/// restart on Google's service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_without_duplicating_entries() {
+    const HALF: usize = 100;
+    const KEYS: usize = 10;
+    let emulator = PubSubEmulator::start(PROJECT).await;
+    let camunda = FakeCamunda::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("inbox.db");
+    let url = format!("sqlite://{}", db.display());
+    let routes = format!(
+        "{}ordering = \"none\"\n",
+        pull_route(&camunda.url(), &format!(r#"{}, retain_acked = "1h""#, setup_fields()))
+    );
+    let config = dir.path().join("inlet.toml");
+    std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
+    let steps = inlet::pubsub::setup(&Config::load(&config).unwrap(), &Connection::emulator(&emulator.host))
+        .await
+        .expect("setup");
+    assert_eq!(steps.len(), 2, "topic and subscription created: {steps:?}");
+    emulator.create_subscription(TOPIC, "before-restore", false).await;
+    let before_restore = routes.replace(&format!("subscriptions/{SUBSCRIPTION}\""), "subscriptions/before-restore\"");
+    assert_ne!(before_restore, routes);
+    let running = start_in_process(dir.path(), &url, &before_restore, &emulator).await;
+    let rows = Rows::open(&url).await;
+    // What the instance acks, acked on the route's subscription too.
+    let ack_on_route_subscription = async |n: usize| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut acked = 0;
+        while acked < n {
+            assert!(tokio::time::Instant::now() < deadline, "{acked} of {n} acked on the route's subscription in 60 s");
+            let pulled = emulator.pull(SUBSCRIPTION).await.len();
+            acked += pulled;
+            if pulled == 0 {
+                tokio::time::sleep(Duration::from_millis(200)).await; // poll interval: nothing there yet
+            }
+        }
+        assert_eq!(acked, n, "the route's subscription held exactly what was published");
+    };
+
+    // Before the backup: the first half, stored and acked.
+    let first_published_after = std::time::SystemTime::now();
+    common::publish_independent(&emulator, TOPIC, HALF, KEYS, 0, false).await;
+    wait_all_done(&rows, HALF as i64, Duration::from_secs(120)).await;
+    ack_on_route_subscription(HALF).await;
+    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
+    let backup = dir.path().join("backup.db");
+    let (stdout, stderr, ok) = inlet_cli(
+        &emulator,
+        &["--config", &config.display().to_string(), "inbox", "backup", &backup.display().to_string()],
+    );
+    assert!(ok, "inlet inbox backup failed:\n{stdout}{stderr}");
+    let backup_time = stdout
+        .split("holds everything committed before ")
+        .nth(1)
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("the backup prints its time: {stdout}"))
+        .to_string();
+
+    // After the backup: the second half, stored and acked, then the instance stops.
+    common::publish_independent(&emulator, TOPIC, HALF, KEYS, HALF, false).await;
+    wait_all_done(&rows, 2 * HALF as i64, Duration::from_secs(120)).await;
+    ack_on_route_subscription(HALF).await;
+    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
+    running.stop().await;
+    drop(rows);
+
+    // The restore: the backup in place of the inbox, its WAL files moved aside.
+    for suffix in ["", "-wal", "-shm"] {
+        let file = PathBuf::from(format!("{}{suffix}", db.display()));
+        if file.exists() {
+            std::fs::rename(&file, PathBuf::from(format!("{}.lost", file.display()))).unwrap();
+        }
+    }
+    std::fs::copy(&backup, &db).unwrap();
+
+    // Seek back past the backup time to before the first half was published, so the
+    // messages the backup holds come again too: the inbox must take them as duplicates.
+    // The routing file as it is after the restore: the route on its own subscription.
+    std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
+    let backup_at = inlet::pubsub::parse_time(&backup_time).expect("the backup's time is RFC 3339");
+    let margin = backup_at.duration_since(first_published_after).unwrap() + Duration::from_secs(1);
+    let margin = format!("{}ms", margin.as_millis());
+    let (stdout, stderr, ok) = inlet_cli(
+        &emulator,
+        &[
+            "--config",
+            &config.display().to_string(),
+            "pubsub",
+            "seek",
+            "--route",
+            "orders",
+            "--to",
+            &backup_time,
+            "--margin",
+            &margin,
+        ],
+    );
+    assert!(ok, "inlet pubsub seek failed:\n{stdout}{stderr}");
+    print!("{stdout}");
+    assert!(
+        stdout.contains(&format!("seeked subscription projects/{PROJECT}/subscriptions/{SUBSCRIPTION} to ")),
+        "{stdout}"
+    );
+
+    let restored = Rows::open(&url).await;
+    assert_eq!(restored.rows().await, HALF as i64, "the restored inbox holds the first half only");
+    drop(restored);
+    let running = start_in_process(dir.path(), &url, &routes, &emulator).await;
+    let rows = Rows::open(&url).await;
+    common::wait_until(
+        "every message stored again and the first half's redeliveries seen",
+        Duration::from_secs(180),
+        || async {
+            rows.rows().await >= 2 * HALF as i64
+                && metric(&running, "inlet_ingested_total", "outcome=\"duplicate\"") >= HALF as f64
+        },
+    )
+    .await;
+    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
+    println!(
+        "after the seek: {} rows, {:.0} redeliveries taken as duplicates",
+        rows.rows().await,
+        metric(&running, "inlet_ingested_total", "outcome=\"duplicate\"")
+    );
+    rows.assert_once_each(2 * HALF, "one entry per message after the restore and the seek").await;
+    assert_eq!(rows.distinct_dedup_keys().await, 2 * HALF as i64);
+    wait_all_done(&rows, 2 * HALF as i64, Duration::from_secs(120)).await;
+    running.stop().await;
+    // Unordered, so deliveries of a key may overlap; each message is delivered (the
+    // second half twice: once before the restore, once from the restored inbox).
+    for k in 0..KEYS {
+        let mut seqs = camunda.correlated_seqs(&format!("key-{k}"));
+        seqs.sort();
+        seqs.dedup();
+        assert_eq!(seqs, (0..(2 * HALF / KEYS) as i64).collect::<Vec<_>>(), "deliveries of key-{k}");
+    }
+}

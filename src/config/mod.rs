@@ -276,6 +276,10 @@ pub struct PubsubSource {
     /// For `inlet pubsub setup`: dead-letter topic and deliveries before it.
     pub dead_letter_topic: Option<String>,
     pub max_delivery_attempts: u32,
+    /// For `inlet pubsub setup`: how long the subscription keeps acked messages (its
+    /// `message_retention_duration`, with `retain_acked_messages`); `None` leaves the
+    /// subscription's retention alone.
+    pub retain_acked: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

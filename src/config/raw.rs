@@ -468,6 +468,16 @@ pub(super) struct RawSource {
     /// pubsub (setup): deliveries before a message goes to the dead-letter topic,
     /// 5 to 100 (default 10).
     pub max_delivery_attempts: Option<Spanned<u32>>,
+    /// pubsub (setup): keep acknowledged messages in the subscription this long,
+    /// `10m` to `31d` (e.g. `"7d"`), so that after an inbox restore
+    /// `inlet pubsub seek` can bring back what was acked since the backup
+    /// (RUNBOOK.md, "Backups and restore"). `inlet pubsub setup` sets the
+    /// subscription's `retain_acked_messages` and `message_retention_duration` to it,
+    /// on a subscription it creates and on one that exists. The duration is also how
+    /// long unacked messages are kept (Pub/Sub's default: 7 days), so less than `7d`
+    /// shortens how long a backlog survives an outage. Retained messages are billed
+    /// as storage. Not set: setup leaves the subscription's retention as it is.
+    pub retain_acked: Option<Spanned<HumanDuration>>,
     /// push: how a request proves it comes from the subscription.
     /// `{ audience = "…", service_account = "…" }` requires Pub/Sub's OIDC token
     /// (`Authorization: Bearer`, RS256, checked against Google's keys or

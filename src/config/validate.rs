@@ -171,6 +171,10 @@ impl Checker<'_> {
     }
 }
 
+/// The message retention Pub/Sub accepts on a subscription.
+const RETAIN_ACKED_MIN: Duration = Duration::from_secs(10 * 60);
+const RETAIN_ACKED_MAX: Duration = Duration::from_secs(31 * 24 * 3600);
+
 fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
     let at = format!("route[{i}].source");
     let s = r.source.get_ref();
@@ -184,6 +188,7 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
         ("lease_extension", s.lease_extension.as_ref().map(|v| v.span())),
         ("dead_letter_topic", s.dead_letter_topic.as_ref().map(|v| v.span())),
         ("max_delivery_attempts", s.max_delivery_attempts.as_ref().map(|v| v.span())),
+        ("retain_acked", s.retain_acked.as_ref().map(|v| v.span())),
     ];
     if let (SourceKind::Pubsub, Some(a)) = (s.kind.get_ref(), &s.auth) {
         c.error::<()>(
@@ -231,6 +236,16 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
                     ConfigErrorKind::Invalid("must be between 10s and 600s (the broker's ack deadline range)".into()),
                 );
             }
+            let retain_acked = dur(&s.retain_acked);
+            if let Some(r) = &s.retain_acked
+                && !(RETAIN_ACKED_MIN..=RETAIN_ACKED_MAX).contains(&r.get_ref().0)
+            {
+                c.error::<()>(
+                    r.span(),
+                    format!("{at}.retain_acked"),
+                    ConfigErrorKind::Invalid("must be between 10m and 31d (Pub/Sub's message retention range)".into()),
+                );
+            }
             let max_outstanding_messages = max_outstanding_messages.unwrap_or(1000) as usize;
             let batch_size = (batch_size.unwrap_or(500) as usize).min(max_outstanding_messages);
             subscription.map(|subscription| {
@@ -244,6 +259,7 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
                     lease_extension,
                     dead_letter_topic,
                     max_delivery_attempts: max_delivery_attempts.unwrap_or(10),
+                    retain_acked,
                 })
             })
         }
