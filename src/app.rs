@@ -61,6 +61,13 @@ pub struct Shared {
     pub drain: crate::server::Drain,
 }
 
+/// Operator actions in this instance wake the relays as a stored entry does.
+impl crate::operate::Wake for Shared {
+    fn wake(&self, route: &str) {
+        Shared::wake(self, route);
+    }
+}
+
 /// One relay task per route, each with its own stop signal, so a reload can stop and
 /// start single routes.
 #[derive(Default)]

@@ -13,12 +13,13 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::admin::answer::{AuditPage, PauseView, Purged, Repaired, RoutePaused};
-use crate::admin::audit::cli_actor;
+use crate::admin::answer::AuditPage;
 use crate::app;
 use crate::clock::{Clock, DbClock};
 use crate::config::Config;
-use crate::inbox::{self, ListFilter, NewAudit, Status, Store};
+use crate::inbox::{self, ListFilter, Status, Store};
+use crate::operate::audit::cli_actor;
+use crate::operate::{EntryRepair, Inputs, JobPlan, Operator, PauseView, Reason, Refusal, Relays, Repaired};
 use crate::pubsub::Connection;
 use crate::routing::Routes;
 use crate::target::Clients;
@@ -790,22 +791,6 @@ fn plugin_test_route<'c>(config: &'c Config, name: &str) -> anyhow::Result<&'c c
     anyhow::bail!("no route `{name}` in {} (routes: {})", config.path.display(), known.join(", "))
 }
 
-/// Tells running instances that entries of `routes` can be claimed now, so they
-/// act on a repair at once rather than at their next poll. Best effort: a failure
-/// only costs that wait.
-async fn announce(store: &dyn Store, routes: &[String]) {
-    if let Err(error) = store.announce(routes).await {
-        tracing::debug!(%error, "could not announce the repair to running instances");
-    }
-}
-
-/// [`announce`] for the route of entry `id`.
-async fn announce_route_of(store: &dyn Store, id: i64) {
-    if let Ok(Some(entry)) = store.get(id).await {
-        announce(store, &[entry.route]).await;
-    }
-}
-
 /// The `[store]` of a routing file (or directory), alone.
 fn store_config(path: &Path) -> anyhow::Result<crate::config::StoreConfig> {
     crate::config::load_store(path).map_err(|errors| anyhow::anyhow!("{errors}"))
@@ -971,64 +956,20 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
             if ids.is_empty() {
                 anyhow::bail!("nothing to requeue: name entry ids, or --all-parked ROUTE with parked entries");
             }
-            let mut failed = false;
-            for id in ids {
-                let done = store.requeue(id, clock.now()).await?;
-                cli_audit(store.as_ref(), &clock, "requeue", id, done, None).await;
-                if done {
-                    announce_route_of(store.as_ref(), id).await;
-                    let answer = Repaired { entry: id, action: "requeue", status: Status::Open };
-                    out.repaired(&answer, &format!("requeued {id}"))?;
-                } else {
-                    eprintln!("error: {}", not_applicable(store.as_ref(), id, "requeue", "PARKED or OPEN").await);
-                    failed = true;
-                }
-            }
-            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+            repair_each(&operator(store.as_ref(), &clock), &ids, EntryRepair::Requeue, out).await
         }
         InboxCommand::Park { id, reason } => {
-            let reason = required_reason(&reason)?;
-            let done = store.park(id, &format!("parked by hand: {reason}"), clock.now()).await?;
-            cli_audit(store.as_ref(), &clock, "park", id, done, Some(reason.to_string())).await;
-            if !done {
-                anyhow::bail!("{}", not_applicable(store.as_ref(), id, "park", "OPEN").await);
-            }
-            out.repaired(&Repaired { entry: id, action: "park", status: Status::Parked }, &format!("parked {id}"))?;
-            Ok(ExitCode::SUCCESS)
+            let reason = Reason::new(&reason, Inputs::Flags)?;
+            repair_each(&operator(store.as_ref(), &clock), &[id], EntryRepair::Park(reason), out).await
         }
         InboxCommand::Ignore { ids, reason } => {
-            let reason = required_reason(&reason)?;
-            let mut failed = false;
-            for id in ids {
-                let done = store.ignore(id, &format!("ignored by hand: {reason}"), clock.now()).await?;
-                cli_audit(store.as_ref(), &clock, "ignore", id, done, Some(reason.to_string())).await;
-                if done {
-                    // An ignored head frees its key.
-                    announce_route_of(store.as_ref(), id).await;
-                    let answer = Repaired { entry: id, action: "ignore", status: Status::Ignored };
-                    out.repaired(&answer, &format!("ignored {id}"))?;
-                } else {
-                    eprintln!("error: {}", not_applicable(store.as_ref(), id, "ignore", "PARKED").await);
-                    failed = true;
-                }
-            }
-            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+            let reason = Reason::new(&reason, Inputs::Flags)?;
+            repair_each(&operator(store.as_ref(), &clock), &ids, EntryRepair::Ignore(reason), out).await
         }
         InboxCommand::Purge { older_than } => {
-            let before = crate::clock::ago(clock.now(), older_than);
-            let total = crate::inbox::purge_all(store.as_ref(), before, 10_000, Duration::ZERO).await?;
-            let older_than = humantime::format_duration(older_than).to_string();
-            let audit = NewAudit {
-                actor: crate::admin::audit::cli_actor(),
-                action: "purge".into(),
-                route: None,
-                subject: format!("DONE and IGNORED entries finished more than {older_than} ago"),
-                outcome: "ok".into(),
-                detail: Some(format!("{total} deleted")),
-            };
-            crate::admin::audit::record(store.as_ref(), audit, clock.now()).await;
-            let answer = Purged { purged: total, older_than };
-            out.show(&answer, || println!("purged {total} finished entries"))?;
+            let asked = humantime::format_duration(older_than).to_string();
+            let answer = operator(store.as_ref(), &clock).purge(older_than, &asked).await?;
+            out.show(&answer, || println!("purged {} finished entries", answer.purged))?;
             Ok(ExitCode::SUCCESS)
         }
         // Answered in `run`, before an inbox is opened (opening creates a missing one).
@@ -1064,12 +1005,7 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
                 RepairActionArg::Park => RepairAction::Park,
                 RepairActionArg::Ignore => RepairAction::Ignore,
             };
-            if action != RepairAction::Requeue && reason.is_none() {
-                anyhow::bail!("{} needs --reason", action.as_str());
-            }
-            if rate == 0 || rate > crate::repair::MAX_RATE {
-                anyhow::bail!("--rate must be between 1 and {}", crate::repair::MAX_RATE);
-            }
+            let plan = JobPlan::new(action, reason.as_deref(), rate, Inputs::Flags)?;
             let at = clock.now();
             let ago = |d: Duration| crate::clock::ago(at, d);
             let filter = RepairFilter {
@@ -1088,7 +1024,7 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
                 matches.keys.join(", ")
             };
             if dry_run {
-                println!("{} entries would be {}d: {}", matches.count, action.as_str(), filter.describe());
+                println!("{} entries would be {}: {}", matches.count, action.past(), filter.describe());
                 println!("keys: {keys}");
                 return Ok(ExitCode::SUCCESS);
             }
@@ -1096,23 +1032,7 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
                 eprintln!("error: nothing matches {}", filter.describe());
                 return Ok(ExitCode::FAILURE);
             }
-            let reason = match action {
-                RepairAction::Park => reason.map(|r| format!("parked by hand: {r}")),
-                RepairAction::Ignore => reason.map(|r| format!("ignored by hand: {r}")),
-                RepairAction::Requeue => reason,
-            };
-            let actor = crate::admin::audit::cli_actor();
-            let job =
-                store.create_repair_job(action, &filter, reason.as_deref(), rate, &actor, matches.count, at).await?;
-            let audit = NewAudit {
-                actor,
-                action: format!("repair-{}", action.as_str()),
-                route: filter.route.clone(),
-                subject: filter.describe(),
-                outcome: "started".into(),
-                detail: Some(format!("job {job}: {} matching, at {rate}/s", matches.count)),
-            };
-            crate::admin::audit::record(store.as_ref(), audit, clock.now()).await;
+            let job = operator(store.as_ref(), &clock).start_job(&plan, &filter, &matches).await?;
             println!(
                 "job {job}: {} entries to {} at {rate}/s; a running Inlet carries it out (see `inlet inbox repairs`)",
                 matches.count,
@@ -1181,16 +1101,8 @@ async fn route_command(
             if !declared.contains(&name) {
                 return Err(unknown(&name));
             }
-            let reason = required_reason(&reason)?.to_string();
-            let pause = inbox::Pause { route: name.clone(), paused_at: clock.now(), paused_by: cli_actor(), reason };
-            let done = store.pause_route(&pause).await?;
-            route_audit(store.as_ref(), &clock, "pause", &name, done, Some(pause.reason.clone())).await;
-            if !done {
-                let current = store.paused_routes(Some(&name)).await?.pop().map(PauseView::from);
-                let since = current.map(|p| format!(" ({})", crate::admin::pause_sentence(&p))).unwrap_or_default();
-                anyhow::bail!("route `{name}` is already paused{since}");
-            }
-            let answer = RoutePaused { route: name.clone(), paused: Some(pause.into()) };
+            let reason = Reason::new(&reason, Inputs::Flags)?;
+            let answer = operator(store.as_ref(), &clock).pause(&name, reason).await?;
             out.show_line(
                 &answer,
                 &format!("paused {name}: no instance claims its entries until `inlet route resume {name}`"),
@@ -1198,39 +1110,17 @@ async fn route_command(
             Ok(ExitCode::SUCCESS)
         }
         RouteCommand::Resume { name } => {
-            let done = store.resume_route(&name).await?;
-            route_audit(store.as_ref(), &clock, "resume", &name, done, None).await;
-            if !done {
-                if !declared.contains(&name) {
-                    return Err(unknown(&name));
-                }
-                anyhow::bail!("route `{name}` is not paused");
-            }
-            announce(store.as_ref(), std::slice::from_ref(&name)).await;
-            out.show_line(&RoutePaused { route: name.clone(), paused: None }, &format!("resumed {name}"))?;
+            // A route no longer in the routing files may still be paused in the inbox
+            // (`route list` shows it): it is resumed all the same.
+            let answer = match operator(store.as_ref(), &clock).resume(&name).await {
+                Ok(answer) => answer,
+                Err(Refusal::NotPaused(_)) if !declared.contains(&name) => return Err(unknown(&name)),
+                Err(refused) => return Err(refused.into()),
+            };
+            out.show_line(&answer, &format!("resumed {name}"))?;
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-/// Records a CLI action on a route as `cli:<user>`.
-async fn route_audit(
-    store: &dyn Store,
-    clock: &DbClock,
-    action: &str,
-    route: &str,
-    done: bool,
-    detail: Option<String>,
-) {
-    let audit = NewAudit {
-        actor: cli_actor(),
-        action: action.into(),
-        route: Some(route.to_string()),
-        subject: format!("route {route}"),
-        outcome: if done { "ok" } else { "conflict" }.into(),
-        detail,
-    };
-    crate::admin::audit::record(store, audit, clock.now()).await;
 }
 
 /// `route list`: one row per route the routing files declare, the inbox holds
@@ -1273,7 +1163,7 @@ async fn route_list(store: &dyn Store, declared: &[String]) -> anyhow::Result<Ro
 fn print_routes(list: &RouteRows) {
     println!("{}", view::route_header());
     for r in &list.routes {
-        let paused = r.paused.as_ref().map(crate::admin::pause_sentence);
+        let paused = r.paused.as_ref().map(PauseView::sentence);
         let name = if r.declared { r.name.clone() } else { format!("{} (not in the routing files)", r.name) };
         println!("{}", view::route_line(&name, &r.unresolved, paused.as_deref()));
     }
@@ -1378,23 +1268,26 @@ fn print_listing(listing: &Listing) {
     println!("{summary}");
 }
 
-/// A reason given on the command line, trimmed; an empty one is refused.
-fn required_reason(reason: &str) -> anyhow::Result<&str> {
-    let reason = reason.trim();
-    if reason.is_empty() {
-        anyhow::bail!("--reason must not be empty");
-    }
-    Ok(reason)
+/// The command line's operator actions: as `cli:<user>`, from outside any instance.
+fn operator<'a>(store: &'a dyn Store, clock: &'a DbClock) -> Operator<'a> {
+    Operator::new(store, clock, Relays::Elsewhere, cli_actor())
 }
 
-/// Why a repair left an entry as it was: missing, or in a state the repair does not
-/// apply to (read again: it may have moved).
-async fn not_applicable(store: &dyn Store, id: i64, action: &str, applies_to: &str) -> String {
-    match store.get(id).await {
-        Ok(Some(e)) => format!("entry {id} is {}; {action} applies to {applies_to} entries", e.status),
-        Ok(None) => format!("no entry {id}"),
-        Err(error) => format!("entry {id} was left as it is, and cannot be read now: {error}"),
+/// Repairs each entry of `ids` in turn, printing what was done; a refusal is printed
+/// and the others are still tried (exit 1), a store failure stops.
+async fn repair_each(ops: &Operator<'_>, ids: &[i64], repair: EntryRepair, out: Output) -> anyhow::Result<ExitCode> {
+    let mut failed = false;
+    for &id in ids {
+        match ops.repair(id, &repair).await {
+            Ok(done) => out.repaired(&done, &format!("{} {id}", done.action.past()))?,
+            Err(Refusal::Store(e)) => return Err(e.into()),
+            Err(refused) => {
+                eprintln!("error: {refused}");
+                failed = true;
+            }
+        }
     }
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 /// The attempt history under `inbox show`, one line per attempt.
@@ -1425,20 +1318,6 @@ fn print_attempts(attempts: &[crate::inbox::failures::Attempt]) {
             requests.join("; ")
         );
     }
-}
-
-/// Records a CLI repair of one entry as `cli:<user>`.
-async fn cli_audit(store: &dyn Store, clock: &DbClock, action: &str, id: i64, done: bool, detail: Option<String>) {
-    let route = store.get(id).await.ok().flatten().map(|e| e.route);
-    let audit = NewAudit {
-        actor: crate::admin::audit::cli_actor(),
-        action: action.into(),
-        route,
-        subject: format!("entry {id}"),
-        outcome: if done { "ok" } else { "conflict" }.into(),
-        detail,
-    };
-    crate::admin::audit::record(store, audit, clock.now()).await;
 }
 
 async fn all_parked_ids(store: &dyn Store, route: &str) -> anyhow::Result<Vec<i64>> {

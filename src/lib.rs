@@ -21,6 +21,7 @@ pub mod config;
 pub mod console;
 pub mod inbox;
 pub mod ingest;
+pub mod operate;
 pub mod plugin;
 pub mod plugin_dev;
 pub mod plugin_new;

@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use crate::app::Shared;
 use crate::clock::Millis;
 use crate::inbox::{NewAudit, Status, StoreError};
+pub use crate::operate::RepairAction;
 
 /// How long a job's lease lasts without renewal; renewed every tick.
 pub const JOB_LEASE: Duration = Duration::from_secs(10);
@@ -38,30 +39,6 @@ pub const DEFAULT_RATE: u32 = 100;
 pub const MAX_RATE: u32 = 10_000;
 /// Keys a dry run names at most.
 const DRY_RUN_KEYS: usize = 50;
-
-/// What a job does to each matching entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RepairAction {
-    /// Due now with a fresh attempt count (PARKED entries; OPEN ones waiting for a
-    /// retry only with `now`).
-    Requeue,
-    /// Parked by hand, with the job's reason (OPEN entries).
-    Park,
-    /// Discarded with the job's reason (PARKED entries): IGNORED, no longer holding
-    /// back their key.
-    Ignore,
-}
-
-impl RepairAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RepairAction::Requeue => "requeue",
-            RepairAction::Park => "park",
-            RepairAction::Ignore => "ignore",
-        }
-    }
-}
 
 /// Which entries a job acts on. Every field narrows it; `route` is required for a
 /// token limited to some routes.
@@ -279,7 +256,7 @@ async fn work(shared: &Shared, owner: &str, mut job: RepairJob, shutdown: &mut w
                 outcome: "done".into(),
                 detail: Some(format!("{} entries changed", job.moved)),
             };
-            crate::admin::audit::record(store, audit, now).await;
+            crate::operate::audit::record(store, audit, now).await;
             return;
         }
     }

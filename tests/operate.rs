@@ -485,3 +485,79 @@ async fn a_paused_route_is_claimed_by_no_instance_while_ingest_goes_on(backend: 
         "{audit}"
     );
 }
+
+/// The operator actions themselves (`inlet::operate`), for what neither transport
+/// shows: a repair job's plan, and the audit of a repair of an entry that is not there
+/// (the API answers 404 before it acts; the command line acts and is refused).
+mod actions {
+    use inlet::clock::{Clock, ManualClock};
+    use inlet::inbox::{NewEntry, Status};
+    use inlet::operate::{EntryRepair, Inputs, JobPlan, Operator, Reason, Refusal, Relays, RepairAction};
+
+    #[test]
+    fn a_job_plan_takes_a_rate_in_bounds_and_the_reason_park_and_ignore_need() {
+        for rate in [0, inlet::repair::MAX_RATE + 1] {
+            let refused = JobPlan::new(RepairAction::Requeue, None, rate, Inputs::Flags).unwrap_err();
+            assert_eq!(refused.to_string(), format!("--rate must be between 1 and {}", inlet::repair::MAX_RATE));
+        }
+        let refused = JobPlan::new(RepairAction::Ignore, Some("  "), 1, Inputs::Json).unwrap_err();
+        assert_eq!(refused.to_string(), "ignore needs a `reason`", "a blank reason is none");
+        let refused = JobPlan::new(RepairAction::Park, None, 1, Inputs::Flags).unwrap_err();
+        assert_eq!(refused.to_string(), "park needs --reason");
+        assert!(JobPlan::new(RepairAction::Requeue, None, inlet::repair::MAX_RATE, Inputs::Json).is_ok());
+        let refused = Reason::new(" \t", Inputs::Flags).unwrap_err();
+        assert_eq!(refused.to_string(), "--reason must not be empty");
+    }
+
+    #[tokio::test]
+    async fn every_repair_that_reaches_the_store_is_audited_even_of_a_missing_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            inlet::inbox::open(&format!("sqlite://{}", dir.path().join("inbox.db").display()), 2).await.unwrap();
+        let clock = ManualClock::new(1_785_578_400_000);
+        let open = NewEntry {
+            route: "wo".into(),
+            dedup_key: "m-1".into(),
+            decoded: None,
+            raw_data: b"{}".to_vec(),
+            attributes: vec![],
+            message_id: "m-1".into(),
+            publish_time: None,
+            delivery_attempt: None,
+            status: Status::Open,
+            last_error: None,
+        };
+        let id = store.insert(&open, clock.now()).await.unwrap().id();
+        let ops = Operator::new(store.as_ref(), clock.as_ref(), Relays::Elsewhere, "cli:carla");
+
+        let ignore = EntryRepair::Ignore(Reason::new("sent twice", Inputs::Flags).unwrap());
+        let refused = ops.repair(id, &ignore).await.unwrap_err();
+        assert!(matches!(refused, Refusal::NotApplicable { now: Status::Open, .. }), "{refused:?}");
+        let park = EntryRepair::Park(Reason::new("  waiting for the vendor ", Inputs::Flags).unwrap());
+        let done = ops.repair(id, &park).await.unwrap();
+        assert_eq!((done.entry, done.status), (id, Status::Parked));
+        let parked = store.get(id).await.unwrap().unwrap();
+        assert_eq!(parked.last_error.as_deref(), Some("parked by hand: waiting for the vendor"));
+        let refused = ops.repair(999_999, &EntryRepair::Requeue).await.unwrap_err();
+        assert_eq!(refused.to_string(), "no entry 999999");
+
+        let audit: Vec<_> = store
+            .list_audit(None, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.action, a.route, a.subject, a.outcome, a.detail))
+            .collect();
+        let line = |action: &str, route: Option<&str>, subject: String, outcome: &str, detail: Option<&str>| {
+            (action.to_string(), route.map(str::to_string), subject, outcome.to_string(), detail.map(str::to_string))
+        };
+        assert_eq!(
+            audit,
+            [
+                line("ignore", Some("wo"), format!("entry {id}"), "conflict", Some("sent twice")),
+                line("park", Some("wo"), format!("entry {id}"), "ok", Some("waiting for the vendor")),
+                line("requeue", None, "entry 999999".into(), "conflict", None),
+            ]
+        );
+    }
+}

@@ -105,6 +105,17 @@ impl Action {
     }
 }
 
+/// A repair, of one entry or by a job, takes the role of its action.
+impl From<crate::operate::RepairAction> for Action {
+    fn from(action: crate::operate::RepairAction) -> Action {
+        match action {
+            crate::operate::RepairAction::Requeue => Action::Requeue,
+            crate::operate::RepairAction::Park => Action::Park,
+            crate::operate::RepairAction::Ignore => Action::Ignore,
+        }
+    }
+}
+
 impl Caller {
     /// The caller in `none-loopback` mode: a person at the machine itself.
     fn loopback() -> Caller {

@@ -16,9 +16,12 @@ use base64::Engine as _;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::clock::Millis;
 use crate::inbox::failures::{Attempt, FailureGroup};
-use crate::inbox::{AuditRecord, Entry, Pause, Status, StoreError};
+use crate::inbox::{AuditRecord, Entry, Status, StoreError};
+// The outcomes of operator actions are the API's answers to them, as they are the
+// command line's `--json` output.
+use crate::operate::Refusal;
+pub use crate::operate::{PauseView, Purged, Repaired, RoutePaused};
 use crate::repair::RepairJob;
 
 /// The body of every error answer.
@@ -88,6 +91,29 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
         ApiError::store(e)
+    }
+}
+
+/// A refused operator action as the API answers it: 404 for an entry that is not
+/// there, 409 for a state the action does not apply to (naming the entry and its
+/// state, or the route), 400 for input the action does not take.
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> ApiError {
+        let error = refusal.to_string();
+        match refusal {
+            Refusal::NoEntry(id) => ApiError::no_entry(id),
+            Refusal::NotApplicable { entry, now, .. } => {
+                ApiError::new(StatusCode::CONFLICT, error).entry(entry).status(now)
+            }
+            Refusal::Unexplained { entry, .. } => ApiError::new(StatusCode::CONFLICT, error).entry(entry),
+            Refusal::EmptyReason { .. } | Refusal::NeedsReason { .. } | Refusal::Rate { .. } => {
+                ApiError::bad_request(error)
+            }
+            Refusal::AlreadyPaused { route, .. } | Refusal::NotPaused(route) => {
+                ApiError::new(StatusCode::CONFLICT, error).route(route)
+            }
+            Refusal::Store(e) => ApiError::store(e),
+        }
     }
 }
 
@@ -405,23 +431,6 @@ pub struct EntryPage {
     pub next_after: Option<i64>,
 }
 
-/// The answer to a repair of one entry: the entry, the action, and the state the
-/// entry is in now.
-#[derive(Debug, Serialize)]
-pub struct Repaired {
-    pub entry: i64,
-    pub action: &'static str,
-    pub status: Status,
-}
-
-/// `POST /api/purge`.
-#[derive(Debug, Serialize)]
-pub struct Purged {
-    /// Entries deleted.
-    pub purged: u64,
-    pub older_than: String,
-}
-
 /// `GET /api/audit`: a page of audit lines, oldest first.
 #[derive(Debug, Serialize)]
 pub struct AuditPage {
@@ -455,28 +464,6 @@ pub struct RouteView {
     pub candidate: Option<String>,
     /// The version a rollback returns to (`previous` in the routing file).
     pub previous: Option<String>,
-}
-
-/// A route's pause: since when, by whom, why.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct PauseView {
-    pub since: Millis,
-    pub by: String,
-    pub reason: String,
-}
-
-impl From<Pause> for PauseView {
-    fn from(p: Pause) -> PauseView {
-        PauseView { since: p.paused_at, by: p.paused_by, reason: p.reason }
-    }
-}
-
-/// `POST /api/routes/{name}/pause` and `…/resume`: the route and its pause now
-/// (`null` once resumed).
-#[derive(Debug, Serialize)]
-pub struct RoutePaused {
-    pub route: String,
-    pub paused: Option<PauseView>,
 }
 
 /// A routing file refused whole that names no route that could be read (the routes

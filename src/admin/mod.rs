@@ -34,11 +34,11 @@
 //! Every `/api` route sits behind [`access::authenticate`]; each handler checks its
 //! action's role and the caller's routes. An entry of a route the caller may not
 //! see answers 404, exactly like a missing one, so a team cannot probe another
-//! team's entries. Every repair is written to the audit log ([`audit`]).
+//! team's entries. The repairs, pauses and purges are `crate::operate`'s actions, each
+//! written to the audit log there.
 
 pub mod access;
 pub mod answer;
-pub mod audit;
 pub mod openapi;
 pub mod repairs;
 
@@ -56,7 +56,8 @@ use self::answer::{
     RefusedFile, Repaired, RouteList, RoutePaused, RouteView,
 };
 use crate::app::Shared;
-use crate::inbox::{Entry, ListFilter, NewAudit, Pause, Status, StoreError};
+use crate::inbox::{Entry, ListFilter, NewAudit, Status, StoreError};
+use crate::operate::{EntryRepair, Inputs, Operator, Reason, Relays, audit};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,15 +89,9 @@ async fn visible_entry(s: &Shared, caller: &Caller, id: i64) -> Result<Entry, Ap
     }
 }
 
-fn audit_entry(caller: &Caller, action: Action, e: &Entry, outcome: &str, detail: Option<String>) -> NewAudit {
-    NewAudit {
-        actor: caller.name.clone(),
-        action: action.as_str().into(),
-        route: Some(e.route.clone()),
-        subject: format!("entry {}", e.id),
-        outcome: outcome.into(),
-        detail,
-    }
+/// The operator actions of `caller` in this instance (`crate::operate`).
+fn operator<'a>(s: &'a Shared, caller: &Caller) -> Operator<'a> {
+    Operator::new(s.store.as_ref(), s.clock.as_ref(), Relays::Here(s), caller.name.clone())
 }
 
 /// A store error as the API answers it (the handlers that return `Response`).
@@ -226,16 +221,11 @@ pub async fn requeue(
     Extension(caller): Extension<Caller>,
     Id(id): Id<i64>,
 ) -> Result<Json<Repaired>, ApiError> {
-    let entry = entry_for(&s, &caller, Action::Requeue, id).await?;
-    let result = s.store.requeue(id, s.clock.now()).await;
-    if let Ok(true) = &result {
-        s.wake(&entry.route);
-    }
-    let answer = Repair { action: Action::Requeue, becomes: Status::Open, applies_to: "PARKED or OPEN", detail: None };
-    answer.finish(&s, &caller, &entry, result).await
+    repair(&s, &caller, id, EntryRepair::Requeue).await
 }
 
-/// The body of `park` (and `ignore`): why, in words a colleague will understand.
+/// The body of `park` (and `ignore`, and a pause): why, in words a colleague will
+/// understand.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReasonBody {
@@ -244,12 +234,8 @@ pub struct ReasonBody {
 
 impl ReasonBody {
     /// The reason, trimmed; an empty one is refused.
-    fn reason(self) -> Result<String, ApiError> {
-        let reason = self.reason.trim();
-        if reason.is_empty() {
-            return Err(ApiError::bad_request("`reason` must not be empty"));
-        }
-        Ok(reason.to_string())
+    fn reason(self) -> Result<Reason, ApiError> {
+        Ok(Reason::new(&self.reason, Inputs::Json)?)
     }
 }
 
@@ -260,10 +246,7 @@ pub async fn park(
     Body(b): Body<ReasonBody>,
 ) -> Result<Json<Repaired>, ApiError> {
     let reason = b.reason()?;
-    let entry = entry_for(&s, &caller, Action::Park, id).await?;
-    let result = s.store.park(id, &format!("parked by hand: {reason}"), s.clock.now()).await;
-    let answer = Repair { action: Action::Park, becomes: Status::Parked, applies_to: "OPEN", detail: Some(reason) };
-    answer.finish(&s, &caller, &entry, result).await
+    repair(&s, &caller, id, EntryRepair::Park(reason)).await
 }
 
 /// Discards a PARKED entry with a reason: it becomes IGNORED (retention deletes it in
@@ -276,57 +259,15 @@ pub async fn ignore(
     Body(b): Body<ReasonBody>,
 ) -> Result<Json<Repaired>, ApiError> {
     let reason = b.reason()?;
-    let entry = entry_for(&s, &caller, Action::Ignore, id).await?;
-    let result = s.store.ignore(id, &format!("ignored by hand: {reason}"), s.clock.now()).await;
-    if let Ok(true) = &result {
-        s.wake(&entry.route);
-    }
-    let answer =
-        Repair { action: Action::Ignore, becomes: Status::Ignored, applies_to: "PARKED", detail: Some(reason) };
-    answer.finish(&s, &caller, &entry, result).await
+    repair(&s, &caller, id, EntryRepair::Ignore(reason)).await
 }
 
-/// The entry an action on `id` may touch: the role is checked first (403 whatever
-/// the entry), then the route (404, like a missing entry).
-async fn entry_for(s: &Shared, caller: &Caller, action: Action, id: i64) -> Result<Entry, ApiError> {
-    caller.require(action)?;
-    visible_entry(s, caller, id).await
-}
-
-/// How a repair of one entry is answered and audited.
-struct Repair {
-    action: Action,
-    /// The state a successful repair leaves the entry in.
-    becomes: Status,
-    /// The states the repair applies to, for the 409 answer.
-    applies_to: &'static str,
-    detail: Option<String>,
-}
-
-impl Repair {
-    async fn finish(
-        self,
-        s: &Shared,
-        caller: &Caller,
-        entry: &Entry,
-        result: Result<bool, StoreError>,
-    ) -> Result<Json<Repaired>, ApiError> {
-        let id = entry.id;
-        let (outcome, answer) = match result {
-            Ok(true) => ("ok", Ok(Json(Repaired { entry: id, action: self.action.as_str(), status: self.becomes }))),
-            Ok(false) => {
-                // Say what the entry is now: it may have moved since it was read.
-                let now = s.store.get(id).await.ok().flatten().map_or(entry.status, |e| e.status);
-                let error =
-                    format!("entry {id} is {now}; {} applies to {} entries", self.action.as_str(), self.applies_to);
-                ("conflict", Err(ApiError::new(StatusCode::CONFLICT, error).entry(id).status(now)))
-            }
-            Err(e) => ("failed", Err(ApiError::store(e))),
-        };
-        audit::record(s.store.as_ref(), audit_entry(caller, self.action, entry, outcome, self.detail), s.clock.now())
-            .await;
-        answer
-    }
+/// A repair of one entry: the role is checked first (403 whatever the entry), then
+/// the route (404, like a missing entry); then the repair, audited.
+async fn repair(s: &Shared, caller: &Caller, id: i64, repair: EntryRepair) -> Result<Json<Repaired>, ApiError> {
+    caller.require(Action::from(repair.action()))?;
+    visible_entry(s, caller, id).await?;
+    Ok(Json(operator(s, caller).repair(id, &repair).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -345,25 +286,7 @@ pub async fn purge(
     caller.require(Action::Purge)?;
     let older_than =
         humantime::parse_duration(&b.older_than).map_err(|e| ApiError::bad_request(format!("older_than: {e}")))?;
-    let before = crate::clock::ago(s.clock.now(), older_than);
-    let mut total = 0;
-    let result = loop {
-        match s.store.purge_finished(before, 10_000).await {
-            Ok(0) => break Ok(total),
-            Ok(n) => total += n,
-            Err(e) => break Err(e),
-        }
-    };
-    let audit = NewAudit {
-        actor: caller.name.clone(),
-        action: Action::Purge.as_str().into(),
-        route: None,
-        subject: format!("DONE and IGNORED entries finished more than {} ago", b.older_than),
-        outcome: if result.is_ok() { "ok" } else { "failed" }.into(),
-        detail: Some(format!("{total} deleted")),
-    };
-    audit::record(s.store.as_ref(), audit, s.clock.now()).await;
-    Ok(Json(Purged { purged: result?, older_than: b.older_than }))
+    Ok(Json(operator(&s, &caller).purge(older_than, &b.older_than).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -603,14 +526,7 @@ fn audit_route(caller: &Caller, action: Action, route: &str, outcome: &str, deta
     }
 }
 
-/// A pause as a sentence: `by ops at 2026-08-01T10:00:00Z: reason`.
-pub fn pause_sentence(p: &PauseView) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(p.since.max(0) as u64);
-    format!("by {} at {}: {}", p.by, humantime::format_rfc3339_seconds(at), p.reason)
-}
-
-/// Pauses a route for every instance: from the commit on no claim takes its entries;
-/// attempts in flight finish; pushes and pulls go on filling the inbox.
+/// Pauses a route for every instance ([`Operator::pause`]).
 pub async fn pause_route(
     State(s): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
@@ -620,30 +536,10 @@ pub async fn pause_route(
     caller.require(Action::Pause)?;
     visible_route(&s, &caller, &name)?;
     let reason = b.reason()?;
-    let pause = Pause { route: name.clone(), paused_at: s.clock.now(), paused_by: caller.name.clone(), reason };
-    let result = s.store.pause_route(&pause).await;
-    let outcome = match &result {
-        Ok(true) => "ok",
-        Ok(false) => "conflict",
-        Err(_) => "failed",
-    };
-    audit::record(
-        s.store.as_ref(),
-        audit_route(&caller, Action::Pause, &name, outcome, Some(pause.reason.clone())),
-        s.clock.now(),
-    )
-    .await;
-    if !result? {
-        let current = s.store.paused_routes(Some(&name)).await?.pop().map(PauseView::from);
-        let since = current.as_ref().map(|p| format!(" ({})", pause_sentence(p))).unwrap_or_default();
-        let error = format!("route `{name}` is already paused{since}");
-        return Err(ApiError::new(StatusCode::CONFLICT, error).route(name));
-    }
-    Ok(Json(RoutePaused { route: name, paused: Some(pause.into()) }))
+    Ok(Json(operator(&s, &caller).pause(&name, reason).await?))
 }
 
-/// Resumes a paused route: its entries are claimed again (on this instance at once,
-/// on the others within their poll interval).
+/// Resumes a paused route ([`Operator::resume`]).
 pub async fn resume_route(
     State(s): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
@@ -651,18 +547,7 @@ pub async fn resume_route(
 ) -> Result<Json<RoutePaused>, ApiError> {
     caller.require(Action::Resume)?;
     visible_route(&s, &caller, &name)?;
-    let result = s.store.resume_route(&name).await;
-    let outcome = match &result {
-        Ok(true) => "ok",
-        Ok(false) => "conflict",
-        Err(_) => "failed",
-    };
-    audit::record(s.store.as_ref(), audit_route(&caller, Action::Resume, &name, outcome, None), s.clock.now()).await;
-    if !result? {
-        return Err(ApiError::new(StatusCode::CONFLICT, format!("route `{name}` is not paused")).route(name));
-    }
-    s.wake(&name);
-    Ok(Json(RoutePaused { route: name, paused: None }))
+    Ok(Json(operator(&s, &caller).resume(&name).await?))
 }
 
 fn source_kind(source: &crate::config::SourceConfig) -> &'static str {

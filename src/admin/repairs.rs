@@ -23,10 +23,10 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::access::{Action, Caller};
-use super::answer::{Body, Params, Reader};
+use super::answer::{ApiError, Body, Params, Reader};
 use super::store_error;
 use crate::app::Shared;
-use crate::inbox::NewAudit;
+use crate::operate::{Inputs, JobPlan};
 use crate::repair::{self, RepairAction, RepairFilter};
 
 #[derive(Debug, Deserialize)]
@@ -41,21 +41,15 @@ pub struct RepairRequest {
     pub dry_run: bool,
 }
 
-fn bad_request(error: String) -> Response {
-    (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response()
-}
-
+/// `POST /api/repairs`: access is checked here (the action's role, `text` only with
+/// payloads, a route the token covers); the rate and reason are the job's rules
+/// ([`JobPlan`]), and the job is started and audited by [`Operator::start_job`].
 pub async fn create(
     State(s): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
     Body(req): Body<RepairRequest>,
 ) -> Response {
-    let action = match req.action {
-        RepairAction::Requeue => Action::Requeue,
-        RepairAction::Park => Action::Park,
-        RepairAction::Ignore => Action::Ignore,
-    };
-    if let Err(r) = caller.require(action) {
+    if let Err(r) = caller.require(Action::from(req.action)) {
         return r.into_response();
     }
     if let Err(refused) = Reader::of(&caller).search(req.filter.text.as_deref()) {
@@ -82,12 +76,10 @@ pub async fn create(
         Err(refused) => return refused.into_response(),
     }
     let rate = req.rate.unwrap_or(repair::DEFAULT_RATE);
-    if rate == 0 || rate > repair::MAX_RATE {
-        return bad_request(format!("rate must be between 1 and {} entries per second", repair::MAX_RATE));
-    }
-    if req.action != RepairAction::Requeue && req.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
-        return bad_request(format!("{} needs a `reason`", req.action.as_str()));
-    }
+    let plan = match JobPlan::new(req.action, req.reason.as_deref(), rate, Inputs::Json) {
+        Ok(plan) => plan,
+        Err(refused) => return ApiError::from(refused).into_response(),
+    };
     let matches = match repair::dry_run(s.store.as_ref(), req.action, &req.filter).await {
         Ok(m) => m,
         Err(e) => return store_error(e),
@@ -96,30 +88,11 @@ pub async fn create(
         return Json(json!({ "dry_run": true, "action": req.action, "filter": asked, "matches": matches }))
             .into_response();
     }
-    let now = s.clock.now();
-    let reason = match req.action {
-        RepairAction::Park => req.reason.as_deref().map(|r| format!("parked by hand: {r}")),
-        RepairAction::Ignore => req.reason.as_deref().map(|r| format!("ignored by hand: {r}")),
-        RepairAction::Requeue => req.reason.clone(),
-    };
-    let created = s
-        .store
-        .create_repair_job(req.action, &req.filter, reason.as_deref(), rate, &caller.name, matches.count, now)
-        .await;
-    let audit = NewAudit {
-        actor: caller.name.clone(),
-        action: format!("repair-{}", req.action.as_str()),
-        route: req.filter.route.clone(),
-        subject: req.filter.describe(),
-        outcome: if created.is_ok() { "started" } else { "failed" }.into(),
-        detail: Some(format!("{} matching, at {rate}/s", matches.count)),
-    };
-    super::audit::record(s.store.as_ref(), audit, now).await;
-    match created {
+    match super::operator(&s, &caller).start_job(&plan, &req.filter, &matches).await {
         Ok(job) => {
             (StatusCode::ACCEPTED, Json(json!({ "job": job, "rate": rate, "matches": matches }))).into_response()
         }
-        Err(e) => store_error(e),
+        Err(refused) => ApiError::from(refused).into_response(),
     }
 }
 

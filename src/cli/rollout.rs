@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Output, plugin_test_route};
-use crate::admin::audit::cli_actor;
 use crate::clock::{Clock, DbClock};
 use crate::config::edit::Step;
 use crate::config::{Config, PluginFile};
 use crate::inbox::{NewAudit, Store};
+use crate::operate::audit::cli_actor;
 use crate::shadow::{Counts, Report};
 
 /// `inlet plugin replay`: exit 1 when some answer differed or the candidate faulted.
@@ -167,7 +167,7 @@ pub(super) async fn step(
         outcome: outcome.into(),
         detail: Some(detail),
     };
-    crate::admin::audit::record(store.as_ref(), audit, clock.now()).await;
+    crate::operate::audit::record(store.as_ref(), audit, clock.now()).await;
     let done = result?;
     let sentence = format!(
         "{action}: {} now serves route {route} in {} (it replaced {}); running instances apply it at their next \

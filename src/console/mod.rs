@@ -288,10 +288,9 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
         let name = esc(&r.name);
         let route_q = query(&[("route", Some(&r.name))]);
         let state = match (&r.paused, r.state) {
-            (Some(p), _) => format!(
-                r#"<span class="badge paused">paused</span> <span class="muted">{}</span>"#,
-                esc(&admin::pause_sentence(p))
-            ),
+            (Some(p), _) => {
+                format!(r#"<span class="badge paused">paused</span> <span class="muted">{}</span>"#, esc(&p.sentence()))
+            }
             (None, "up") => r#"<span class="badge done">running</span>"#.to_string(),
             (None, other) => format!(r#"<span class="badge parked">{}</span>"#, esc(other)),
         };

@@ -793,11 +793,24 @@ pub async fn purge_all(
     pause: std::time::Duration,
 ) -> Result<u64, StoreError> {
     let mut total = 0;
+    purge_counting(store, before, batch, pause, &mut total).await?;
+    Ok(total)
+}
+
+/// [`purge_all`], adding to `deleted` batch by batch, so a caller whose purge fails
+/// half way still knows what went (the audit of a purge by hand says it).
+pub async fn purge_counting(
+    store: &dyn Store,
+    before: Millis,
+    batch: u32,
+    pause: std::time::Duration,
+    deleted: &mut u64,
+) -> Result<(), StoreError> {
     loop {
         let n = store.purge_finished(before, batch).await?;
-        total += n;
+        *deleted += n;
         if n < u64::from(batch) {
-            return Ok(total);
+            return Ok(());
         }
         tokio::time::sleep(pause).await;
     }

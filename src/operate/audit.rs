@@ -1,6 +1,6 @@
-//! The audit log: every repair action, from the API or the CLI, is written to the
-//! inbox's `inbox_audit` table and to the logs. Refused attempts are only logged
-//! (by [`super::access`]): storing them would let anyone fill the table.
+//! The audit log: every operator action, from the API, the console or the CLI, is
+//! written to the inbox's `inbox_audit` table and to the logs. Refused attempts are
+//! only logged (by `admin::access`): storing them would let anyone fill the table.
 
 use crate::clock::Millis;
 use crate::inbox::{NewAudit, Store};

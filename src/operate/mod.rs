@@ -1,0 +1,449 @@
+//! Operator actions: what a person does to the inbox by hand — requeue, park or
+//! ignore an entry, pause or resume a route, purge finished entries, start a repair
+//! job — each with its rules (the states it applies to, what a refusal says) and its
+//! audit record, written once here.
+//!
+//! The admin API (and the console, which calls the API's handlers) and the command
+//! line are transports over these: they parse the input, check access (roles and
+//! routes are the API's business; the command line is whoever can read the inbox),
+//! call the action and render its [outcome](Repaired) or [`Refusal`]. An action
+//! takes an [`Operator`]: the store, the clock, how to reach the relays and the actor
+//! the audit names, not the running application.
+//!
+//! Every action that reaches the store is audited, whether it was done, refused by
+//! the entry's or the route's state (`conflict`) or failed; refusals of the input
+//! (an empty reason, a rate out of range) change nothing and are not.
+
+pub mod audit;
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{Clock, Millis};
+use crate::inbox::{NewAudit, Pause, Status, Store, StoreError};
+use crate::repair::{Matches, RepairFilter};
+
+/// Finished entries deleted per statement by a purge by hand.
+const PURGE_BATCH: u32 = 10_000;
+
+/// Wakes a route's relays in a running instance: its own relay at once, the other
+/// instances through the inbox's announcements (`app::Shared`).
+pub trait Wake: Send + Sync {
+    fn wake(&self, route: &str);
+}
+
+/// How the relays hear that a route has entries to claim now.
+#[derive(Clone, Copy)]
+pub enum Relays<'a> {
+    /// Acting inside a running instance.
+    Here(&'a dyn Wake),
+    /// Acting from outside any instance (the command line): announced through the
+    /// inbox (`Store::announce`), best effort; a failure only costs the instances
+    /// their poll interval.
+    Elsewhere,
+}
+
+/// Who acts, and on what: everything an operator action needs.
+pub struct Operator<'a> {
+    store: &'a dyn Store,
+    clock: &'a dyn Clock,
+    relays: Relays<'a>,
+    /// The name the audit log records: a token name, `loopback`, or `cli:<user>`.
+    actor: String,
+}
+
+/// What a repair does to an entry, by hand or through a repair job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RepairAction {
+    /// Due now with a fresh attempt count (PARKED entries, and OPEN ones waiting for
+    /// a retry; a job takes the OPEN ones only with `now`).
+    Requeue,
+    /// Parked by hand, with a reason (OPEN entries).
+    Park,
+    /// Discarded with a reason (PARKED entries): IGNORED, no longer holding back
+    /// their key.
+    Ignore,
+}
+
+impl RepairAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepairAction::Requeue => "requeue",
+            RepairAction::Park => "park",
+            RepairAction::Ignore => "ignore",
+        }
+    }
+
+    /// `requeued`, `parked`, `ignored`.
+    pub fn past(self) -> &'static str {
+        match self {
+            RepairAction::Requeue => "requeued",
+            RepairAction::Park => "parked",
+            RepairAction::Ignore => "ignored",
+        }
+    }
+
+    /// The states a repair of one entry applies to, as a refusal names them (the
+    /// store's statements enforce them).
+    fn applies_to(self) -> &'static str {
+        match self {
+            RepairAction::Requeue => "PARKED or OPEN",
+            RepairAction::Park => "OPEN",
+            RepairAction::Ignore => "PARKED",
+        }
+    }
+
+    /// The state a repair that was done leaves the entry in.
+    fn becomes(self) -> Status {
+        match self {
+            RepairAction::Requeue => Status::Open,
+            RepairAction::Park => Status::Parked,
+            RepairAction::Ignore => Status::Ignored,
+        }
+    }
+
+    /// Whether the repair gives the relays something to claim: a requeued entry is
+    /// due, an ignored head no longer holds back its key.
+    fn frees_entries(self) -> bool {
+        matches!(self, RepairAction::Requeue | RepairAction::Ignore)
+    }
+
+    /// Park and ignore say why, for whoever looks at the entry next.
+    fn needs_reason(self) -> bool {
+        matches!(self, RepairAction::Park | RepairAction::Ignore)
+    }
+
+    /// The reason as the entry keeps it (`last_error`): `parked by hand: …`, so a
+    /// reader tells a person's verdict from the relay's.
+    fn entry_reason(self, reason: &str) -> String {
+        format!("{} by hand: {reason}", self.past())
+    }
+}
+
+impl fmt::Display for RepairAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a transport names its inputs, so a refusal of one points at what the caller
+/// typed: the API's JSON fields or the command line's flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inputs {
+    Json,
+    Flags,
+}
+
+/// Why someone acts: trimmed, never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reason(String);
+
+impl Reason {
+    pub fn new(given: &str, inputs: Inputs) -> Result<Reason, Refusal> {
+        let reason = given.trim();
+        if reason.is_empty() {
+            return Err(Refusal::EmptyReason { inputs });
+        }
+        Ok(Reason(reason.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One entry's repair by hand, with what it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryRepair {
+    Requeue,
+    Park(Reason),
+    Ignore(Reason),
+}
+
+impl EntryRepair {
+    pub fn action(&self) -> RepairAction {
+        match self {
+            EntryRepair::Requeue => RepairAction::Requeue,
+            EntryRepair::Park(_) => RepairAction::Park,
+            EntryRepair::Ignore(_) => RepairAction::Ignore,
+        }
+    }
+
+    fn reason(&self) -> Option<&Reason> {
+        match self {
+            EntryRepair::Requeue => None,
+            EntryRepair::Park(r) | EntryRepair::Ignore(r) => Some(r),
+        }
+    }
+}
+
+/// A repair of one entry that was done: the entry, the action, and the state the
+/// entry is in now (`POST /api/entries/{id}/…`, `inlet inbox … --json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Repaired {
+    pub entry: i64,
+    pub action: RepairAction,
+    pub status: Status,
+}
+
+/// A purge that was done (`POST /api/purge`).
+#[derive(Debug, Serialize)]
+pub struct Purged {
+    /// Entries deleted.
+    pub purged: u64,
+    pub older_than: String,
+}
+
+/// A route's pause: since when, by whom, why.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PauseView {
+    pub since: Millis,
+    pub by: String,
+    pub reason: String,
+}
+
+impl From<Pause> for PauseView {
+    fn from(p: Pause) -> PauseView {
+        PauseView { since: p.paused_at, by: p.paused_by, reason: p.reason }
+    }
+}
+
+impl PauseView {
+    /// The pause as a sentence: `by ops at 2026-08-01T10:00:00Z: reason`.
+    pub fn sentence(&self) -> String {
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(self.since.max(0) as u64);
+        format!("by {} at {}: {}", self.by, humantime::format_rfc3339_seconds(at), self.reason)
+    }
+}
+
+/// A route paused or resumed: the route and its pause now (`null` once resumed).
+#[derive(Debug, Serialize)]
+pub struct RoutePaused {
+    pub route: String,
+    pub paused: Option<PauseView>,
+}
+
+/// A repair job as asked, checked: a rate a job may run at, and the reason park and
+/// ignore need (as the entries will keep it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobPlan {
+    pub action: RepairAction,
+    /// Entries per second.
+    pub rate: u32,
+    reason: Option<String>,
+}
+
+impl JobPlan {
+    pub fn new(action: RepairAction, reason: Option<&str>, rate: u32, inputs: Inputs) -> Result<JobPlan, Refusal> {
+        if rate == 0 || rate > crate::repair::MAX_RATE {
+            return Err(Refusal::Rate { inputs });
+        }
+        let reason = match reason.map(str::trim).filter(|r| !r.is_empty()) {
+            Some(r) if action.needs_reason() => Some(action.entry_reason(r)),
+            None if action.needs_reason() => return Err(Refusal::NeedsReason { action, inputs }),
+            // A requeue keeps no reason in its entries; the job keeps it for people.
+            _ => reason.map(str::to_string),
+        };
+        Ok(JobPlan { action, rate, reason })
+    }
+}
+
+/// Why an operator action did not happen (or did not finish).
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("no entry {0}")]
+    NoEntry(i64),
+    /// The entry is in a state the repair does not apply to.
+    #[error("entry {entry} is {now}; {action} applies to {} entries", .action.applies_to())]
+    NotApplicable { entry: i64, action: RepairAction, now: Status },
+    /// The repair left the entry as it was, and the entry cannot be read to say why.
+    #[error("entry {entry} was left as it is, and cannot be read now: {error}")]
+    Unexplained { entry: i64, error: StoreError },
+    /// The refusals of input name it as the caller typed it: a JSON field or a flag.
+    #[error("{} must not be empty", match .inputs { Inputs::Json => "`reason`", Inputs::Flags => "--reason" })]
+    EmptyReason { inputs: Inputs },
+    #[error("{action} needs {}", match .inputs { Inputs::Json => "a `reason`", Inputs::Flags => "--reason" })]
+    NeedsReason { action: RepairAction, inputs: Inputs },
+    #[error("{}", match .inputs {
+        Inputs::Json => format!("rate must be between 1 and {} entries per second", crate::repair::MAX_RATE),
+        Inputs::Flags => format!("--rate must be between 1 and {}", crate::repair::MAX_RATE),
+    })]
+    Rate { inputs: Inputs },
+    #[error("route `{route}` is already paused{}", .since.as_ref().map(|p| format!(" ({})", p.sentence())).unwrap_or_default())]
+    AlreadyPaused { route: String, since: Option<PauseView> },
+    #[error("route `{0}` is not paused")]
+    NotPaused(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// How an action ended, as the audit log records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Ok,
+    /// Refused by the state of what it acts on (409).
+    Conflict,
+    Failed,
+    /// A repair job was created; the job records `done` when it is.
+    Started,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Conflict => "conflict",
+            Outcome::Failed => "failed",
+            Outcome::Started => "started",
+        }
+    }
+
+    /// A store answer `true` for done, `false` for refused by the state it found.
+    fn of(result: &Result<bool, StoreError>) -> Outcome {
+        match result {
+            Ok(true) => Outcome::Ok,
+            Ok(false) => Outcome::Conflict,
+            Err(_) => Outcome::Failed,
+        }
+    }
+}
+
+impl<'a> Operator<'a> {
+    pub fn new(store: &'a dyn Store, clock: &'a dyn Clock, relays: Relays<'a>, actor: impl Into<String>) -> Self {
+        Operator { store, clock, relays, actor: actor.into() }
+    }
+
+    /// Repairs entry `id` by hand. Audited with the route the entry is on, read after
+    /// the repair; a refusal says what the entry is now (it may have moved since the
+    /// caller last saw it).
+    pub async fn repair(&self, id: i64, repair: &EntryRepair) -> Result<Repaired, Refusal> {
+        let action = repair.action();
+        let now = self.clock.now();
+        let result = match repair {
+            EntryRepair::Requeue => self.store.requeue(id, now).await,
+            EntryRepair::Park(r) => self.store.park(id, &action.entry_reason(r.as_str()), now).await,
+            EntryRepair::Ignore(r) => self.store.ignore(id, &action.entry_reason(r.as_str()), now).await,
+        };
+        let outcome = Outcome::of(&result);
+        let (route, answer) = match result {
+            Ok(true) => {
+                let route = self.store.get(id).await.ok().flatten().map(|e| e.route);
+                if let Some(route) = route.as_deref().filter(|_| action.frees_entries()) {
+                    self.wake(route).await;
+                }
+                (route, Ok(Repaired { entry: id, action, status: action.becomes() }))
+            }
+            Ok(false) => match self.store.get(id).await {
+                Ok(Some(e)) => (Some(e.route), Err(Refusal::NotApplicable { entry: id, action, now: e.status })),
+                Ok(None) => (None, Err(Refusal::NoEntry(id))),
+                Err(error) => (None, Err(Refusal::Unexplained { entry: id, error })),
+            },
+            Err(e) => (None, Err(Refusal::Store(e))),
+        };
+        let detail = repair.reason().map(|r| r.as_str().to_string());
+        self.audit(action.as_str(), route, format!("entry {id}"), outcome, detail).await;
+        answer
+    }
+
+    /// Pauses `route` for every instance: from the commit on no claim takes its
+    /// entries; attempts in flight finish; pushes and pulls go on filling the inbox.
+    /// The first pause stands: a second is refused, naming it.
+    pub async fn pause(&self, route: &str, reason: Reason) -> Result<RoutePaused, Refusal> {
+        let pause = Pause {
+            route: route.to_string(),
+            paused_at: self.clock.now(),
+            paused_by: self.actor.clone(),
+            reason: reason.0,
+        };
+        let result = self.store.pause_route(&pause).await;
+        self.audit_route("pause", route, Outcome::of(&result), Some(pause.reason.clone())).await;
+        if !result? {
+            let since = self.store.paused_routes(Some(route)).await?.pop().map(PauseView::from);
+            return Err(Refusal::AlreadyPaused { route: route.to_string(), since });
+        }
+        Ok(RoutePaused { route: route.to_string(), paused: Some(pause.into()) })
+    }
+
+    /// Resumes a paused route: its entries are claimed again (by an instance this
+    /// runs in at once, by the others within their poll interval).
+    pub async fn resume(&self, route: &str) -> Result<RoutePaused, Refusal> {
+        let result = self.store.resume_route(route).await;
+        self.audit_route("resume", route, Outcome::of(&result), None).await;
+        if !result? {
+            return Err(Refusal::NotPaused(route.to_string()));
+        }
+        self.wake(route).await;
+        Ok(RoutePaused { route: route.to_string(), paused: None })
+    }
+
+    /// Deletes DONE and IGNORED entries finished more than `older_than` ago (never
+    /// PARKED ones); `asked` is the age as the caller wrote it, which the answer and
+    /// the audit repeat.
+    pub async fn purge(&self, older_than: Duration, asked: &str) -> Result<Purged, Refusal> {
+        let before = crate::clock::ago(self.clock.now(), older_than);
+        let mut deleted = 0;
+        let result = crate::inbox::purge_counting(self.store, before, PURGE_BATCH, Duration::ZERO, &mut deleted).await;
+        let subject = format!("DONE and IGNORED entries finished more than {asked} ago");
+        let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Failed };
+        self.audit("purge", None, subject, outcome, Some(format!("{deleted} deleted"))).await;
+        result?;
+        Ok(Purged { purged: deleted, older_than: asked.to_string() })
+    }
+
+    /// Creates the repair job `plan` describes over `filter`, which `matches` (its
+    /// dry run) found; a running Inlet carries it out (`crate::repair::run`). Returns
+    /// the job's id.
+    pub async fn start_job(&self, plan: &JobPlan, filter: &RepairFilter, matches: &Matches) -> Result<i64, Refusal> {
+        let now = self.clock.now();
+        let (action, rate) = (plan.action, plan.rate);
+        let created = self
+            .store
+            .create_repair_job(action, filter, plan.reason.as_deref(), rate, &self.actor, matches.count, now)
+            .await;
+        let (outcome, detail) = match &created {
+            Ok(job) => (Outcome::Started, format!("job {job}: {} matching, at {rate}/s", matches.count)),
+            Err(_) => (Outcome::Failed, format!("{} matching, at {rate}/s", matches.count)),
+        };
+        let action = format!("repair-{}", action.as_str());
+        self.audit(&action, filter.route.clone(), filter.describe(), outcome, Some(detail)).await;
+        Ok(created?)
+    }
+
+    /// Tells the relays of `route` it has entries to claim now.
+    async fn wake(&self, route: &str) {
+        match self.relays {
+            Relays::Here(relays) => relays.wake(route),
+            Relays::Elsewhere => {
+                if let Err(error) = self.store.announce(&[route.to_string()]).await {
+                    tracing::debug!(%error, "could not announce the repair to running instances");
+                }
+            }
+        }
+    }
+
+    async fn audit_route(&self, action: &str, route: &str, outcome: Outcome, detail: Option<String>) {
+        self.audit(action, Some(route.to_string()), format!("route {route}"), outcome, detail).await;
+    }
+
+    async fn audit(
+        &self,
+        action: &str,
+        route: Option<String>,
+        subject: String,
+        outcome: Outcome,
+        detail: Option<String>,
+    ) {
+        let audit = NewAudit {
+            actor: self.actor.clone(),
+            action: action.into(),
+            route,
+            subject,
+            outcome: outcome.as_str().into(),
+            detail,
+        };
+        audit::record(self.store, audit, self.clock.now()).await;
+    }
+}
