@@ -665,7 +665,8 @@ async fn an_index_built_outside_a_transaction_lets_writers_insert_while_it_build
     // would hold them until the open transaction ends, which it does not here).
     let mut writer = sqlx::PgConnection::connect(&db.url).await.unwrap();
     for n in 0..50 {
-        let insert = insert_entry(&mut writer, &format!("during-the-build-{n}"));
+        let key = format!("during-the-build-{n}");
+        let insert = insert_entry(&mut writer, &key);
         let done = tokio::time::timeout(Duration::from_secs(20), insert).await;
         assert!(matches!(done, Ok(Ok(()))), "insert {n} while the index builds: {done:?}");
     }
