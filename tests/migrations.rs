@@ -647,7 +647,7 @@ async fn an_index_built_outside_a_transaction_lets_writers_insert_while_it_build
     // it stays under way, whatever the timing, until that transaction commits.
     let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let mut held = holder.begin().await.unwrap();
-    insert_entry(&mut *held, "before-the-build").await.unwrap();
+    insert_entry(&mut held, "before-the-build").await.unwrap();
 
     let after = Migration::new(latest + 2, "after_the_index", "CREATE TABLE after_the_index (id BIGINT);");
     let list = pg_migrations_and(&[received_index(latest + 1), after]);
@@ -711,7 +711,7 @@ async fn a_concurrent_build_that_times_out_is_completed_by_running_again() {
     inbox::connect(&db.url, 1, true).await.unwrap().migrate(schema::DEFAULT_LOCK_TIMEOUT).await.unwrap();
     let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let mut held = holder.begin().await.unwrap();
-    insert_entry(&mut *held, "before-the-build").await.unwrap();
+    insert_entry(&mut held, "before-the-build").await.unwrap();
 
     let list = pg_migrations_and(&[received_index(latest + 1)]);
     let store = PgStore::connect_with_migrations(&db.url, 2, list).await.unwrap();
@@ -765,7 +765,7 @@ async fn a_run_waiting_for_the_migration_lock_lets_the_concurrent_build_finish()
     inbox::connect(&db.url, 1, true).await.unwrap().migrate(schema::DEFAULT_LOCK_TIMEOUT).await.unwrap();
     let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let mut held = holder.begin().await.unwrap();
-    insert_entry(&mut *held, "before-the-build").await.unwrap();
+    insert_entry(&mut held, "before-the-build").await.unwrap();
 
     let list = pg_migrations_and(&[received_index(latest + 1)]);
     let run = |store: PgStore| {

@@ -230,7 +230,7 @@ fn contract_steps(w: &[String], rebuilt: &[String]) -> Vec<String> {
             }
             clauses.last_mut().expect("one clause at least").push(x.as_str());
         }
-        for c in clauses.iter().filter(|c| c.iter().any(|x| *x == "add")) {
+        for c in clauses.iter().filter(|c| c.contains(&"add")) {
             let add = c.iter().position(|x| *x == "add").expect("an add");
             if c.get(add + 1) == Some(&"constraint")
                 || c.iter().any(|x| matches!(*x, "check" | "unique" | "primary" | "foreign"))
