@@ -3,7 +3,9 @@
 //! exactly a fresh install's schema; a newer schema is refused by `inlet run` in every
 //! mode and by the other commands; commands that only use the inbox never migrate and
 //! never create it; a PostgreSQL migration blocked by a held lock fails within its
-//! lock timeout; a second `inlet run` on one SQLite file is refused while the first
+//! lock timeout; a PostgreSQL migration outside a transaction builds its index while
+//! writers insert, and one whose build fails within the lock timeout is completed by
+//! running again; a second `inlet run` on one SQLite file is refused while the first
 //! runs on.
 
 mod common;
@@ -15,7 +17,8 @@ use std::time::{Duration, Instant};
 use sqlx::Connection as _;
 
 use inlet::clock::Millis;
-use inlet::inbox::schema::{self, MigrateMode};
+use inlet::inbox::postgres::PgStore;
+use inlet::inbox::schema::{self, MigrateMode, Migration};
 use inlet::inbox::{self, ClaimRequest, ListFilter, Settlement, Status, Store};
 
 /// One inbox to migrate: a SQLite file in a folder of its own (which also holds the
@@ -564,6 +567,241 @@ async fn a_migration_blocked_by_a_held_lock_fails_within_its_lock_timeout() {
     let out = succeeds(&["migrate", config, "--lock-timeout", "1s"]);
     assert!(out.contains(&format!("applied {} ({})", pending.version, pending.name)), "{out}");
     assert_eq!(store.schema_record().await.unwrap().version(), db.latest());
+}
+
+/// This binary's PostgreSQL migrations, then `more`: what a store migrating with a
+/// migration of the tests' own is given.
+fn pg_migrations_and(more: &[Migration]) -> &'static [Migration] {
+    let mut list = schema::known("postgres://").expect("the PostgreSQL list").to_vec();
+    list.extend_from_slice(more);
+    Box::leak(list.into_boxed_slice())
+}
+
+/// An index on `inbox_entry` built while the inbox takes writes, as UPGRADING.md says
+/// to write one.
+fn received_index(version: i64) -> Migration {
+    Migration::new(
+        version,
+        "received_index",
+        "-- Built while the inbox takes writes.\n\
+         DROP INDEX CONCURRENTLY IF EXISTS inbox_entry_received;\n\
+         CREATE INDEX CONCURRENTLY inbox_entry_received ON inbox_entry (received_at);\n",
+    )
+    .outside_transaction()
+    .compatible_from(version - 1)
+}
+
+/// An OPEN entry with dedup key `key`, inserted on `conn`.
+async fn insert_entry(conn: &mut sqlx::PgConnection, key: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO inbox_entry (route, dedup_key, correlation_key, event_type, raw_data, attributes, message_id, \
+         payload_digest, status, next_attempt_at, received_at, updated_at) \
+         VALUES ('wo', $1, $1, 'work-order', $2, '[]', $1, 'digest', 'OPEN', 0, 1, 1)",
+    )
+    .bind(key)
+    .bind(b"{}".as_slice())
+    .execute(conn)
+    .await
+    .map(drop)
+}
+
+/// `(valid, ready)` of each index named `name`.
+async fn index_state(url: &str, name: &str) -> Vec<(bool, bool)> {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    let found = sqlx::query_as(
+        "SELECT i.indisvalid, i.indisready FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+         WHERE c.relname = $1",
+    )
+    .bind(name)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    found
+}
+
+/// Whether a session runs `CREATE INDEX CONCURRENTLY` and waits for a lock.
+async fn build_waits(url: &str) -> bool {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    let waiting: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+         AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock')",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    waiting
+}
+
+/// A migration outside a transaction builds its index with `CREATE INDEX CONCURRENTLY`
+/// while writers insert, is recorded after its build, and the migration after it
+/// applies in a transaction of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_built_outside_a_transaction_lets_writers_insert_while_it_builds() {
+    let db = Db::new(Backend::Postgres).await;
+    let latest = db.latest();
+    inbox::connect(&db.url, 1, true).await.unwrap().migrate(schema::DEFAULT_LOCK_TIMEOUT).await.unwrap();
+
+    // A writer's transaction, open when the build starts: the build waits for it, so
+    // it stays under way, whatever the timing, until that transaction commits.
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut held = holder.begin().await.unwrap();
+    insert_entry(&mut held, "before-the-build").await.unwrap();
+
+    let after = Migration::new(latest + 2, "after_the_index", "CREATE TABLE after_the_index (id BIGINT);");
+    let list = pg_migrations_and(&[received_index(latest + 1), after]);
+    let store = PgStore::connect_with_migrations(&db.url, 2, list).await.unwrap();
+    let migrating = tokio::spawn(async move {
+        let applied = store.migrate(Duration::from_secs(300)).await;
+        applied.map(|a| a.iter().map(|m| m.version).collect::<Vec<_>>())
+    });
+    common::wait_until("the concurrent build to wait for the open transaction", Duration::from_secs(30), || {
+        build_waits(&db.url)
+    })
+    .await;
+
+    // Writers go on while the index builds: each insert commits (a plain CREATE INDEX
+    // would hold them until the open transaction ends, which it does not here).
+    let mut writer = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    for n in 0..50 {
+        let key = format!("during-the-build-{n}");
+        let insert = insert_entry(&mut writer, &key);
+        let done = tokio::time::timeout(Duration::from_secs(20), insert).await;
+        assert!(matches!(done, Ok(Ok(()))), "insert {n} while the index builds: {done:?}");
+    }
+    assert!(!migrating.is_finished(), "the build waits for the open transaction");
+    assert_eq!(index_state(&db.url, "inbox_entry_received").await, [(false, false)], "under way, not yet used");
+    let store = inbox::connect(&db.url, 1, false).await.unwrap();
+    assert_eq!(store.schema_record().await.unwrap().version(), latest, "recorded only once built");
+
+    held.commit().await.unwrap();
+    let applied = tokio::time::timeout(Duration::from_secs(120), migrating).await.expect("the build ends").unwrap();
+    assert_eq!(applied.unwrap(), [latest + 1, latest + 2]);
+
+    assert_eq!(index_state(&db.url, "inbox_entry_received").await, [(true, true)]);
+    let record = store.schema_record().await.unwrap();
+    assert_eq!(record.version(), latest + 2);
+    for m in &list[latest as usize..] {
+        let a = record.applied.iter().find(|a| a.version == m.version).unwrap();
+        assert_eq!((a.checksum.as_deref(), a.binary_version.as_deref()), (Some(&*m.checksum()), Some(schema::BINARY)));
+        assert_eq!(a.compatible_from, Some(m.compatible_from));
+    }
+    // The index holds the rows written during its build, and a query on the column
+    // reads it.
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("SET enable_seqscan = off").execute(&mut conn).await.unwrap();
+    let query = "SELECT count(*) FROM inbox_entry WHERE received_at >= 0";
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {query}")).fetch_all(&mut conn).await.unwrap();
+    assert!(plan.iter().any(|l| l.contains("inbox_entry_received")), "{plan:#?}");
+    let rows: i64 = sqlx::query_scalar(query).fetch_one(&mut conn).await.unwrap();
+    assert_eq!(rows, 51);
+    let table: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('after_the_index')::text").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(table.as_deref(), Some("after_the_index"));
+}
+
+/// A concurrent build that cannot finish within the lock timeout fails naming its
+/// migration and leaves it unrecorded with an INVALID index, which running again
+/// replaces with a valid one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrent_build_that_times_out_is_completed_by_running_again() {
+    let db = Db::new(Backend::Postgres).await;
+    let latest = db.latest();
+    inbox::connect(&db.url, 1, true).await.unwrap().migrate(schema::DEFAULT_LOCK_TIMEOUT).await.unwrap();
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut held = holder.begin().await.unwrap();
+    insert_entry(&mut held, "before-the-build").await.unwrap();
+
+    let list = pg_migrations_and(&[received_index(latest + 1)]);
+    let store = PgStore::connect_with_migrations(&db.url, 2, list).await.unwrap();
+    let started = Instant::now();
+    let failed = tokio::time::timeout(Duration::from_secs(60), store.migrate(Duration::from_secs(1))).await;
+    let err = failed.expect("the lock timeout ends the build").unwrap_err().to_string();
+    let took = started.elapsed();
+    let say = format!(
+        "inbox schema migration {} (received_index) could not take its locks within the lock timeout (1s)",
+        latest + 1
+    );
+    assert!(err.contains(&say), "{err}");
+    assert!(err.contains("a transaction older than its concurrent build"), "{err}");
+    assert!(err.contains("it is not recorded") && err.contains("run `inlet migrate` again"), "{err}");
+    // Within the timeout, far from waiting for the open transaction, which never ends
+    // on its own.
+    assert!(took < Duration::from_secs(30), "{took:?}");
+
+    assert_eq!(index_state(&db.url, "inbox_entry_received").await, [(false, false)], "left INVALID");
+    let plain = inbox::connect(&db.url, 1, false).await.unwrap();
+    assert_eq!(plain.schema_record().await.unwrap().version(), latest, "not recorded");
+
+    held.rollback().await.unwrap();
+    let applied = store.migrate(Duration::from_secs(1)).await.unwrap();
+    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [latest + 1]);
+    assert_eq!(index_state(&db.url, "inbox_entry_received").await, [(true, true)], "one index, valid");
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let invalid: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_index WHERE indrelid = 'inbox_entry'::regclass AND NOT (indisvalid AND indisready)",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(invalid, 0, "no INVALID index left on inbox_entry");
+    let record = plain.schema_record().await.unwrap();
+    assert_eq!(record.version(), latest + 1);
+    assert_eq!(record.applied.last().unwrap().checksum, Some(list[latest as usize].checksum()));
+    // Current for a binary that knows it.
+    let cmp = schema::Comparison { known: list, record: &record };
+    assert!(cmp.refuse_older().is_ok() && cmp.mismatches().is_empty());
+}
+
+/// Two runs at once migrate once, and the one waiting for the migration lock does not
+/// hold up the other's concurrent build: a build waits for every transaction older
+/// than itself, so a run that waited for the lock inside a statement would deadlock
+/// with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_waiting_for_the_migration_lock_lets_the_concurrent_build_finish() {
+    let db = Db::new(Backend::Postgres).await;
+    let latest = db.latest();
+    inbox::connect(&db.url, 1, true).await.unwrap().migrate(schema::DEFAULT_LOCK_TIMEOUT).await.unwrap();
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut held = holder.begin().await.unwrap();
+    insert_entry(&mut held, "before-the-build").await.unwrap();
+
+    let list = pg_migrations_and(&[received_index(latest + 1)]);
+    let run = |store: PgStore| {
+        tokio::spawn(async move {
+            let applied = store.migrate(Duration::from_secs(300)).await;
+            applied.map(|a| a.iter().map(|m| m.version).collect::<Vec<_>>())
+        })
+    };
+    let first = run(PgStore::connect_with_migrations(&db.url, 2, list).await.unwrap());
+    common::wait_until("the concurrent build to wait for the open transaction", Duration::from_secs(30), || {
+        build_waits(&db.url)
+    })
+    .await;
+    let second = run(PgStore::connect_with_migrations(&db.url, 2, list).await.unwrap());
+    // The second run has tried the lock (its session's last statement) and keeps trying.
+    common::wait_until("the second run to try the migration lock", Duration::from_secs(30), || async {
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let tried: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+             AND query LIKE 'SELECT pg_try_advisory_lock%')",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+        tried
+    })
+    .await;
+    assert!(!second.is_finished(), "the second run waits for the first");
+
+    held.commit().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(120), first).await.expect("the first run ends").unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(120), second).await.expect("the second run ends").unwrap();
+    assert_eq!(first.unwrap(), [latest + 1], "the first run builds the index");
+    assert_eq!(second.unwrap(), Vec::<i64>::new(), "the second finds it applied");
+    assert_eq!(index_state(&db.url, "inbox_entry_received").await, [(true, true)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,6 +14,8 @@ struct Step {
     version: i64,
     name: &'static str,
     checksum: String,
+    /// Runs outside a transaction, statement by statement (PostgreSQL).
+    outside_transaction: bool,
     /// The SQL (`--dry-run` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     sql: Option<&'static str>,
@@ -21,8 +23,27 @@ struct Step {
 
 impl Step {
     fn of(m: &Migration, with_sql: bool) -> Step {
-        Step { version: m.version, name: m.name, checksum: m.checksum(), sql: with_sql.then_some(m.sql) }
+        Step {
+            version: m.version,
+            name: m.name,
+            checksum: m.checksum(),
+            outside_transaction: m.outside_transaction,
+            sql: with_sql.then_some(m.sql),
+        }
     }
+}
+
+/// A pending migration as `inlet migrate --dry-run` heads its SQL: which, its checksum,
+/// and how it runs when that is not in the run's transaction.
+fn heading(m: &Migration) -> String {
+    let mut line = format!("-- version {} ({}), sha256 {}", m.version, m.name, m.checksum());
+    if m.outside_transaction {
+        line.push_str(
+            "\n-- runs outside a transaction: the versions before it commit first, then each statement below \
+             commits on its own, and the version is recorded after the last",
+        );
+    }
+    line
 }
 
 /// `inlet migrate --json`.
@@ -68,7 +89,7 @@ pub(super) async fn migrate(url: &str, dry_run: bool, lock_timeout: Duration, ou
                 println!("-- nothing to apply: the inbox schema is at version {}", record.version());
             }
             for m in &pending {
-                println!("-- version {} ({}), sha256 {}", m.version, m.name, m.checksum());
+                println!("{}", heading(m));
                 println!("{}", m.sql.trim_end());
                 println!();
             }
@@ -244,5 +265,28 @@ fn print_status(s: &Status) {
     }
     if let Some(problem) = &s.problem {
         println!("{problem}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dry_run_says_which_migrations_run_outside_a_transaction() {
+        let inside = Migration::new(10, "probe", "CREATE TABLE extra (id BIGINT);");
+        assert_eq!(heading(&inside), format!("-- version 10 (probe), sha256 {}", inside.checksum()));
+        let outside = Migration::new(
+            11,
+            "received",
+            "DROP INDEX CONCURRENTLY IF EXISTS x;\nCREATE INDEX CONCURRENTLY x ON inbox_entry (received_at);",
+        )
+        .outside_transaction();
+        let said = heading(&outside);
+        assert!(said.starts_with(&format!("-- version 11 (received), sha256 {}\n", outside.checksum())), "{said}");
+        assert!(said.contains("-- runs outside a transaction: the versions before it commit first"), "{said}");
+        let json = serde_json::to_value(Step::of(&outside, true)).unwrap();
+        assert_eq!(json["outside_transaction"], true);
+        assert_eq!(serde_json::to_value(Step::of(&inside, false)).unwrap()["outside_transaction"], false);
     }
 }

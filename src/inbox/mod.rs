@@ -61,6 +61,9 @@ macro_rules! bind_entry {
     }};
 }
 
+#[cfg(test)]
+mod lint;
+mod sql_text;
 mod sqlstore;
 
 pub mod postgres;

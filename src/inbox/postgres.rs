@@ -43,8 +43,13 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration::new(9, "hot_path_indexes", include_str!("sql/postgres_0009_hot_path_indexes.sql")),
 ];
 
-/// Serializes migrations across instances (the key is "inlet" in ASCII).
-const MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock(452824163700)";
+/// Serializes migrations across instances (the key is "inlet" in ASCII). Taken for
+/// the session: a run may commit more than once (around a migration outside a
+/// transaction) and holds it throughout.
+const MIGRATION_LOCK: i64 = 452_824_163_700;
+
+/// How often a run waiting for another's migration lock tries it again.
+const MIGRATION_LOCK_RETRY: Duration = Duration::from_millis(100);
 
 /// The session advisory lock whose holder publishes the inbox gauges (the migration
 /// lock's key plus one).
@@ -52,6 +57,7 @@ const GAUGE_LOCK: i64 = 452_824_163_701;
 
 pub struct PgStore {
     pool: PgPool,
+    migrations: &'static [Migration],
     /// The connection the gauge lease is tried and held on (outside the pool, so
     /// the lock lives exactly as long as it), and whether it holds the lock.
     gauge_lease: tokio::sync::Mutex<Option<(PgConnection, bool)>>,
@@ -60,6 +66,17 @@ pub struct PgStore {
 impl PgStore {
     /// Connects without looking at the schema.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        Self::connect_with_migrations(url, max_connections, MIGRATIONS).await
+    }
+
+    /// Connects with other migrations than this binary's: for tests of the migration
+    /// runner.
+    #[doc(hidden)]
+    pub async fn connect_with_migrations(
+        url: &str,
+        max_connections: u32,
+        migrations: &'static [Migration],
+    ) -> Result<Self, StoreError> {
         // The server's NOTICEs (`relation "inlet_schema" already exists, skipping`)
         // say nothing an operator needs; sqlx would log each one.
         let options = PgConnectOptions::from_str(url)?.options([("client_min_messages", "warning")]);
@@ -68,26 +85,53 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(3))
             .connect_with(options)
             .await?;
-        Ok(PgStore { pool, gauge_lease: tokio::sync::Mutex::new(None) })
+        Ok(PgStore { pool, migrations, gauge_lease: tokio::sync::Mutex::new(None) })
     }
 
-    /// A migration's transaction: first the migration lock, waited for without a
-    /// limit (another instance is migrating, and its own statements are bounded by its
-    /// lock timeout), then `lock_timeout` for the rest of the transaction, so a
+    /// A migration outside a transaction runs statement by statement, each committed
+    /// on its own.
+    const OUTSIDE_TRANSACTIONS: bool = true;
+
+    /// The connection a migration run is made on: it holds the migration lock, waited
+    /// for without a limit (another instance is migrating, and its own statements are
+    /// bounded by its lock timeout), and `lock_timeout` for everything after, so a
     /// migration that needs a table another session holds fails within it. Waiting
     /// longer would be worse than failing: every later query on that table (claims,
     /// inserts) would queue behind the migration's pending lock.
-    async fn begin_migration(
+    ///
+    /// The lock is tried, not waited for in one statement: a statement waiting holds a
+    /// snapshot, and `CREATE INDEX CONCURRENTLY` in the run holding the lock waits for
+    /// every snapshot older than its build, which would be a deadlock. The connection
+    /// closes when the run drops it (never back to the pool), which releases the lock
+    /// and the setting on every path, a failure's included.
+    async fn migration_connection(
         &self,
         lock_timeout: Duration,
-    ) -> Result<sqlx::Transaction<'static, Postgres>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(MIGRATION_LOCK).execute(&mut *tx).await?;
-        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+    ) -> Result<sqlx::pool::PoolConnection<Postgres>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        conn.close_on_drop();
+        let mut waiting = false;
+        while !sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .fetch_one(&mut *conn)
+            .await?
+        {
+            if !waiting {
+                tracing::info!("another instance is migrating the inbox schema; waiting for it");
+                waiting = true;
+            }
+            tokio::time::sleep(MIGRATION_LOCK_RETRY).await;
+        }
+        sqlx::query("SELECT set_config('lock_timeout', $1, false)")
             .bind(format!("{}ms", lock_timeout.as_millis()))
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
-        Ok(tx)
+        Ok(conn)
+    }
+
+    /// A transaction of a migration run.
+    async fn begin_migration(conn: &mut PgConnection) -> Result<sqlx::Transaction<'_, Postgres>, StoreError> {
+        Ok(sqlx::Connection::begin(conn).await?)
     }
 }
 
@@ -656,7 +700,6 @@ store_impl! {
     insert_sql: INSERT_SQL,
     insert_or_existing_sql: Some(INSERT_OR_EXISTING_SQL),
     now_sql: "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT",
-    migrations: MIGRATIONS,
     // Resolved through the search path, as every other statement's tables are.
     schema_columns_sql: "SELECT attname::text FROM pg_attribute \
         WHERE attrelid = to_regclass('inlet_schema') AND attnum > 0 AND NOT attisdropped ORDER BY attnum",

@@ -10,10 +10,13 @@
 //! it ([`Migration::compatible_from`]): the expand half of expand-then-contract, see
 //! UPGRADING.md.
 //!
-//! On PostgreSQL the migrations of one run apply in one transaction, under an advisory
-//! lock (instances starting together migrate once) and a `lock_timeout`, so a migration
-//! that meets a table held by someone else fails within it instead of queueing every
-//! later query on that table behind itself.
+//! On PostgreSQL a run holds an advisory lock (instances starting together migrate
+//! once) and a `lock_timeout`, so a migration that meets a table held by someone else
+//! fails within it instead of queueing every later query on that table behind itself.
+//! The migrations of a run apply in one transaction, all or none, except one declared
+//! [`Migration::outside_transaction`] (an index built `CONCURRENTLY`): the migrations
+//! before it commit first, it runs alone, statement by statement, each committed on its
+//! own, and is recorded after its last; the ones after it apply in a transaction again.
 
 use std::fmt;
 use std::time::Duration;
@@ -37,18 +40,34 @@ pub struct Migration {
     /// migration was applied to: its own version (a binary must know it), or an older
     /// one for a migration that only adds what older binaries ignore (expand).
     pub compatible_from: i64,
+    /// Runs outside a transaction, statement by statement (PostgreSQL; see
+    /// [`Migration::outside_transaction`]).
+    pub outside_transaction: bool,
 }
 
 impl Migration {
     /// A migration only binaries that know it may run on.
     pub const fn new(version: i64, name: &'static str, sql: &'static str) -> Migration {
-        Migration { version, name, sql, compatible_from: version }
+        Migration { version, name, sql, compatible_from: version, outside_transaction: false }
     }
 
     /// Declares that binaries knowing schema `version` (older than this one) run on it
     /// too: for a migration that only adds (UPGRADING.md, expand then contract).
     pub const fn compatible_from(self, version: i64) -> Migration {
         Migration { compatible_from: version, ..self }
+    }
+
+    /// Declares that it runs outside a transaction, for what PostgreSQL refuses to run
+    /// inside one: `CREATE INDEX CONCURRENTLY`, which builds an index while the table
+    /// takes writes. The migrations before it commit first; it runs alone, each
+    /// statement committed on its own, and is recorded after its last. A failure leaves
+    /// what its finished statements did, so each statement must be one that running
+    /// again completes (`DROP INDEX CONCURRENTLY IF EXISTS x` before
+    /// `CREATE INDEX CONCURRENTLY x`, which a failed build leaves INVALID): the lint in
+    /// `inbox/lint.rs` holds it to that. PostgreSQL only: SQLite runs every migration of
+    /// a run in its one transaction, and the lint refuses this on SQLite's list.
+    pub const fn outside_transaction(self) -> Migration {
+        Migration { outside_transaction: true, ..self }
     }
 
     /// The SHA-256 of its SQL, as recorded when it is applied.
@@ -219,13 +238,50 @@ pub enum SchemaError {
     ChecksumMismatch(Vec<Mismatch>),
     #[error(
         "inbox schema migration {step} could not take its locks within the lock timeout ({}): another session \
-         holds a lock on a table it changes (see pg_locks); nothing was applied. Try again once it is released, \
-         or raise --lock-timeout",
-        humantime::format_duration(*timeout)
+         holds a lock on a table it changes (see pg_locks){}; {}. Try again once it is released, or raise \
+         --lock-timeout",
+        humantime::format_duration(*timeout),
+        if step.outside_transaction() {
+            ", or a transaction older than its concurrent build still runs (see pg_stat_activity)"
+        } else {
+            ""
+        },
+        left(step, *kept)
     )]
-    LockTimeout { step: Step, timeout: Duration },
-    #[error("inbox schema migration {step} failed, nothing was applied: {error}")]
-    Failed { step: Step, error: sqlx::Error },
+    LockTimeout { step: Step, timeout: Duration, kept: Kept },
+    #[error("inbox schema migration {step} failed, {}: {error}", left(step, *kept))]
+    Failed { step: Step, error: sqlx::Error, kept: Kept },
+}
+
+/// What a failed migration run leaves applied besides the step that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// Nothing: everything of the run before the failure was in the transaction that
+    /// rolled back.
+    Nothing,
+    /// The versions committed before a migration that runs outside a transaction, up
+    /// to this one.
+    UpTo(i64),
+}
+
+/// What a failed run left, for its error.
+fn left(step: &Step, kept: Kept) -> String {
+    let before = match kept {
+        Kept::Nothing => None,
+        Kept::UpTo(version) => {
+            Some(format!("the versions before it were applied and stay (the schema is at version {version})"))
+        }
+    };
+    match (step.outside_transaction(), before) {
+        (false, None) => "nothing was applied".to_string(),
+        (false, Some(before)) => format!("it was not applied; {before}"),
+        (true, before) => format!(
+            "it runs outside a transaction, so what its statements did before the failure stays (an index a \
+             concurrent build left INVALID among it), and it is not recorded; each of its statements completes \
+             what an earlier try left, so run `inlet migrate` again{}",
+            before.map(|b| format!("; {b}")).unwrap_or_default()
+        ),
+    }
 }
 
 fn older(found: i64, latest: i64, pending: &[i64]) -> String {
@@ -274,6 +330,8 @@ pub enum Step {
     Version {
         version: i64,
         name: &'static str,
+        /// Run outside a transaction, statement by statement.
+        outside_transaction: bool,
     },
 }
 
@@ -281,22 +339,26 @@ impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Step::Record => f.write_str("of the schema table inlet_schema"),
-            Step::Version { version, name } => write!(f, "{version} ({name})"),
+            Step::Version { version, name, .. } => write!(f, "{version} ({name})"),
         }
     }
 }
 
 impl Step {
+    fn outside_transaction(&self) -> bool {
+        matches!(self, Step::Version { outside_transaction: true, .. })
+    }
+
     /// The error of a statement of this step: a lock not granted within the lock
     /// timeout (SQLSTATE 55P03, lock_not_available) is told apart; an outage stays an
     /// outage.
-    pub(crate) fn failed(self, lock_timeout: Duration, error: sqlx::Error) -> StoreError {
+    pub(crate) fn failed(self, lock_timeout: Duration, kept: Kept, error: sqlx::Error) -> StoreError {
         match &error {
             sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03") => {
-                SchemaError::LockTimeout { step: self, timeout: lock_timeout }.into()
+                SchemaError::LockTimeout { step: self, timeout: lock_timeout, kept }.into()
             }
             _ if super::is_unavailable(&error) => StoreError::Unavailable(error),
-            _ => SchemaError::Failed { step: self, error }.into(),
+            _ => SchemaError::Failed { step: self, error, kept }.into(),
         }
     }
 }
@@ -354,7 +416,8 @@ fn warn_mismatches(cmp: &Comparison<'_>) {
 
 /// Creates the schema as an Inlet from before recorded migrations would have left it at
 /// `version`: `inlet_schema` with versions only, and the embedded migrations `1..=version`
-/// applied. For upgrade tests.
+/// applied, each in a transaction of its own or, declared so, outside one. For upgrade
+/// tests.
 #[doc(hidden)]
 pub async fn create_as_of(url: &str, version: i64) -> Result<(), StoreError> {
     use sqlx::Connection as _;
@@ -363,17 +426,21 @@ pub async fn create_as_of(url: &str, version: i64) -> Result<(), StoreError> {
     macro_rules! apply {
         ($conn:expr) => {{
             let mut conn = $conn;
-            let mut tx = conn.begin().await?;
-            sqlx::query(CREATE_TABLE).execute(&mut *tx).await?;
+            sqlx::query(CREATE_TABLE).execute(&mut conn).await?;
+            let record = "INSERT INTO inlet_schema (version, applied_at) VALUES ($1, $2)";
             for m in known.iter().filter(|m| m.version <= version) {
-                sqlx::raw_sql(m.sql).execute(&mut *tx).await?;
-                sqlx::query("INSERT INTO inlet_schema (version, applied_at) VALUES ($1, $2)")
-                    .bind(m.version)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
+                if m.outside_transaction && url.starts_with("postgres") {
+                    for statement in super::sql_text::statements(m.sql) {
+                        sqlx::raw_sql(statement.text).execute(&mut conn).await?;
+                    }
+                    sqlx::query(record).bind(m.version).bind(now).execute(&mut conn).await?;
+                } else {
+                    let mut tx = conn.begin().await?;
+                    sqlx::raw_sql(m.sql).execute(&mut *tx).await?;
+                    sqlx::query(record).bind(m.version).bind(now).execute(&mut *tx).await?;
+                    tx.commit().await?;
+                }
             }
-            tx.commit().await?;
             conn.close().await?;
         }};
     }

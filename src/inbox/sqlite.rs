@@ -52,6 +52,7 @@ fn inbox_file(url: &str) -> Result<Option<PathBuf>, StoreError> {
 
 pub struct SqliteStore {
     pool: SqlitePool,
+    migrations: &'static [Migration],
 }
 
 impl SqliteStore {
@@ -74,14 +75,27 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await?;
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore { pool, migrations: MIGRATIONS })
     }
 
-    /// A migration's transaction: `IMMEDIATE`, so it holds the write lock from its
-    /// first read of `inlet_schema` (no lock timeout: SQLite's busy timeout bounds the
-    /// wait, and [`InstanceLock`] keeps running instances away).
-    async fn begin_migration(&self, _lock_timeout: Duration) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    /// Every migration of a run applies in its one transaction: SQLite has nothing to
+    /// build outside one (the migration lint refuses `outside_transaction` on this
+    /// list).
+    const OUTSIDE_TRANSACTIONS: bool = false;
+
+    /// The connection a migration run is made on (no lock timeout: SQLite's busy
+    /// timeout bounds the wait, and [`InstanceLock`] keeps running instances away).
+    async fn migration_connection(
+        &self,
+        _lock_timeout: Duration,
+    ) -> Result<sqlx::pool::PoolConnection<Sqlite>, StoreError> {
+        Ok(self.pool.acquire().await?)
+    }
+
+    /// A migration run's transaction: `IMMEDIATE`, so it holds the write lock from its
+    /// first read of `inlet_schema`.
+    async fn begin_migration(conn: &mut SqliteConnection) -> Result<sqlx::Transaction<'_, Sqlite>, StoreError> {
+        Ok(sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?)
     }
 }
 
@@ -327,6 +341,5 @@ store_impl! {
     // SQLite has no data-modifying CTE; its second statement costs no round trip.
     insert_or_existing_sql: None::<&str>,
     now_sql: "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)",
-    migrations: MIGRATIONS,
     schema_columns_sql: "SELECT name FROM pragma_table_info('inlet_schema') ORDER BY cid",
 }

@@ -1,10 +1,11 @@
 //! The store body shared by both backends. sqlx's per-database types make a generic
 //! implementation heavy; a macro keeps one body and one set of queries instead.
 
-/// Implements [`super::Store`] for `$store` (a struct with a `pool: $pool` field),
-/// given the backend's insert statement, clock query, migrations and the query listing
-/// `inlet_schema`'s columns (none: no such table). Each backend brings its own
-/// `claim_rows` (the claim is where the two differ) and `begin_migration`.
+/// Implements [`super::Store`] for `$store` (a struct with a `pool: $pool` field and
+/// its `migrations`), given the backend's insert statement, clock query and the query
+/// listing `inlet_schema`'s columns (none: no such table). Each backend brings its own
+/// `claim_rows` (the claim is where the two differ), and for migrations its
+/// `migration_connection`, `begin_migration` and `OUTSIDE_TRANSACTIONS`.
 macro_rules! store_impl {
     (
         store: $store:ty,
@@ -15,7 +16,6 @@ macro_rules! store_impl {
         insert_sql: $insert_sql:expr,
         insert_or_existing_sql: $insert_or_existing_sql:expr,
         now_sql: $now_sql:expr,
-        migrations: $migrations:expr,
         schema_columns_sql: $schema_columns_sql:expr,
     ) => {
         impl $store {
@@ -47,17 +47,22 @@ macro_rules! store_impl {
                 Ok(SchemaRecord { table, applied })
             }
 
-            /// [`Store::migrate`](crate::inbox::Store::migrate): in the transaction the
-            /// backend begins for it (PostgreSQL: under the migration lock and the lock
-            /// timeout), `inlet_schema` made complete, the schema compared again (another
-            /// instance may have migrated meanwhile), then each pending migration applied
-            /// and recorded with this binary and its checksum.
+            /// [`Store::migrate`](crate::inbox::Store::migrate), on the connection the
+            /// backend gives a run (PostgreSQL: holding the migration lock, under the lock
+            /// timeout): in the transaction the backend begins, `inlet_schema` made
+            /// complete and the schema compared again (another instance may have migrated
+            /// meanwhile); then each pending migration applied and recorded with this
+            /// binary and its checksum, all in that transaction, except that on a backend
+            /// that runs some outside one ([`Self::OUTSIDE_TRANSACTIONS`]) such a
+            /// migration ends the transaction before it and runs alone.
             async fn migrate_schema(&self, lock_timeout: std::time::Duration)
                 -> Result<Vec<$crate::inbox::schema::Migration>, $crate::inbox::StoreError>
             {
-                use $crate::inbox::schema::{self, Comparison, Migration, Step, RECORD_COLUMNS};
-                let mut tx = self.begin_migration(lock_timeout).await?;
-                sqlx::query(schema::CREATE_TABLE).execute(&mut *tx).await.map_err(|e| Step::Record.failed(lock_timeout, e))?;
+                use $crate::inbox::schema::{self, Comparison, Kept, Migration, Step, RECORD_COLUMNS};
+                let mut conn = self.migration_connection(lock_timeout).await?;
+                let mut tx = Self::begin_migration(&mut *conn).await?;
+                let failed = |step: Step, e| step.failed(lock_timeout, Kept::Nothing, e);
+                sqlx::query(schema::CREATE_TABLE).execute(&mut *tx).await.map_err(|e| failed(Step::Record, e))?;
                 let columns: Vec<String> = sqlx::query_scalar($schema_columns_sql).fetch_all(&mut *tx).await?;
                 let missing: Vec<String> = RECORD_COLUMNS
                     .iter()
@@ -65,35 +70,79 @@ macro_rules! store_impl {
                     .map(|(name, ty)| format!("ALTER TABLE inlet_schema ADD COLUMN {name} {ty}"))
                     .collect();
                 for add in &missing {
-                    sqlx::query(add).execute(&mut *tx).await.map_err(|e| Step::Record.failed(lock_timeout, e))?;
+                    sqlx::query(add).execute(&mut *tx).await.map_err(|e| failed(Step::Record, e))?;
                 }
                 let record = Self::read_schema(&mut *tx).await?;
-                let cmp = Comparison { known: $migrations, record: &record };
+                let cmp = Comparison { known: self.migrations, record: &record };
                 cmp.refuse_newer()?;
                 cmp.refuse_mismatches()?;
                 let pending: Vec<Migration> = cmp.pending().into_iter().copied().collect();
-                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-                for m in &pending {
-                    let step = || Step::Version { version: m.version, name: m.name };
-                    // Through the executor: `RawSql::execute` is an `async fn` generic over
-                    // the executor, whose future the `Send` check of this trait method cannot
-                    // see through.
-                    sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(m.sql)).await.map_err(|e| step().failed(lock_timeout, e))?;
-                    sqlx::query(
-                        "INSERT INTO inlet_schema (version, applied_at, binary_version, checksum, compatible_from) \
-                         VALUES ($1, $2, $3, $4, $5)",
-                    )
-                    .bind(m.version)
-                    .bind(now)
-                    .bind(schema::BINARY)
-                    .bind(m.checksum())
-                    .bind(m.compatible_from)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| step().failed(lock_timeout, e))?;
+                let alone = |m: &Migration| Self::OUTSIDE_TRANSACTIONS && m.outside_transaction;
+                // The migrations up to the first that runs alone, in this transaction.
+                let mut next = 0;
+                while let Some(m) = pending.get(next).filter(|m| !alone(m)) {
+                    Self::apply_recorded(&mut *tx, m, lock_timeout, Kept::Nothing).await?;
+                    next += 1;
                 }
                 tx.commit().await?;
+                while let Some(m) = pending.get(next) {
+                    let kept = match next {
+                        0 => Kept::Nothing,
+                        n => Kept::UpTo(pending[n - 1].version),
+                    };
+                    if alone(m) {
+                        let step = || Step::Version { version: m.version, name: m.name, outside_transaction: true };
+                        for statement in $crate::inbox::sql_text::statements(m.sql) {
+                            // One statement per query: PostgreSQL runs a query of several as
+                            // one implicit transaction.
+                            sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(statement.text))
+                                .await
+                                .map_err(|e| step().failed(lock_timeout, kept, e))?;
+                        }
+                        Self::record_applied(&mut *conn, m).await.map_err(|e| step().failed(lock_timeout, kept, e))?;
+                        next += 1;
+                    } else {
+                        let mut tx = Self::begin_migration(&mut *conn).await?;
+                        while let Some(m) = pending.get(next).filter(|m| !alone(m)) {
+                            Self::apply_recorded(&mut *tx, m, lock_timeout, kept).await?;
+                            next += 1;
+                        }
+                        tx.commit().await?;
+                    }
+                }
                 Ok(pending)
+            }
+
+            /// One migration and its record, in the caller's transaction.
+            async fn apply_recorded(
+                conn: &mut $conn,
+                m: &$crate::inbox::schema::Migration,
+                lock_timeout: std::time::Duration,
+                kept: $crate::inbox::schema::Kept,
+            ) -> Result<(), $crate::inbox::StoreError> {
+                let step = || $crate::inbox::schema::Step::Version { version: m.version, name: m.name, outside_transaction: false };
+                // Through the executor: `RawSql::execute` is an `async fn` generic over
+                // the executor, whose future the `Send` check of this trait method cannot
+                // see through.
+                sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(m.sql)).await.map_err(|e| step().failed(lock_timeout, kept, e))?;
+                Self::record_applied(conn, m).await.map_err(|e| step().failed(lock_timeout, kept, e))
+            }
+
+            /// `m` recorded as applied now, by this binary, with its checksum.
+            async fn record_applied(conn: &mut $conn, m: &$crate::inbox::schema::Migration) -> Result<(), sqlx::Error> {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+                sqlx::query(
+                    "INSERT INTO inlet_schema (version, applied_at, binary_version, checksum, compatible_from) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(m.version)
+                .bind(now)
+                .bind($crate::inbox::schema::BINARY)
+                .bind(m.checksum())
+                .bind(m.compatible_from)
+                .execute(conn)
+                .await
+                .map(drop)
             }
 
             /// One settle and its attempt record, inside the caller's transaction.
@@ -288,7 +337,7 @@ macro_rules! store_impl {
             }
 
             fn migrations(&self) -> &'static [$crate::inbox::schema::Migration] {
-                $migrations
+                self.migrations
             }
 
             async fn schema_record(&self) -> Result<$crate::inbox::schema::SchemaRecord, $crate::inbox::StoreError> {
