@@ -53,8 +53,8 @@ mod support;
 
 use base64::Engine as _;
 use common::{InletProcess, PubSubEmulator};
-use inlet::clock::DbClock;
 use inlet::config::{Config, SourceConfig};
+use inlet::inbox::DbClock;
 use inlet::ingest::Ingest;
 use inlet::pubsub::Connection;
 use inlet::routing::Route;

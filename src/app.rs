@@ -9,194 +9,31 @@
 //! claiming, and what is in flight gets the grace period to finish. Pushes that
 //! arrive during the delay are stored and answered as usual, so none is refused.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 
-use crate::clock::{Clock, DbClock};
-use crate::config::{Config, Ordering, ParkedPolicy, SourceConfig};
+use crate::clock::Clock;
+use crate::config::{Config, Ordering, ParkedPolicy};
+use crate::inbox::DbClock;
 use crate::inbox::group::{Group, Settles};
-use crate::inbox::{self, Status, Store};
+use crate::inbox::{self, Status};
 use crate::ingest::Ingest;
 use crate::pubsub::Connection;
-use crate::relay::{Relay, RelayOptions};
-use crate::routing::Routes;
-use crate::source::pubsub::Puller;
+use crate::relay::RelayOptions;
+use crate::routing::{RouteTable, Routes};
+use crate::shared::Shared;
 use crate::target::Clients;
 use crate::telemetry::{Metrics, RouteStatus};
 use crate::{admin, source};
-
-/// What request handlers and background tasks share.
-pub struct Shared {
-    routes: RwLock<Arc<Routes>>,
-    pub store: Arc<dyn Store>,
-    pub clock: Arc<dyn Clock>,
-    pub metrics: Arc<Metrics>,
-    pub ingest: Arc<Ingest>,
-    /// Where Pub/Sub sources pull from.
-    pub pubsub: Connection,
-    /// Where Pub/Sub sources record their acks, when asked for.
-    ack_journal: Option<Arc<crate::source::ack_journal::AckJournal>>,
-    /// Signing keys for push routes that require an OIDC token.
-    pub push_verifier: crate::source::push_auth::Verifier,
-    /// Unknown admin tokens by peer (sign-in and API), for the backoff.
-    pub guesses: admin::access::Guesses,
-    /// The routing file as last applied, and where it lives.
-    pub(crate) config: Mutex<Config>,
-    pub(crate) config_seen: Mutex<crate::reload::Seen>,
-    relays: Mutex<Relays>,
-    relay_options: RelayOptions,
-    /// Settles of every relay of this process, committed in groups.
-    settles: Arc<Group<Settles>>,
-    /// Set once the process is told to stop: `/readyz` answers 503, answers close
-    /// their connections.
-    pub drain: crate::server::Drain,
-}
-
-/// Operator actions in this instance wake the relays as a stored entry does.
-impl crate::operate::Wake for Shared {
-    fn wake(&self, route: &str) {
-        Shared::wake(self, route);
-    }
-}
-
-/// One relay task per route, each with its own stop signal, so a reload can stop and
-/// start single routes.
-#[derive(Default)]
-struct Relays {
-    running: HashMap<String, (watch::Sender<bool>, JoinHandle<()>)>,
-    /// Relays told to stop that may still be finishing in-flight attempts.
-    stopping: Vec<JoinHandle<()>>,
-}
-
-impl Shared {
-    /// The routes as they are now.
-    pub fn routes(&self) -> Arc<Routes> {
-        Arc::clone(&self.routes.read().expect("routes lock"))
-    }
-
-    /// `route` has entries to claim now: wakes its relay here and announces it to
-    /// the other instances on the inbox, so none waits for its poll interval.
-    pub fn wake(&self, route: &str) {
-        if let Some(r) = self.routes().get(route) {
-            r.stored.notify_one();
-        }
-        self.ingest.announce(route);
-    }
-
-    /// Puts a new set of routes in place: relays of routes that are gone or changed
-    /// stop claiming (their in-flight attempts finish), relays of `fresh` routes start.
-    pub(crate) fn replace_routes(&self, routes: Arc<Routes>, fresh: &[String]) {
-        let mut relays = self.relays.lock().expect("relays lock");
-        relays.stopping.retain(|h| !h.is_finished());
-        let names: Vec<String> = relays.running.keys().cloned().collect();
-        for name in names {
-            if routes.get(&name).is_none() || fresh.contains(&name) {
-                let (stop, handle) = relays.running.remove(&name).expect("listed");
-                let _ = stop.send(true);
-                relays.stopping.push(handle);
-            }
-        }
-        *self.routes.write().expect("routes lock") = Arc::clone(&routes);
-        for route in routes.iter() {
-            let pull = matches!(route.config.source, SourceConfig::Pubsub(_));
-            self.metrics.register_route(route.name(), pull);
-            if !relays.running.contains_key(route.name()) {
-                let (stop, stop_rx) = watch::channel(false);
-                let relay = Arc::new(Relay {
-                    route: Arc::clone(route),
-                    store: Arc::clone(&self.store),
-                    clock: Arc::clone(&self.clock),
-                    metrics: Arc::clone(&self.metrics),
-                    options: self.relay_options.clone(),
-                    last_release: std::sync::Mutex::default(),
-                    settles: Some(Arc::clone(&self.settles)),
-                });
-                let puller = match &route.config.source {
-                    SourceConfig::Pubsub(config) => Some(Puller {
-                        route: Arc::clone(route),
-                        config: config.clone(),
-                        connection: self.pubsub.clone(),
-                        ingest: Arc::clone(&self.ingest),
-                        metrics: Arc::clone(&self.metrics),
-                        ack_journal: self.ack_journal.clone(),
-                    }),
-                    SourceConfig::Push => None,
-                };
-                // The route's relay and, for a pull source, its puller: one task, so
-                // stopping the route stops and awaits both.
-                let task = tokio::spawn(async move {
-                    match puller {
-                        Some(p) => {
-                            tokio::join!(relay.run(stop_rx.clone()), p.run(stop_rx));
-                        }
-                        None => relay.run(stop_rx).await,
-                    }
-                });
-                relays.running.insert(route.name().to_string(), (stop, task));
-            }
-        }
-    }
-
-    /// Stops every route (pullers finish the batch they store and nack the rest;
-    /// relays let in-flight attempts finish) and waits for them until `deadline`:
-    /// attempts still running then are abandoned, and their entries handed back to
-    /// the inbox (OPEN, no lease), so any instance claims them at once rather than when
-    /// their leases expire.
-    async fn stop_routes(&self, deadline: tokio::time::Instant) {
-        let handles: Vec<JoinHandle<()>> = {
-            let mut relays = self.relays.lock().expect("relays lock");
-            let mut handles: Vec<_> = relays.stopping.drain(..).collect();
-            for (_, (stop, handle)) in relays.running.drain() {
-                let _ = stop.send(true);
-                handles.push(handle);
-            }
-            handles
-        };
-        let mut abandoned = false;
-        for mut h in handles {
-            if tokio::time::timeout_at(deadline, &mut h).await.is_err() {
-                abandoned = true;
-                h.abort();
-                // Dropped: its attempts' futures are gone, none settles after this.
-                let _ = h.await;
-            }
-        }
-        if !abandoned {
-            tracing::info!("sources and relays stopped; the attempts in flight finished");
-            return;
-        }
-        let owner = &self.relay_options.owner;
-        match self.store.release_owned(owner, self.clock.now()).await {
-            Ok(routes) => {
-                tracing::warn!(
-                    handed_back = routes.len(),
-                    "grace period over; abandoned the attempts still in flight and handed their entries back to the inbox (OPEN, to be delivered again)"
-                );
-                let mut announced = routes.clone();
-                announced.sort();
-                announced.dedup();
-                if let Err(error) = self.store.announce(&announced).await {
-                    tracing::debug!(%error, "could not announce the entries handed back");
-                }
-            }
-            Err(error) => {
-                tracing::warn!(
-                    %error,
-                    "grace period over; abandoned the attempts still in flight, and could not hand their entries back: they are retried once their leases expire"
-                );
-            }
-        }
-    }
-}
 
 /// Knobs that are not part of the routing file (tests set them).
 #[derive(Clone)]
@@ -465,15 +302,15 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         ),
         pubsub: options.pubsub.clone(),
         ack_journal,
-        push_verifier: crate::source::push_auth::Verifier::new(),
-        guesses: admin::access::Guesses::default(),
-        routes: RwLock::new(Arc::new(Routes::empty(None, clients, Arc::clone(&metrics)))),
+        push_verifier: Arc::new(crate::source::push_auth::Verifier::new()),
+        guesses: crate::guesses::Guesses::default(),
+        routes: Arc::new(RouteTable::new(Arc::new(Routes::empty(None, clients, Arc::clone(&metrics))))),
         store,
         clock,
         metrics,
         config: Mutex::new(config.clone()),
         config_seen: Mutex::default(),
-        relays: Mutex::new(Relays::default()),
+        relays: Mutex::new(crate::shared::Relays::default()),
         settles,
         drain: crate::server::Drain::default(),
         relay_options: RelayOptions {
@@ -486,7 +323,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     let addr = options.listen.unwrap_or(config.server.listen);
     let listener = bind(addr).await?;
     let addr = listener.local_addr().map_err(|source| StartError::Listen { addr, source })?;
-    let push_limits = source::push::Limits::new(Arc::clone(&shared), &config.server);
+    let push_limits = source::push::Limits::new(axum::extract::FromRef::from_ref(&shared), &config.server);
     let push = post(source::push::handle)
         .route_layer(axum::middleware::from_fn_with_state(push_limits, source::push::limit))
         .route_layer(DefaultBodyLimit::max(config.server.max_body_bytes));
@@ -552,7 +389,13 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     if let Some(announced) = shared.store.announcements() {
         tasks.spawn(wake_on_announcements(Arc::clone(&shared), announced, shutdown_rx.clone()));
     }
-    tasks.spawn(crate::repair::run(Arc::clone(&shared), options.owner.clone(), shutdown_rx.clone()));
+    tasks.spawn(crate::operate::jobs::run(
+        Arc::clone(&shared.store),
+        Arc::clone(&shared.clock),
+        Arc::clone(&shared) as Arc<dyn crate::operate::Wake>,
+        options.owner.clone(),
+        shutdown_rx.clone(),
+    ));
     tasks.spawn(crate::reload::watch(Arc::clone(&shared), options.reload_every, shutdown_rx));
     Ok(Running {
         addr,

@@ -15,8 +15,9 @@ use clap::{Parser, Subcommand};
 
 use crate::admin::answer::AuditPage;
 use crate::app;
-use crate::clock::{Clock, DbClock};
+use crate::clock::Clock;
 use crate::config::Config;
+use crate::inbox::DbClock;
 use crate::inbox::{self, ListFilter, Status, Store};
 use crate::operate::audit::cli_actor;
 use crate::operate::{EntryRepair, Inputs, JobPlan, Operator, PauseView, Reason, Refusal, Relays, Repaired};
@@ -434,7 +435,7 @@ pub enum InboxCommand {
         #[arg(long)]
         reason: Option<String>,
         /// Entries per second.
-        #[arg(long, default_value_t = crate::repair::DEFAULT_RATE)]
+        #[arg(long, default_value_t = crate::operate::jobs::DEFAULT_RATE)]
         rate: u32,
         /// Count and name what would move; move nothing.
         #[arg(long)]
@@ -999,7 +1000,7 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
             rate,
             dry_run,
         } => {
-            use crate::repair::{RepairAction, RepairFilter};
+            use crate::inbox::repair::{RepairAction, RepairFilter};
             let action = match action {
                 RepairActionArg::Requeue => RepairAction::Requeue,
                 RepairActionArg::Park => RepairAction::Park,
@@ -1017,7 +1018,7 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
                 received_after: newer_than.map(ago),
                 now,
             };
-            let matches = crate::repair::dry_run(store.as_ref(), action, &filter).await?;
+            let matches = crate::operate::jobs::dry_run(store.as_ref(), action, &filter).await?;
             let keys = if matches.distinct_keys > matches.keys.len() {
                 format!("{} … ({} keys)", matches.keys.join(", "), matches.distinct_keys)
             } else {

@@ -360,7 +360,7 @@ impl Ingest {
         match answer {
             Err(fault) if fault.is_transient() && tries < plugin.limits().timeout_tries => {
                 tracing::warn!(route = route.name(), message_id = %entry.message_id, %fault, tries, "plugin could not decode the message in time; it will be redelivered");
-                self.metrics.plugin_faults.get_or_create(&fault_labels(route.name(), "decode", fault.kind())).inc();
+                self.metrics.count_plugin_fault(route.name(), "decode", fault.kind());
                 return Err(IngestError::PluginBusy(fault));
             }
             Ok(Ok(wit::Decoded::Event(ev))) if let Err(violation) = rules::check_event(&route.config, &ev) => {
@@ -390,7 +390,7 @@ impl Ingest {
             }
             Err(fault) => {
                 tracing::error!(route = route.name(), message_id = %entry.message_id, %fault, "plugin failed during decode; parking the message");
-                self.metrics.plugin_faults.get_or_create(&fault_labels(route.name(), "decode", fault.kind())).inc();
+                self.metrics.count_plugin_fault(route.name(), "decode", fault.kind());
                 let tried = if fault.is_transient() { format!(" ({tries} times)") } else { String::new() };
                 entry.last_error = Some(format!("plugin fault during decode: {fault}{tried}"));
             }
@@ -418,7 +418,7 @@ impl Ingest {
 
     /// Counts a plugin answer refused by an output rule.
     pub fn count_refused(&self, route: &Route, call: &'static str, violation: &rules::Violation) {
-        count_refused(&self.metrics, route.name(), call, violation);
+        self.metrics.count_refused(route.name(), call, violation.rule);
     }
 
     fn record(&self, route: &Route, entry: &NewEntry, result: &Result<InsertOutcome, StoreError>) {
@@ -448,14 +448,4 @@ impl Ingest {
 /// The span a message's decode and insert run in.
 fn ingest_span(route: &Route, message_id: &str) -> tracing::Span {
     tracing::info_span!("ingest", route = route.name(), message_id = %rules::storable(message_id, 200))
-}
-
-/// Counts a plugin answer refused by an output rule (ingest and relay alike).
-pub fn count_refused(metrics: &Metrics, route: &str, call: &'static str, violation: &rules::Violation) {
-    let labels = crate::telemetry::OutputRuleLabels { route: route.to_string(), call, rule: violation.rule };
-    metrics.output_refused.get_or_create(&labels).inc();
-}
-
-pub fn fault_labels(route: &str, call: &'static str, kind: &'static str) -> crate::telemetry::PluginFaultLabels {
-    crate::telemetry::PluginFaultLabels { route: route.to_string(), call, kind }
 }

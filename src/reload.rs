@@ -22,18 +22,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::app::Shared;
 use crate::config::Config;
 use crate::plugin::PluginLoadError;
 use crate::routing::{Reload, Routes};
+use crate::shared::{Seen, Shared};
 use crate::telemetry::{Metrics, OutcomeLabel};
-
-/// Digests of the routing file: the one applied and the last one refused.
-#[derive(Default)]
-pub(crate) struct Seen {
-    applied: Option<String>,
-    refused: Option<String>,
-}
 
 /// One digest over the routing files (names and contents), so an added, changed or
 /// removed file of a directory is a new version.

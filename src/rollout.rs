@@ -80,7 +80,7 @@ pub fn step(route: &RouteConfig, step: Step, cache: Option<&Path>) -> Result<Ste
             route.previous.as_ref().ok_or(RolloutError::NoPrevious { route: name.clone(), file: file.clone() })?
         }
     };
-    let (digest, loaded) = crate::routing::load_plugin_file(next, &route.limits, cache, false);
+    let (digest, loaded) = crate::plugin::load::load_file(next, &route.limits, cache, false);
     loaded?;
     let io = |source| RolloutError::Io { file: file.clone(), source };
     let text = std::fs::read_to_string(&file).map_err(io)?;

@@ -17,10 +17,29 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::Notify;
 
 use crate::config::{Config, ConfigErrorKind, PushAuth, RouteConfig};
-use crate::plugin::{Plugin, PluginLoadError};
+use crate::plugin::{Plugin, PluginLoadError, load};
 use crate::shadow::Shadow;
 use crate::target::{Clients, Target};
 use crate::telemetry::Metrics;
+
+/// The routes serving now, replaced whole when a reload applies new routing files:
+/// a reader takes the set as it is and keeps it for as long as it works with it.
+pub struct RouteTable(RwLock<Arc<Routes>>);
+
+impl RouteTable {
+    pub fn new(routes: Arc<Routes>) -> RouteTable {
+        RouteTable(RwLock::new(routes))
+    }
+
+    /// The routes as they are now.
+    pub fn get(&self) -> Arc<Routes> {
+        Arc::clone(&self.0.read().expect("routes lock"))
+    }
+
+    pub fn set(&self, routes: Arc<Routes>) {
+        *self.0.write().expect("routes lock") = routes;
+    }
+}
 
 pub struct Route {
     pub config: RouteConfig,
@@ -99,7 +118,7 @@ impl Route {
             }
             *seen = stamp;
         }
-        let bytes = read_plugin_file(&path).map_err(|source| PluginLoadError::Read { path: shown.clone(), source })?;
+        let bytes = load::read_file(&path).map_err(|source| PluginLoadError::Read { path: shown.clone(), source })?;
         let digest = crate::inbox::digest_hex(&bytes);
         let mut last_failed = self.last_failed.lock().expect("reload lock");
         if digest == self.plugin().digest() {
@@ -110,7 +129,7 @@ impl Route {
         if last_failed.as_ref().is_some_and(|f| f.digest == digest) {
             return Ok(Reload::StillBroken);
         }
-        match compile(&shown, &bytes, &digest, &self.config, cache) {
+        match load::compile(&shown, &bytes, &digest, self.config.plugin_sha256.as_deref(), &self.config.limits, cache) {
             Ok(plugin) => {
                 *self.plugin.write().expect("plugin lock") = plugin;
                 *last_failed = None;
@@ -132,7 +151,7 @@ impl Route {
         cache: Option<&Path>,
         metrics: &Arc<Metrics>,
     ) -> Result<Route, PluginLoadError> {
-        let bytes = read_plugin_file(&config.plugin)
+        let bytes = load::read_file(&config.plugin)
             .map_err(|source| PluginLoadError::Read { path: config.plugin_shown.clone(), source })?;
         Route::from_bytes(config, &bytes, clients, cache, metrics)
     }
@@ -147,7 +166,14 @@ impl Route {
         metrics: &Arc<Metrics>,
     ) -> Result<Route, PluginLoadError> {
         let digest = crate::inbox::digest_hex(bytes);
-        let plugin = compile(&config.plugin_shown, bytes, &digest, &config, cache)?;
+        let plugin = load::compile(
+            &config.plugin_shown,
+            bytes,
+            &digest,
+            config.plugin_sha256.as_deref(),
+            &config.limits,
+            cache,
+        )?;
         let shadow = config.candidate.as_ref().map(|candidate| {
             Shadow::start(config.name.as_str(), candidate, &config.limits, cache, Arc::clone(metrics))
         });
@@ -160,77 +186,6 @@ impl Route {
             file_stamp: Mutex::new(None),
             stored: Notify::new(),
         })
-    }
-}
-
-/// Compiles a route's plugin, whose SHA-256 is `digest`. `shown` names it in messages,
-/// as the routing file spells it. What [`refuse_before_compiling`] refuses is never
-/// compiled.
-fn compile(
-    shown: &Path,
-    bytes: &[u8],
-    digest: &str,
-    config: &RouteConfig,
-    cache: Option<&Path>,
-) -> Result<Arc<Plugin>, PluginLoadError> {
-    refuse_before_compiling(shown, bytes, digest, config.plugin_sha256.as_deref())?;
-    Plugin::from_bytes(shown, bytes, config.limits.clone(), cache)
-}
-
-/// What is refused before a plugin file is compiled: another build than the pinned
-/// one, and a file that is not WebAssembly at all (before the compiler's error could
-/// quote its first bytes: a team file may name any file as its plugin, a secret file
-/// included).
-fn refuse_before_compiling(shown: &Path, bytes: &[u8], digest: &str, pin: Option<&str>) -> Result<(), PluginLoadError> {
-    if let Some(pinned) = pin.filter(|pinned| *pinned != digest) {
-        return Err(PluginLoadError::DigestMismatch {
-            path: shown.to_path_buf(),
-            expected: pinned.to_string(),
-            found: digest.to_string(),
-        });
-    }
-    if !bytes.starts_with(b"\0asm") {
-        let reason = "not a WebAssembly file (it does not begin with `\\0asm`)".to_string();
-        return Err(PluginLoadError::Compile { path: shown.to_path_buf(), reason });
-    }
-    Ok(())
-}
-
-/// Loads a plugin file a route names besides its serving one (`candidate`,
-/// `previous`): read, its pin checked, then compiled like [`compile`] does. `shadow`
-/// charges its instances to the shadow budget (a candidate that runs in shadow).
-/// Also returns the file's digest, when it could be read.
-pub fn load_plugin_file(
-    file: &crate::config::PluginFile,
-    limits: &crate::config::PluginLimits,
-    cache: Option<&Path>,
-    shadow: bool,
-) -> (Option<String>, Result<Arc<Plugin>, PluginLoadError>) {
-    let bytes = match read_plugin_file(&file.path) {
-        Ok(bytes) => bytes,
-        Err(source) => return (None, Err(PluginLoadError::Read { path: file.shown.clone(), source })),
-    };
-    let digest = crate::inbox::digest_hex(&bytes);
-    if let Err(refused) = refuse_before_compiling(&file.shown, &bytes, &digest, file.sha256.as_deref()) {
-        return (Some(digest), Err(refused));
-    }
-    let loaded = if shadow {
-        Plugin::candidate_from_bytes(&file.shown, &bytes, limits.clone(), cache)
-    } else {
-        Plugin::from_bytes(&file.shown, &bytes, limits.clone(), cache)
-    };
-    (Some(digest), loaded)
-}
-
-/// Reads a plugin file, once more if it vanished under the first read while its path
-/// still names a file: kubelet swaps a ConfigMap by renaming `..data` to a new folder
-/// and then removing the old one, so a read whose path went through the old `..data`
-/// just before the removal finds nothing, while the same path already names the new
-/// file.
-fn read_plugin_file(path: &Path) -> std::io::Result<Vec<u8>> {
-    match std::fs::read(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && path.is_file() => std::fs::read(path),
-        read => read,
     }
 }
 
@@ -391,7 +346,7 @@ impl Routes {
             digest_mismatch: false,
             retry: Some(Box::new(Retry { config: rc.clone(), stamp: now, digest })),
         };
-        let bytes = read_plugin_file(&rc.plugin).map_err(|source| {
+        let bytes = load::read_file(&rc.plugin).map_err(|source| {
             problem(PluginLoadError::Read { path: rc.plugin_shown.clone(), source }.to_string(), None)
         })?;
         let digest = crate::inbox::digest_hex(&bytes);

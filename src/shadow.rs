@@ -594,7 +594,7 @@ fn now_ms() -> Millis {
 
 /// Loads a candidate file on the shadow budget.
 fn load(file: &PluginFile, limits: &PluginLimits, cache: Option<&Path>) -> Result<Arc<Plugin>, Refused> {
-    let (digest, loaded) = crate::routing::load_plugin_file(file, limits, cache, true);
+    let (digest, loaded) = crate::plugin::load::load_file(file, limits, cache, true);
     loaded.map_err(|e| Refused { digest, reason: e.to_string() })
 }
 

@@ -121,7 +121,7 @@ pub const PUSH_REJECTIONS: [&str; 4] = ["shed", "too_large", "body_timeout", "ti
 /// (`crate::server`, `crate::admin::access::gate`).
 pub const LISTENER_REFUSALS: [&str; 6] =
     ["max_connections", "max_connections_per_peer", "foreign_host", "origin", "body_timeout", "too_large"];
-/// Why a token was refused (`crate::admin::access::Guesses`): not configured, the
+/// Why a token was refused (`crate::guesses::Guesses`): not configured, the
 /// peer's failures are being waited out, or no room for another console session.
 pub const SIGN_IN_REFUSALS: [&str; 3] = ["unknown_token", "rate_limited", "too_many_sessions"];
 /// Unresolved states, as the `status` label spells them.
@@ -251,6 +251,16 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Counts a plugin answer refused by output rule `rule` (ingest and relay alike).
+    pub fn count_refused(&self, route: &str, call: &'static str, rule: &'static str) {
+        self.output_refused.get_or_create(&OutputRuleLabels { route: route.to_string(), call, rule }).inc();
+    }
+
+    /// Counts a plugin call that faulted (`kind`: trap, timeout, …) on the serving path.
+    pub fn count_plugin_fault(&self, route: &str, call: &'static str, kind: &'static str) {
+        self.plugin_faults.get_or_create(&PluginFaultLabels { route: route.to_string(), call, kind }).inc();
+    }
+
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("inlet");
         let m = Metrics {

@@ -546,16 +546,17 @@ fn ids_of(entries: &[inbox::Entry]) -> Vec<i64> {
 }
 
 async fn audit_log_keeps_lines_in_order_and_pages(store: Arc<dyn Store>) {
-    let line = |actor: &str, action: &str, route: Option<&str>| inlet::inbox::NewAudit {
+    use inlet::inbox::{AuditAction, AuditOutcome};
+    let line = |actor: &str, action: AuditAction, route: Option<&str>| inlet::inbox::NewAudit {
         actor: actor.into(),
-        action: action.into(),
+        action,
         route: route.map(Into::into),
         subject: "entry 7".into(),
-        outcome: "ok".into(),
+        outcome: AuditOutcome::Ok,
         detail: None,
     };
-    let first = store.record_audit(&line("ops-a", "requeue", Some("a")), T0).await.unwrap();
-    let second = store.record_audit(&line("cli:me", "purge", None), T0 + 5).await.unwrap();
+    let first = store.record_audit(&line("ops-a", AuditAction::Requeue, Some("a")), T0).await.unwrap();
+    let second = store.record_audit(&line("cli:me", AuditAction::Purge, None), T0 + 5).await.unwrap();
     assert!(second > first);
     let all = store.list_audit(None, 10).await.unwrap();
     let seen: Vec<_> =
@@ -793,7 +794,7 @@ fn attempt_record(status: &str) -> inbox::failures::Attempt {
         started_at: T0,
         duration_ms: 5,
         answer: "done".into(),
-        status: status.into(),
+        status: status.parse().expect("a status"),
         reason: None,
         requests: vec![],
         plugin: None,
@@ -942,7 +943,7 @@ async fn a_settle_batch_writes_what_settles_one_by_one_write(store: Arc<dyn Stor
             started_at: T0 + i as i64,
             duration_ms: 3 + i as i64,
             answer: format!("answer-{i}"),
-            status: "OPEN".into(),
+            status: inbox::Status::Open,
             reason: (i == 2).then(|| "answered 503".to_string()),
             requests: vec![],
             plugin: Some(format!("digest-{i}")),

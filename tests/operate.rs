@@ -496,15 +496,15 @@ mod actions {
 
     #[test]
     fn a_job_plan_takes_a_rate_in_bounds_and_the_reason_park_and_ignore_need() {
-        for rate in [0, inlet::repair::MAX_RATE + 1] {
+        for rate in [0, inlet::operate::jobs::MAX_RATE + 1] {
             let refused = JobPlan::new(RepairAction::Requeue, None, rate, Inputs::Flags).unwrap_err();
-            assert_eq!(refused.to_string(), format!("--rate must be between 1 and {}", inlet::repair::MAX_RATE));
+            assert_eq!(refused.to_string(), format!("--rate must be between 1 and {}", inlet::operate::jobs::MAX_RATE));
         }
         let refused = JobPlan::new(RepairAction::Ignore, Some("  "), 1, Inputs::Json).unwrap_err();
         assert_eq!(refused.to_string(), "ignore needs a `reason`", "a blank reason is none");
         let refused = JobPlan::new(RepairAction::Park, None, 1, Inputs::Flags).unwrap_err();
         assert_eq!(refused.to_string(), "park needs --reason");
-        assert!(JobPlan::new(RepairAction::Requeue, None, inlet::repair::MAX_RATE, Inputs::Json).is_ok());
+        assert!(JobPlan::new(RepairAction::Requeue, None, inlet::operate::jobs::MAX_RATE, Inputs::Json).is_ok());
         let refused = Reason::new(" \t", Inputs::Flags).unwrap_err();
         assert_eq!(refused.to_string(), "--reason must not be empty");
     }

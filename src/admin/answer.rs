@@ -20,9 +20,9 @@ use crate::inbox::failures::{Attempt, FailureGroup};
 use crate::inbox::{AuditRecord, Entry, Status, StoreError};
 // The outcomes of operator actions are the API's answers to them, as they are the
 // command line's `--json` output.
+use crate::inbox::repair::RepairJob;
 use crate::operate::Refusal;
 pub use crate::operate::{PauseView, Purged, Repaired, RoutePaused};
-use crate::repair::RepairJob;
 
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]

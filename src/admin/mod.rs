@@ -55,9 +55,9 @@ use self::answer::{
     ApiError, AuditPage, Body, EntryPage, EntryView, GroupRef, Health, Id, Params, PauseView, Purged, Reader,
     RefusedFile, Repaired, RouteList, RoutePaused, RouteView,
 };
-use crate::app::Shared;
-use crate::inbox::{Entry, ListFilter, NewAudit, Status, StoreError};
-use crate::operate::{EntryRepair, Inputs, Operator, Reason, Relays, audit};
+use crate::inbox::{Entry, ListFilter, Status, StoreError};
+use crate::operate::{EntryRepair, Inputs, Operator, Reason, Relays};
+use crate::shared::Shared;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -485,13 +485,7 @@ pub(crate) async fn rollout_step(
     let result = tokio::task::spawn_blocking(move || crate::rollout::step(&route, step, cache.as_deref()))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the step did not finish: {e}")))?;
-    let (outcome, detail) = match &result {
-        Ok(done) => ("ok", done.detail()),
-        Err(e) if e.is_conflict() => ("refused", e.to_string()),
-        Err(e) => ("failed", e.to_string()),
-    };
-    let audit = audit_route(caller, action, &name, outcome, Some(detail));
-    audit::record(s.store.as_ref(), audit, s.clock.now()).await;
+    operator(s, caller).record_rollout(step, &name, &result).await;
     match result {
         Ok(done) => {
             crate::reload::reload_now(s).await;
@@ -513,17 +507,6 @@ fn visible_route(s: &Shared, caller: &Caller, name: &str) -> Result<(), ApiError
         return Ok(());
     }
     Err(ApiError::new(StatusCode::NOT_FOUND, format!("no route named `{name}`")).route(name))
-}
-
-fn audit_route(caller: &Caller, action: Action, route: &str, outcome: &str, detail: Option<String>) -> NewAudit {
-    NewAudit {
-        actor: caller.name.clone(),
-        action: action.as_str().into(),
-        route: Some(route.to_string()),
-        subject: format!("route {route}"),
-        outcome: outcome.into(),
-        detail,
-    }
 }
 
 /// Pauses a route for every instance ([`Operator::pause`]).
@@ -567,14 +550,6 @@ pub async fn reload(
     let report = crate::reload::reload_now(&s).await;
     let refused = report["routing_file"]["result"] == "refused"
         || report["plugins"].as_object().is_some_and(|p| p.values().any(|v| v["result"] == "refused"));
-    let audit = NewAudit {
-        actor: caller.name.clone(),
-        action: Action::Reload.as_str().into(),
-        route: None,
-        subject: "routing file and plugins".into(),
-        outcome: if refused { "refused" } else { "ok" }.into(),
-        detail: Some(report.to_string()),
-    };
-    audit::record(s.store.as_ref(), audit, s.clock.now()).await;
+    operator(&s, &caller).record_reload(refused, report.to_string()).await;
     Ok(Json(report))
 }

@@ -1,4 +1,4 @@
-//! Repair by filter over the admin API ([`crate::repair`]):
+//! Repair by filter over the admin API ([`crate::operate::jobs`]):
 //!
 //! - `POST /api/repairs` — body `{"action": "requeue"|"park"|"ignore", "route": …, "key": …,
 //!   "fingerprint": …, "text": …, "received_after": MS, "received_before": MS,
@@ -25,9 +25,10 @@ use serde_json::json;
 use super::access::{Action, Caller};
 use super::answer::{ApiError, Body, Params, Reader};
 use super::store_error;
-use crate::app::Shared;
+use crate::inbox::repair::{RepairAction, RepairFilter};
+use crate::operate::jobs;
 use crate::operate::{Inputs, JobPlan};
-use crate::repair::{self, RepairAction, RepairFilter};
+use crate::shared::Shared;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,12 +76,12 @@ pub async fn create(
         Ok(fingerprint) => req.filter.fingerprint = fingerprint,
         Err(refused) => return refused.into_response(),
     }
-    let rate = req.rate.unwrap_or(repair::DEFAULT_RATE);
+    let rate = req.rate.unwrap_or(jobs::DEFAULT_RATE);
     let plan = match JobPlan::new(req.action, req.reason.as_deref(), rate, Inputs::Json) {
         Ok(plan) => plan,
         Err(refused) => return ApiError::from(refused).into_response(),
     };
-    let matches = match repair::dry_run(s.store.as_ref(), req.action, &req.filter).await {
+    let matches = match jobs::dry_run(s.store.as_ref(), req.action, &req.filter).await {
         Ok(m) => m,
         Err(e) => return store_error(e),
     };

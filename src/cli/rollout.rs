@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Output, plugin_test_route};
-use crate::clock::{Clock, DbClock};
+use crate::clock::Clock;
 use crate::config::edit::Step;
 use crate::config::{Config, PluginFile};
-use crate::inbox::{NewAudit, Store};
+use crate::inbox::DbClock;
+use crate::inbox::Store;
 use crate::operate::audit::cli_actor;
+use crate::operate::{Operator, Relays};
 use crate::shadow::{Counts, Report};
 
 /// `inlet plugin replay`: exit 1 when some answer differed or the candidate faulted.
@@ -33,8 +35,8 @@ pub(super) async fn replay(
     let candidate = PluginFile { path: candidate.to_path_buf(), shown: candidate.to_path_buf(), sha256: None };
     let limits = rc.limits.clone();
     let (serving, candidate) = tokio::task::spawn_blocking(move || {
-        let serving = crate::routing::load_plugin_file(&serving, &limits, cache.as_deref(), false).1;
-        let candidate = crate::routing::load_plugin_file(&candidate, &limits, cache.as_deref(), true).1;
+        let serving = crate::plugin::load::load_file(&serving, &limits, cache.as_deref(), false).1;
+        let candidate = crate::plugin::load::load_file(&candidate, &limits, cache.as_deref(), true).1;
         (serving, candidate)
     })
     .await?;
@@ -150,24 +152,12 @@ pub(super) async fn step(
     let cache = crate::plugin::default_cache_dir();
     let result = tokio::task::spawn_blocking(move || crate::rollout::step(&rc, step, cache.as_deref())).await?;
     let clock = DbClock::new(store.as_ref()).await?;
+    let operator = Operator::new(store.as_ref(), clock.as_ref(), Relays::Elsewhere, cli_actor());
+    operator.record_rollout(step, route, &result).await;
     let action = match step {
         Step::Promote => "promote",
         Step::Rollback => "rollback",
     };
-    let (outcome, detail) = match &result {
-        Ok(done) => ("ok", done.detail()),
-        Err(e) if e.is_conflict() => ("refused", e.to_string()),
-        Err(e) => ("failed", e.to_string()),
-    };
-    let audit = NewAudit {
-        actor: cli_actor(),
-        action: action.into(),
-        route: Some(route.to_string()),
-        subject: format!("route {route}"),
-        outcome: outcome.into(),
-        detail: Some(detail),
-    };
-    crate::operate::audit::record(store.as_ref(), audit, clock.now()).await;
     let done = result?;
     let sentence = format!(
         "{action}: {} now serves route {route} in {} (it replaced {}); running instances apply it at their next \

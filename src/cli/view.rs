@@ -6,7 +6,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use crate::admin::answer::Payload;
 use crate::clock::Millis;
-use crate::inbox::{AuditRecord, Entry, RouteStatusCount};
+use crate::inbox::{AuditRecord, Entry, RouteStatusCount, Status};
 
 /// A time as a date, `2026-08-01T10:00:00Z` (UTC, seconds).
 pub fn date(ms: Millis) -> String {
@@ -178,8 +178,8 @@ pub fn route_header() -> String {
 
 /// One line of `route list`: the unresolved entries and the pause (`-` when running).
 pub fn route_line(name: &str, unresolved: &std::collections::BTreeMap<&str, i64>, paused: Option<&str>) -> String {
-    let n = |s: &str| unresolved.get(s).copied().unwrap_or(0).to_string();
-    route_row([name, &n("OPEN"), &n("IN_PROGRESS"), &n("PARKED"), paused.unwrap_or("-")])
+    let n = |s: Status| unresolved.get(s.as_str()).copied().unwrap_or(0).to_string();
+    route_row([name, &n(Status::Open), &n(Status::InProgress), &n(Status::Parked), paused.unwrap_or("-")])
 }
 
 /// `1234567` as `1,234,567`.

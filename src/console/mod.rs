@@ -41,12 +41,13 @@ use serde::Deserialize;
 
 use self::html::{SignedIn, esc, hidden, query, status_badge, time};
 use self::session::{Posted, Sessions, Signed};
-use crate::admin::access::{Action, Checked, find_token};
+use crate::admin::access::{Action, find_token};
 use crate::admin::answer::{ApiError, Body, Id, Params, Payload};
 use crate::admin::{self, ReasonBody};
-use crate::app::Shared;
+use crate::guesses::Checked;
+use crate::inbox::repair::{JobState, RepairAction, RepairFilter, RepairJob};
 use crate::inbox::{ListFilter, Status};
-use crate::repair::{RepairAction, RepairFilter, RepairJob};
+use crate::shared::Shared;
 use crate::telemetry::SignInLabels;
 
 /// The console's state: what the API handlers share, and the sign-in sessions.
@@ -207,7 +208,7 @@ async fn login(
     let admin = c.shared.config.lock().expect("config lock").admin.clone();
     // The peer, as the listener recorded it (`crate::server`), for the backoff.
     let peer = extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|p| p.0);
-    let caller = match c.shared.guesses.check(&c.shared, "console", peer, || find_token(&admin, token)) {
+    let caller = match c.shared.guesses.check(&c.shared.metrics, "console", peer, || find_token(&admin, token)) {
         Checked::Found(caller) => caller,
         Checked::Unknown => return html(StatusCode::UNAUTHORIZED, login_form(Some("unknown token"), &c.shared)),
         Checked::Wait(secs) => {
@@ -677,8 +678,8 @@ async fn entries(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<
             r#"<form method="post" action="/console/repairs" class="write bulk"><h2>Repair everything this filter matches</h2>{csrf}{filter_fields}{step}<label>Action <select name="action" id="bulk-action"><option value="requeue">requeue (PARKED entries)</option><option value="ignore">ignore (PARKED entries, with a reason)</option></select></label><label>Reason <input name="reason" placeholder="needed to ignore"></label><label>Rate <input name="rate" type="number" min="1" max="{max}" value="{rate}" size="6"> entries/s</label><label><input type="checkbox" name="now" value="1"> also OPEN entries waiting for a retry</label><button type="submit" class="write" id="preview">Preview (dry run)</button><p class="muted small">The status filter does not apply: requeue and ignore take PARKED entries. Nothing moves before you confirm.</p></form>"#,
             csrf = signed.csrf_field(),
             step = hidden("step", "preview"),
-            max = crate::repair::MAX_RATE,
-            rate = crate::repair::DEFAULT_RATE,
+            max = crate::operate::jobs::MAX_RATE,
+            rate = crate::operate::jobs::DEFAULT_RATE,
         )
     } else {
         String::new()
@@ -786,7 +787,7 @@ async fn entry(State(c): State<Arc<Console>>, signed: Signed, Path(id): Path<Str
             dur = a.duration_ms,
             owner = esc(&a.owner),
             answer = esc(&a.answer),
-            badge = status_badge(&a.status),
+            badge = status_badge(a.status.as_str()),
             reason = esc(a.reason.as_deref().unwrap_or("")),
             plugin = esc(&a.plugin.as_deref().map(|p| cut(p, 12)).unwrap_or_default()),
         );
@@ -973,8 +974,8 @@ async fn jobs(State(c): State<Arc<Console>>, signed: Signed) -> Response {
             id = j.id,
             action = esc(j.action.as_str()),
             filter = esc(&j.filter.describe()),
-            state = esc(&j.state),
-            badge = status_badge(&j.state),
+            state = j.state.as_str(),
+            badge = status_badge(j.state.as_str()),
             total = j.total.max(j.moved),
             moved = j.moved,
             rate = j.rate,
@@ -984,7 +985,7 @@ async fn jobs(State(c): State<Arc<Console>>, signed: Signed) -> Response {
             error = esc(j.error.as_deref().unwrap_or("")),
         );
     }
-    let running = jobs.iter().any(|j| j.state == "running");
+    let running = jobs.iter().any(|j| j.state == JobState::Running);
     let table = if jobs.is_empty() {
         r#"<p class="muted">No repair jobs yet. Start one from a failure group or an entry list.</p>"#.to_string()
     } else {

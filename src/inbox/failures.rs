@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Millis;
+use crate::inbox::Status;
 
 /// How many characters of the masked text make the fingerprint.
 const FINGERPRINT_CHARS: usize = 160;
@@ -131,8 +132,8 @@ pub struct Attempt {
     /// What the plugin made of it: `done`, `retry`, `not_yet`, `park`, `ignore`,
     /// `decoded` (a requeued entry decoded again), or `panic`.
     pub answer: String,
-    /// The entry's status after it: `OPEN` (to be retried), `DONE`, `PARKED`, `IGNORED`.
-    pub status: String,
+    /// The entry's status after it: OPEN (to be retried), DONE, PARKED or IGNORED.
+    pub status: Status,
     /// The error or reason the attempt ended with.
     pub reason: Option<String>,
     pub requests: Vec<RequestRecord>,

@@ -10,8 +10,10 @@
 //! [`crate::clock::Clock`], which follows the database's clock.
 
 pub mod backup;
+mod db_clock;
 pub mod failures;
 pub mod group;
+pub mod repair;
 
 /// The candidates of a claim: `$1` route, `$2` now, `$3` ordered, `$4` parked blocks
 /// the key, `$5` how many; OPEN and due, oldest first, each the head of its key
@@ -70,6 +72,7 @@ pub mod postgres;
 pub mod schema;
 pub mod sqlite;
 
+pub use db_clock::DbClock;
 pub use schema::{MigrateMode, SchemaError};
 pub use sqlite::InstanceLock;
 
@@ -93,7 +96,7 @@ pub struct SettleRequest {
 }
 
 /// Where an entry is in its life. Enforced by the `inbox_entry_status` CHECK.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Status {
     /// Waiting for delivery (possibly for `next_attempt_at`).
@@ -434,17 +437,91 @@ pub struct Pause {
 /// A repair action as the audit log records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewAudit {
-    /// A token name, `loopback`, or `cli:<user>`.
+    /// A token name, `loopback`, `cli:<user>` or `job:<id>`.
     pub actor: String,
-    /// `requeue`, `park`, `purge`, `reload`, …
-    pub action: String,
+    pub action: AuditAction,
     /// The route acted on, when the action concerns one.
     pub route: Option<String>,
     /// The entries or the filter acted on, e.g. `entry 42`, `finished before 1700000000000`.
     pub subject: String,
-    /// `ok`, `conflict`, `failed`, …
-    pub outcome: String,
+    pub outcome: AuditOutcome,
     pub detail: Option<String>,
+}
+
+/// What an audited operator action was. Stored by name (`inbox_audit.action`); records
+/// are read back as text, so a name once written must keep its meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditAction {
+    Requeue,
+    Park,
+    Ignore,
+    Pause,
+    Resume,
+    Purge,
+    /// A repair job: created (`started`) and finished (`done`).
+    Repair(repair::RepairAction),
+    Promote,
+    Rollback,
+    Reload,
+}
+
+impl AuditAction {
+    pub fn as_str(self) -> &'static str {
+        use repair::RepairAction as R;
+        match self {
+            AuditAction::Requeue => "requeue",
+            AuditAction::Park => "park",
+            AuditAction::Ignore => "ignore",
+            AuditAction::Pause => "pause",
+            AuditAction::Resume => "resume",
+            AuditAction::Purge => "purge",
+            AuditAction::Repair(R::Requeue) => "repair-requeue",
+            AuditAction::Repair(R::Park) => "repair-park",
+            AuditAction::Repair(R::Ignore) => "repair-ignore",
+            AuditAction::Promote => "promote",
+            AuditAction::Rollback => "rollback",
+            AuditAction::Reload => "reload",
+        }
+    }
+}
+
+impl From<repair::RepairAction> for AuditAction {
+    /// A repair of one entry by hand.
+    fn from(action: repair::RepairAction) -> AuditAction {
+        match action {
+            repair::RepairAction::Requeue => AuditAction::Requeue,
+            repair::RepairAction::Park => AuditAction::Park,
+            repair::RepairAction::Ignore => AuditAction::Ignore,
+        }
+    }
+}
+
+/// How an audited action ended. Stored by name (`inbox_audit.outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditOutcome {
+    Ok,
+    /// Refused by the state of what it acts on (the API's 409).
+    Conflict,
+    /// Refused for what it was asked to apply (a reload's or rollout's files).
+    Refused,
+    Failed,
+    /// A repair job was created; the job records `done` when it is.
+    Started,
+    /// A repair job finished.
+    Done,
+}
+
+impl AuditOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditOutcome::Ok => "ok",
+            AuditOutcome::Conflict => "conflict",
+            AuditOutcome::Refused => "refused",
+            AuditOutcome::Failed => "failed",
+            AuditOutcome::Started => "started",
+            AuditOutcome::Done => "done",
+        }
+    }
 }
 
 /// One line of the audit log.
@@ -671,8 +748,8 @@ pub trait Store: Send + Sync + 'static {
     /// first, as (id, correlation key).
     async fn repair_candidates(
         &self,
-        action: crate::repair::RepairAction,
-        filter: &crate::repair::RepairFilter,
+        action: crate::inbox::repair::RepairAction,
+        filter: &crate::inbox::repair::RepairFilter,
         after: i64,
         limit: u32,
     ) -> Result<Vec<(i64, Option<String>)>, StoreError>;
@@ -681,8 +758,8 @@ pub trait Store: Send + Sync + 'static {
     #[allow(clippy::too_many_arguments)]
     async fn create_repair_job(
         &self,
-        action: crate::repair::RepairAction,
-        filter: &crate::repair::RepairFilter,
+        action: crate::inbox::repair::RepairAction,
+        filter: &crate::inbox::repair::RepairFilter,
         reason: Option<&str>,
         rate: u32,
         actor: &str,
@@ -697,7 +774,7 @@ pub trait Store: Send + Sync + 'static {
         owner: &str,
         now: Millis,
         lease_ms: i64,
-    ) -> Result<Option<crate::repair::RepairJob>, StoreError>;
+    ) -> Result<Option<crate::inbox::repair::RepairJob>, StoreError>;
 
     /// Records a tick of `owner`'s job: the cursor, `moved` more entries changed, the
     /// lease renewed; `finished` ends it. False when the lease was lost.
@@ -714,7 +791,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<bool, StoreError>;
 
     /// Repair jobs, newest first.
-    async fn list_repair_jobs(&self, limit: u32) -> Result<Vec<crate::repair::RepairJob>, StoreError>;
+    async fn list_repair_jobs(&self, limit: u32) -> Result<Vec<crate::inbox::repair::RepairJob>, StoreError>;
 
     async fn get(&self, id: i64) -> Result<Option<Entry>, StoreError>;
 

@@ -186,7 +186,7 @@ macro_rules! store_impl {
                     .bind(a.started_at)
                     .bind(a.duration_ms)
                     .bind(&a.answer)
-                    .bind(&a.status)
+                    .bind(a.status.as_str())
                     .bind(a.reason.as_deref())
                     .bind(requests)
                     .bind(a.plugin.as_deref())
@@ -253,28 +253,27 @@ macro_rules! store_impl {
                     .await?)
             }
 
-            fn repair_job_from_row(r: &$row) -> Result<$crate::repair::RepairJob, $crate::inbox::StoreError> {
+            fn repair_job_from_row(r: &$row) -> Result<$crate::inbox::repair::RepairJob, $crate::inbox::StoreError> {
                 use sqlx::Row as _;
                 let id: i64 = r.try_get("id")?;
                 let corrupt = |reason: String| $crate::inbox::StoreError::Corrupt { id, reason };
                 let action: String = r.try_get("action")?;
-                let action = match action.as_str() {
-                    "requeue" => $crate::repair::RepairAction::Requeue,
-                    "park" => $crate::repair::RepairAction::Park,
-                    "ignore" => $crate::repair::RepairAction::Ignore,
-                    other => return Err(corrupt(format!("repair job action `{other}` is unknown"))),
-                };
+                let action = $crate::inbox::repair::RepairAction::parse(&action)
+                    .ok_or_else(|| corrupt(format!("repair job action `{action}` is unknown")))?;
+                let state: String = r.try_get("state")?;
+                let state = $crate::inbox::repair::JobState::parse(&state)
+                    .ok_or_else(|| corrupt(format!("repair job state `{state}` is unknown")))?;
                 let filter: String = r.try_get("filter")?;
                 let filter = serde_json::from_str(&filter).map_err(|e| corrupt(format!("repair job filter: {e}")))?;
                 let rate: i64 = r.try_get("rate")?;
-                Ok($crate::repair::RepairJob {
+                Ok($crate::inbox::repair::RepairJob {
                     id,
                     action,
                     filter,
                     reason: r.try_get("reason")?,
                     rate: rate.clamp(1, i64::from(u32::MAX)) as u32,
                     actor: r.try_get("actor")?,
-                    state: r.try_get("state")?,
+                    state,
                     total: r.try_get("total")?,
                     moved: r.try_get("moved")?,
                     cursor: r.try_get("last_id")?,
@@ -521,7 +520,10 @@ macro_rules! store_impl {
                             started_at: r.try_get("started_at")?,
                             duration_ms: r.try_get("duration_ms")?,
                             answer: r.try_get("answer")?,
-                            status: r.try_get("status")?,
+                            status: {
+                                let status: String = r.try_get("status")?;
+                                status.parse().map_err(|reason| $crate::inbox::StoreError::Corrupt { id: entry_id, reason })?
+                            },
                             reason: r.try_get("reason")?,
                             requests,
                             plugin: r.try_get("plugin")?,
@@ -532,8 +534,8 @@ macro_rules! store_impl {
 
             async fn repair_candidates(
                 &self,
-                action: $crate::repair::RepairAction,
-                f: &$crate::repair::RepairFilter,
+                action: $crate::inbox::repair::RepairAction,
+                f: &$crate::inbox::repair::RepairFilter,
                 after: i64,
                 limit: u32,
             ) -> Result<Vec<(i64, Option<String>)>, $crate::inbox::StoreError> {
@@ -555,8 +557,8 @@ macro_rules! store_impl {
 
             async fn create_repair_job(
                 &self,
-                action: $crate::repair::RepairAction,
-                filter: &$crate::repair::RepairFilter,
+                action: $crate::inbox::repair::RepairAction,
+                filter: &$crate::inbox::repair::RepairFilter,
                 reason: Option<&str>,
                 rate: u32,
                 actor: &str,
@@ -580,7 +582,7 @@ macro_rules! store_impl {
                 owner: &str,
                 now: $crate::clock::Millis,
                 lease_ms: i64,
-            ) -> Result<Option<$crate::repair::RepairJob>, $crate::inbox::StoreError> {
+            ) -> Result<Option<$crate::inbox::repair::RepairJob>, $crate::inbox::StoreError> {
                 let row = sqlx::query(include_str!("sql/repair_take.sql"))
                     .bind(owner)
                     .bind(now)
@@ -613,7 +615,7 @@ macro_rules! store_impl {
                 Ok(r.rows_affected() == 1)
             }
 
-            async fn list_repair_jobs(&self, limit: u32) -> Result<Vec<$crate::repair::RepairJob>, $crate::inbox::StoreError> {
+            async fn list_repair_jobs(&self, limit: u32) -> Result<Vec<$crate::inbox::repair::RepairJob>, $crate::inbox::StoreError> {
                 let rows = sqlx::query("SELECT * FROM repair_job ORDER BY id DESC LIMIT $1")
                     .bind(i64::from(limit.max(1)))
                     .fetch_all(&self.pool)
@@ -824,10 +826,10 @@ macro_rules! store_impl {
                 Ok(sqlx::query_scalar(include_str!("sql/audit_insert.sql"))
                     .bind(now)
                     .bind(&a.actor)
-                    .bind(&a.action)
+                    .bind(a.action.as_str())
                     .bind(a.route.as_deref())
                     .bind(&a.subject)
-                    .bind(&a.outcome)
+                    .bind(a.outcome.as_str())
                     .bind(a.detail.as_deref())
                     .fetch_one(&self.pool)
                     .await?)

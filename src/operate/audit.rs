@@ -10,15 +10,15 @@ use crate::inbox::{NewAudit, Store};
 pub async fn record(store: &dyn Store, audit: NewAudit, now: Millis) {
     tracing::info!(
         actor = %audit.actor,
-        action = %audit.action,
+        action = audit.action.as_str(),
         route = audit.route.as_deref().unwrap_or("-"),
         subject = %audit.subject,
-        outcome = %audit.outcome,
+        outcome = audit.outcome.as_str(),
         detail = audit.detail.as_deref().unwrap_or(""),
         "audit: repair action"
     );
     if let Err(error) = store.record_audit(&audit, now).await {
-        tracing::error!(%error, actor = %audit.actor, action = %audit.action, "could not write the audit log");
+        tracing::error!(%error, actor = %audit.actor, action = audit.action.as_str(), "could not write the audit log");
     }
 }
 

@@ -15,23 +15,29 @@
 //! (an empty reason, a rate out of range) change nothing and are not.
 
 pub mod audit;
+pub mod jobs;
 
-use std::fmt;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::clock::{Clock, Millis};
-use crate::inbox::{NewAudit, Pause, Status, Store, StoreError};
-use crate::repair::{Matches, RepairFilter};
+use crate::config::edit::Step;
+pub use crate::inbox::repair::RepairAction;
+use crate::inbox::repair::{RepairFilter, RepairJob};
+use crate::inbox::{AuditAction, AuditOutcome, NewAudit, Pause, Status, Store, StoreError};
+use crate::rollout::{RolloutError, Stepped};
+use jobs::Matches;
 
 /// Finished entries deleted per statement by a purge by hand.
 const PURGE_BATCH: u32 = 10_000;
 
 /// Wakes a route's relays in a running instance: its own relay at once, the other
-/// instances through the inbox's announcements (`app::Shared`).
+/// instances through the inbox's announcements (`shared::Shared`).
 pub trait Wake: Send + Sync {
     fn wake(&self, route: &str);
+    /// Every route of the instance (a repair job whose filter names none).
+    fn wake_all(&self);
 }
 
 /// How the relays hear that a route has entries to claim now.
@@ -54,79 +60,21 @@ pub struct Operator<'a> {
     actor: String,
 }
 
-/// What a repair does to an entry, by hand or through a repair job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RepairAction {
-    /// Due now with a fresh attempt count (PARKED entries, and OPEN ones waiting for
-    /// a retry; a job takes the OPEN ones only with `now`).
-    Requeue,
-    /// Parked by hand, with a reason (OPEN entries).
-    Park,
-    /// Discarded with a reason (PARKED entries): IGNORED, no longer holding back
-    /// their key.
-    Ignore,
+/// Whether a repair gives the relays something to claim: a requeued entry is due, an
+/// ignored head no longer holds back its key.
+fn frees_entries(action: RepairAction) -> bool {
+    matches!(action, RepairAction::Requeue | RepairAction::Ignore)
 }
 
-impl RepairAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RepairAction::Requeue => "requeue",
-            RepairAction::Park => "park",
-            RepairAction::Ignore => "ignore",
-        }
-    }
-
-    /// `requeued`, `parked`, `ignored`.
-    pub fn past(self) -> &'static str {
-        match self {
-            RepairAction::Requeue => "requeued",
-            RepairAction::Park => "parked",
-            RepairAction::Ignore => "ignored",
-        }
-    }
-
-    /// The states a repair of one entry applies to, as a refusal names them (the
-    /// store's statements enforce them).
-    fn applies_to(self) -> &'static str {
-        match self {
-            RepairAction::Requeue => "PARKED or OPEN",
-            RepairAction::Park => "OPEN",
-            RepairAction::Ignore => "PARKED",
-        }
-    }
-
-    /// The state a repair that was done leaves the entry in.
-    fn becomes(self) -> Status {
-        match self {
-            RepairAction::Requeue => Status::Open,
-            RepairAction::Park => Status::Parked,
-            RepairAction::Ignore => Status::Ignored,
-        }
-    }
-
-    /// Whether the repair gives the relays something to claim: a requeued entry is
-    /// due, an ignored head no longer holds back its key.
-    fn frees_entries(self) -> bool {
-        matches!(self, RepairAction::Requeue | RepairAction::Ignore)
-    }
-
-    /// Park and ignore say why, for whoever looks at the entry next.
-    fn needs_reason(self) -> bool {
-        matches!(self, RepairAction::Park | RepairAction::Ignore)
-    }
-
-    /// The reason as the entry keeps it (`last_error`): `parked by hand: …`, so a
-    /// reader tells a person's verdict from the relay's.
-    fn entry_reason(self, reason: &str) -> String {
-        format!("{} by hand: {reason}", self.past())
-    }
+/// Park and ignore say why, for whoever looks at the entry next.
+fn needs_reason(action: RepairAction) -> bool {
+    matches!(action, RepairAction::Park | RepairAction::Ignore)
 }
 
-impl fmt::Display for RepairAction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// The reason as the entry keeps it (`last_error`): `parked by hand: …`, so a reader
+/// tells a person's verdict from the relay's.
+fn entry_reason(action: RepairAction, reason: &str) -> String {
+    format!("{} by hand: {reason}", action.past())
 }
 
 /// How a transport names its inputs, so a refusal of one points at what the caller
@@ -238,12 +186,12 @@ pub struct JobPlan {
 
 impl JobPlan {
     pub fn new(action: RepairAction, reason: Option<&str>, rate: u32, inputs: Inputs) -> Result<JobPlan, Refusal> {
-        if rate == 0 || rate > crate::repair::MAX_RATE {
+        if rate == 0 || rate > jobs::MAX_RATE {
             return Err(Refusal::Rate { inputs });
         }
         let reason = match reason.map(str::trim).filter(|r| !r.is_empty()) {
-            Some(r) if action.needs_reason() => Some(action.entry_reason(r)),
-            None if action.needs_reason() => return Err(Refusal::NeedsReason { action, inputs }),
+            Some(r) if needs_reason(action) => Some(entry_reason(action, r)),
+            None if needs_reason(action) => return Err(Refusal::NeedsReason { action, inputs }),
             // A requeue keeps no reason in its entries; the job keeps it for people.
             _ => reason.map(str::to_string),
         };
@@ -268,8 +216,8 @@ pub enum Refusal {
     #[error("{action} needs {}", match .inputs { Inputs::Json => "a `reason`", Inputs::Flags => "--reason" })]
     NeedsReason { action: RepairAction, inputs: Inputs },
     #[error("{}", match .inputs {
-        Inputs::Json => format!("rate must be between 1 and {} entries per second", crate::repair::MAX_RATE),
-        Inputs::Flags => format!("--rate must be between 1 and {}", crate::repair::MAX_RATE),
+        Inputs::Json => format!("rate must be between 1 and {} entries per second", jobs::MAX_RATE),
+        Inputs::Flags => format!("--rate must be between 1 and {}", jobs::MAX_RATE),
     })]
     Rate { inputs: Inputs },
     #[error("route `{route}` is already paused{}", .since.as_ref().map(|p| format!(" ({})", p.sentence())).unwrap_or_default())]
@@ -280,34 +228,12 @@ pub enum Refusal {
     Store(#[from] StoreError),
 }
 
-/// How an action ended, as the audit log records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    Ok,
-    /// Refused by the state of what it acts on (409).
-    Conflict,
-    Failed,
-    /// A repair job was created; the job records `done` when it is.
-    Started,
-}
-
-impl Outcome {
-    fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::Conflict => "conflict",
-            Outcome::Failed => "failed",
-            Outcome::Started => "started",
-        }
-    }
-
-    /// A store answer `true` for done, `false` for refused by the state it found.
-    fn of(result: &Result<bool, StoreError>) -> Outcome {
-        match result {
-            Ok(true) => Outcome::Ok,
-            Ok(false) => Outcome::Conflict,
-            Err(_) => Outcome::Failed,
-        }
+/// A store answer `true` for done, `false` for refused by the state it found.
+fn outcome_of(result: &Result<bool, StoreError>) -> AuditOutcome {
+    match result {
+        Ok(true) => AuditOutcome::Ok,
+        Ok(false) => AuditOutcome::Conflict,
+        Err(_) => AuditOutcome::Failed,
     }
 }
 
@@ -324,14 +250,14 @@ impl<'a> Operator<'a> {
         let now = self.clock.now();
         let result = match repair {
             EntryRepair::Requeue => self.store.requeue(id, now).await,
-            EntryRepair::Park(r) => self.store.park(id, &action.entry_reason(r.as_str()), now).await,
-            EntryRepair::Ignore(r) => self.store.ignore(id, &action.entry_reason(r.as_str()), now).await,
+            EntryRepair::Park(r) => self.store.park(id, &entry_reason(action, r.as_str()), now).await,
+            EntryRepair::Ignore(r) => self.store.ignore(id, &entry_reason(action, r.as_str()), now).await,
         };
-        let outcome = Outcome::of(&result);
+        let outcome = outcome_of(&result);
         let (route, answer) = match result {
             Ok(true) => {
                 let route = self.store.get(id).await.ok().flatten().map(|e| e.route);
-                if let Some(route) = route.as_deref().filter(|_| action.frees_entries()) {
+                if let Some(route) = route.as_deref().filter(|_| frees_entries(action)) {
                     self.wake(route).await;
                 }
                 (route, Ok(Repaired { entry: id, action, status: action.becomes() }))
@@ -344,7 +270,7 @@ impl<'a> Operator<'a> {
             Err(e) => (None, Err(Refusal::Store(e))),
         };
         let detail = repair.reason().map(|r| r.as_str().to_string());
-        self.audit(action.as_str(), route, format!("entry {id}"), outcome, detail).await;
+        self.audit(action.into(), route, format!("entry {id}"), outcome, detail).await;
         answer
     }
 
@@ -359,7 +285,7 @@ impl<'a> Operator<'a> {
             reason: reason.0,
         };
         let result = self.store.pause_route(&pause).await;
-        self.audit_route("pause", route, Outcome::of(&result), Some(pause.reason.clone())).await;
+        self.audit_route(AuditAction::Pause, route, outcome_of(&result), Some(pause.reason.clone())).await;
         if !result? {
             let since = self.store.paused_routes(Some(route)).await?.pop().map(PauseView::from);
             return Err(Refusal::AlreadyPaused { route: route.to_string(), since });
@@ -371,7 +297,7 @@ impl<'a> Operator<'a> {
     /// runs in at once, by the others within their poll interval).
     pub async fn resume(&self, route: &str) -> Result<RoutePaused, Refusal> {
         let result = self.store.resume_route(route).await;
-        self.audit_route("resume", route, Outcome::of(&result), None).await;
+        self.audit_route(AuditAction::Resume, route, outcome_of(&result), None).await;
         if !result? {
             return Err(Refusal::NotPaused(route.to_string()));
         }
@@ -387,14 +313,14 @@ impl<'a> Operator<'a> {
         let mut deleted = 0;
         let result = crate::inbox::purge_counting(self.store, before, PURGE_BATCH, Duration::ZERO, &mut deleted).await;
         let subject = format!("DONE and IGNORED entries finished more than {asked} ago");
-        let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Failed };
-        self.audit("purge", None, subject, outcome, Some(format!("{deleted} deleted"))).await;
+        let outcome = if result.is_ok() { AuditOutcome::Ok } else { AuditOutcome::Failed };
+        self.audit(AuditAction::Purge, None, subject, outcome, Some(format!("{deleted} deleted"))).await;
         result?;
         Ok(Purged { purged: deleted, older_than: asked.to_string() })
     }
 
     /// Creates the repair job `plan` describes over `filter`, which `matches` (its
-    /// dry run) found; a running Inlet carries it out (`crate::repair::run`). Returns
+    /// dry run) found; a running Inlet carries it out ([`jobs::run`]). Returns
     /// the job's id.
     pub async fn start_job(&self, plan: &JobPlan, filter: &RepairFilter, matches: &Matches) -> Result<i64, Refusal> {
         let now = self.clock.now();
@@ -404,12 +330,46 @@ impl<'a> Operator<'a> {
             .create_repair_job(action, filter, plan.reason.as_deref(), rate, &self.actor, matches.count, now)
             .await;
         let (outcome, detail) = match &created {
-            Ok(job) => (Outcome::Started, format!("job {job}: {} matching, at {rate}/s", matches.count)),
-            Err(_) => (Outcome::Failed, format!("{} matching, at {rate}/s", matches.count)),
+            Ok(job) => (AuditOutcome::Started, format!("job {job}: {} matching, at {rate}/s", matches.count)),
+            Err(_) => (AuditOutcome::Failed, format!("{} matching, at {rate}/s", matches.count)),
         };
-        let action = format!("repair-{}", action.as_str());
-        self.audit(&action, filter.route.clone(), filter.describe(), outcome, Some(detail)).await;
+        self.audit(AuditAction::Repair(action), filter.route.clone(), filter.describe(), outcome, Some(detail)).await;
         Ok(created?)
+    }
+
+    /// Records a rollout step (`crate::rollout::step`) on `route` as it ended: the
+    /// transports carry the step out (it blocks) and call this with its result.
+    pub async fn record_rollout(&self, step: Step, route: &str, result: &Result<Stepped, RolloutError>) {
+        let action = match step {
+            Step::Promote => AuditAction::Promote,
+            Step::Rollback => AuditAction::Rollback,
+        };
+        let (outcome, detail) = match result {
+            Ok(done) => (AuditOutcome::Ok, done.detail()),
+            Err(e) if e.is_conflict() => (AuditOutcome::Refused, e.to_string()),
+            Err(e) => (AuditOutcome::Failed, e.to_string()),
+        };
+        self.audit_route(action, route, outcome, Some(detail)).await;
+    }
+
+    /// Records a reload by hand (`POST /api/reload`) with its report; `refused` when
+    /// the routing files or a plugin were refused.
+    pub async fn record_reload(&self, refused: bool, report: String) {
+        let outcome = if refused { AuditOutcome::Refused } else { AuditOutcome::Ok };
+        self.audit(AuditAction::Reload, None, "routing file and plugins".into(), outcome, Some(report)).await;
+    }
+
+    /// Records that repair job `job` finished (the operator is the job itself).
+    pub async fn job_done(&self, job: &RepairJob) {
+        let detail = Some(format!("{} entries changed", job.moved));
+        self.audit(
+            AuditAction::Repair(job.action),
+            job.filter.route.clone(),
+            job.filter.describe(),
+            AuditOutcome::Done,
+            detail,
+        )
+        .await;
     }
 
     /// Tells the relays of `route` it has entries to claim now.
@@ -424,26 +384,19 @@ impl<'a> Operator<'a> {
         }
     }
 
-    async fn audit_route(&self, action: &str, route: &str, outcome: Outcome, detail: Option<String>) {
+    async fn audit_route(&self, action: AuditAction, route: &str, outcome: AuditOutcome, detail: Option<String>) {
         self.audit(action, Some(route.to_string()), format!("route {route}"), outcome, detail).await;
     }
 
     async fn audit(
         &self,
-        action: &str,
+        action: AuditAction,
         route: Option<String>,
         subject: String,
-        outcome: Outcome,
+        outcome: AuditOutcome,
         detail: Option<String>,
     ) {
-        let audit = NewAudit {
-            actor: self.actor.clone(),
-            action: action.into(),
-            route,
-            subject,
-            outcome: outcome.as_str().into(),
-            detail,
-        };
+        let audit = NewAudit { actor: self.actor.clone(), action, route, subject, outcome, detail };
         audit::record(self.store, audit, self.clock.now()).await;
     }
 }

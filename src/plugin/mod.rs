@@ -27,6 +27,7 @@
 //! [`STDERR_CAPACITY`] bytes, which explain a panic.
 
 mod bindings;
+pub mod load;
 pub mod sandbox;
 
 use std::path::{Path, PathBuf};

@@ -17,8 +17,7 @@ use crate::clock::{Clock, Millis};
 use crate::config::{Ordering, ParkedPolicy};
 use crate::inbox::failures::{Attempt, RequestRecord};
 use crate::inbox::group::{Committed, Group, Grouped, Settles};
-use crate::inbox::{ClaimRequest, Claimed, Decoded, Lease, SettleRequest, Settlement, Store, StoreError};
-use crate::ingest::{count_refused, fault_labels};
+use crate::inbox::{ClaimRequest, Claimed, Decoded, Lease, SettleRequest, Settlement, Status, Store, StoreError};
 use crate::plugin::wit;
 use crate::routing::Route;
 use crate::rules;
@@ -272,7 +271,8 @@ impl Relay {
             started_at: started.0,
             duration_ms: started.1.elapsed().as_millis() as i64,
             answer: answer.to_string(),
-            status: String::new(),
+            // Until the settle that ends the attempt says otherwise.
+            status: Status::InProgress,
             reason: None,
             requests,
             plugin: Some(self.route.plugin().digest().to_string()),
@@ -418,7 +418,7 @@ impl Relay {
     /// counted, and the reason the entry is parked with.
     fn refuse_request(&self, call: &'static str, step: u32, req: &wit::Request) -> Option<Disposition> {
         let violation = rules::check_request(&self.route.config.target, req).err()?;
-        count_refused(&self.metrics, self.route.name(), call, &violation);
+        self.metrics.count_refused(self.route.name(), call, violation.rule);
         let what = if step > 1 { format!("{call} output for step {step}") } else { format!("{call} output") };
         Some(Disposition::Park { reason: format!("{what} refused, the request was not sent: {violation}") })
     }
@@ -469,7 +469,7 @@ impl Relay {
                 return Disposition::Park { reason: format!("plugin could not render the request: {reason}") };
             }
             Err(fault) => {
-                self.metrics.plugin_faults.get_or_create(&fault_labels(route, "render", fault.kind())).inc();
+                self.metrics.count_plugin_fault(route, "render", fault.kind());
                 return Disposition::Retry { error: format!("plugin fault during render: {fault}"), hint: None };
             }
         };
@@ -533,7 +533,7 @@ impl Relay {
                 Ok(wit::Disposition::Park(reason)) => Disposition::Park { reason: format!("{reason} ({described})") },
                 Ok(wit::Disposition::Ignore(reason)) => Disposition::Ignore { reason },
                 Err(fault) => {
-                    self.metrics.plugin_faults.get_or_create(&fault_labels(route, "classify", fault.kind())).inc();
+                    self.metrics.count_plugin_fault(route, "classify", fault.kind());
                     Disposition::Retry {
                         error: format!("plugin fault during classify: {fault} (after {described})"),
                         hint: None,
@@ -559,7 +559,7 @@ impl Relay {
         self.metrics.plugin_call(self.route.name(), "decode", started);
         Ok(match decoded {
             Ok(Ok(wit::Decoded::Event(ev))) if let Err(violation) = rules::check_event(&self.route.config, &ev) => {
-                count_refused(&self.metrics, self.route.name(), "decode", &violation);
+                self.metrics.count_refused(self.route.name(), "decode", violation.rule);
                 Settlement::Parked { error: format!("decode output refused: {violation}") }
             }
             Ok(Ok(wit::Decoded::Event(ev))) => Settlement::Decoded {
@@ -577,10 +577,7 @@ impl Relay {
             }
             Ok(Err(e)) => Settlement::Parked { error: format!("decode failed: {}", e.message) },
             Err(fault) => {
-                self.metrics
-                    .plugin_faults
-                    .get_or_create(&fault_labels(self.route.name(), "decode", fault.kind()))
-                    .inc();
+                self.metrics.count_plugin_fault(self.route.name(), "decode", fault.kind());
                 let error = format!("plugin fault during decode: {fault}");
                 if fault.is_transient() {
                     return Err(Disposition::Retry { error, hint: None });
@@ -600,13 +597,13 @@ struct Seen {
 /// An attempt's record as the settlement `s` ends it.
 fn settled_record(mut record: Attempt, s: &Settlement) -> Attempt {
     let (status, reason) = match s {
-        Settlement::Done => ("DONE", None),
-        Settlement::Ignored { reason } => ("IGNORED", Some(reason)),
-        Settlement::Retry { error, .. } => ("OPEN", Some(error)),
-        Settlement::Parked { error } => ("PARKED", Some(error)),
-        Settlement::Decoded { .. } => ("OPEN", None),
+        Settlement::Done => (Status::Done, None),
+        Settlement::Ignored { reason } => (Status::Ignored, Some(reason)),
+        Settlement::Retry { error, .. } => (Status::Open, Some(error)),
+        Settlement::Parked { error } => (Status::Parked, Some(error)),
+        Settlement::Decoded { .. } => (Status::Open, None),
     };
-    record.status = status.to_string();
+    record.status = status;
     record.reason = reason.cloned();
     record
 }

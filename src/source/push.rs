@@ -32,10 +32,12 @@ use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::app::Shared;
 use crate::config::{OidcPush, PushAuth, ServerConfig, SourceConfig};
 use crate::inbox::InsertOutcome;
-use crate::ingest::{Accepted, Incoming, IngestError, Stored};
+use crate::ingest::{Accepted, Incoming, Ingest, IngestError, Stored};
+use crate::routing::RouteTable;
+use crate::source::push_auth::Verifier;
+use crate::telemetry::Metrics;
 use crate::telemetry::RouteReason;
 
 /// Seconds a shed or timed-out push is told to wait (`Retry-After`). Pub/Sub applies
@@ -354,18 +356,33 @@ fn is_json(headers: &HeaderMap) -> bool {
     essence.eq_ignore_ascii_case("application/json")
 }
 
+/// What a push request reaches: the routes serving now, the receiving half, the
+/// push-auth keys and the metrics (taken from the instance's state by `FromRef`).
+#[derive(Clone)]
+pub struct PushState {
+    pub routes: Arc<RouteTable>,
+    pub ingest: Arc<Ingest>,
+    pub verifier: Arc<Verifier>,
+    pub metrics: Arc<Metrics>,
+}
+
 /// Counts a refused push in `inlet_push_rejected_total` (by route, `-` for a name no
 /// routing file declares, and reason) and passes the refusal on.
-fn refused(shared: &Shared, route: &str, error: PushError) -> PushError {
-    let known = shared.routes().get(route).is_some() || shared.routes().refusal(route).is_some();
+fn refused(shared: &PushState, route: &str, error: PushError) -> PushError {
+    let known = shared.routes.get().get(route).is_some() || shared.routes.get().refusal(route).is_some();
     let label = RouteReason { route: if known { route } else { "-" }.to_string(), reason: error.reason };
     shared.metrics.push_rejected.get_or_create(&label).inc();
     error
 }
 
 /// The route's push auth ([`super::push_auth`]): a refusal is counted and logged.
-async fn check_push_auth(shared: &Shared, route: &str, headers: &HeaderMap, rule: &OidcPush) -> Result<(), PushError> {
-    let Err(refused) = shared.push_verifier.verify(headers, rule).await else { return Ok(()) };
+async fn check_push_auth(
+    shared: &PushState,
+    route: &str,
+    headers: &HeaderMap,
+    rule: &OidcPush,
+) -> Result<(), PushError> {
+    let Err(refused) = shared.verifier.verify(headers, rule).await else { return Ok(()) };
     let label = RouteReason { route: route.to_string(), reason: refused.as_str() };
     shared.metrics.push_auth_refused.get_or_create(&label).inc();
     tracing::warn!(route, reason = refused.as_str(), "push request refused by push auth");
@@ -374,7 +391,7 @@ async fn check_push_auth(shared: &Shared, route: &str, headers: &HeaderMap, rule
 }
 
 pub async fn handle(
-    State(shared): State<Arc<Shared>>,
+    State(shared): State<PushState>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Bytes,
@@ -384,7 +401,7 @@ pub async fn handle(
         let error = PushError::new(StatusCode::NOT_FOUND, "no_route", "the path names no route");
         return Err(refused(&shared, "-", error));
     };
-    let routes = shared.routes();
+    let routes = shared.routes.get();
     let Some(found) = routes.get(&route) else {
         // A refused route answers 503, so Pub/Sub redelivers once it is fixed: only
         // once the request passes the route's push auth, and without the reason (it
@@ -448,7 +465,7 @@ pub async fn handle(
 /// [`limit`]).
 #[derive(Clone)]
 pub struct Limits {
-    shared: Arc<Shared>,
+    shared: PushState,
     permits: Arc<Semaphore>,
     max_in_flight: usize,
     max_body: usize,
@@ -456,7 +473,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn new(shared: Arc<Shared>, server: &ServerConfig) -> Limits {
+    pub fn new(shared: PushState, server: &ServerConfig) -> Limits {
         Limits {
             shared,
             permits: Arc::new(Semaphore::new(server.max_concurrent_pushes)),
@@ -469,7 +486,7 @@ impl Limits {
     /// Counts a refused request and builds its answer.
     fn reject(&self, route: &str, reason: Rejection) -> Response {
         // Only names of configured routes become labels: the path is the sender's.
-        let known = self.shared.routes().get(route).is_some();
+        let known = self.shared.routes.get().get(route).is_some();
         let label = RouteReason { route: if known { route } else { "-" }.to_string(), reason: reason.label() };
         self.shared.metrics.push_rejected.get_or_create(&label).inc();
         tracing::warn!(route, reason = reason.label(), "refused a push request: {}", reason.message(self));

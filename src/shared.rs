@@ -1,0 +1,214 @@
+//! What the running instance's request handlers and background tasks share: the
+//! routes serving now and the tasks that serve them (a relay per route, a puller per
+//! pull route), the inbox, the receiving half, the routing files as applied. Built by
+//! `app::start`; handlers that need less take a part of it (`FromRef`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::FromRef;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::clock::Clock;
+use crate::config::{Config, SourceConfig};
+use crate::guesses::Guesses;
+use crate::inbox::Store;
+use crate::inbox::group::{Group, Settles};
+use crate::ingest::Ingest;
+use crate::operate::Wake;
+use crate::pubsub::Connection;
+use crate::relay::{Relay, RelayOptions};
+use crate::routing::{RouteTable, Routes};
+use crate::source::ack_journal::AckJournal;
+use crate::source::pubsub::Puller;
+use crate::source::push::PushState;
+use crate::source::push_auth::Verifier;
+use crate::telemetry::Metrics;
+
+/// What request handlers and background tasks share.
+pub struct Shared {
+    pub(crate) routes: Arc<RouteTable>,
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
+    pub ingest: Arc<Ingest>,
+    /// Where Pub/Sub sources pull from.
+    pub pubsub: Connection,
+    /// Where Pub/Sub sources record their acks, when asked for.
+    pub(crate) ack_journal: Option<Arc<AckJournal>>,
+    /// Signing keys for push routes that require an OIDC token.
+    pub push_verifier: Arc<Verifier>,
+    /// Unknown admin tokens by peer (sign-in and API), for the backoff.
+    pub guesses: Guesses,
+    /// The routing file as last applied, and where it lives.
+    pub(crate) config: Mutex<Config>,
+    pub(crate) config_seen: Mutex<Seen>,
+    pub(crate) relays: Mutex<Relays>,
+    pub(crate) relay_options: RelayOptions,
+    /// Settles of every relay of this process, committed in groups.
+    pub(crate) settles: Arc<Group<Settles>>,
+    /// Set once the process is told to stop: `/readyz` answers 503, answers close
+    /// their connections.
+    pub drain: crate::server::Drain,
+}
+
+/// Operator actions in this instance wake the relays as a stored entry does.
+impl Wake for Shared {
+    fn wake(&self, route: &str) {
+        Shared::wake(self, route);
+    }
+
+    fn wake_all(&self) {
+        self.routes().iter().for_each(|r| Shared::wake(self, r.name()));
+    }
+}
+
+/// One relay task per route, each with its own stop signal, so a reload can stop and
+/// start single routes.
+#[derive(Default)]
+pub(crate) struct Relays {
+    running: HashMap<String, (watch::Sender<bool>, JoinHandle<()>)>,
+    /// Relays told to stop that may still be finishing in-flight attempts.
+    stopping: Vec<JoinHandle<()>>,
+}
+
+impl Shared {
+    /// The routes as they are now.
+    pub fn routes(&self) -> Arc<Routes> {
+        self.routes.get()
+    }
+
+    /// `route` has entries to claim now: wakes its relay here and announces it to
+    /// the other instances on the inbox, so none waits for its poll interval.
+    pub fn wake(&self, route: &str) {
+        if let Some(r) = self.routes().get(route) {
+            r.stored.notify_one();
+        }
+        self.ingest.announce(route);
+    }
+
+    /// Puts a new set of routes in place: relays of routes that are gone or changed
+    /// stop claiming (their in-flight attempts finish), relays of `fresh` routes start.
+    pub(crate) fn replace_routes(&self, routes: Arc<Routes>, fresh: &[String]) {
+        let mut relays = self.relays.lock().expect("relays lock");
+        relays.stopping.retain(|h| !h.is_finished());
+        let names: Vec<String> = relays.running.keys().cloned().collect();
+        for name in names {
+            if routes.get(&name).is_none() || fresh.contains(&name) {
+                let (stop, handle) = relays.running.remove(&name).expect("listed");
+                let _ = stop.send(true);
+                relays.stopping.push(handle);
+            }
+        }
+        self.routes.set(Arc::clone(&routes));
+        for route in routes.iter() {
+            let pull = matches!(route.config.source, SourceConfig::Pubsub(_));
+            self.metrics.register_route(route.name(), pull);
+            if !relays.running.contains_key(route.name()) {
+                let (stop, stop_rx) = watch::channel(false);
+                let relay = Arc::new(Relay {
+                    route: Arc::clone(route),
+                    store: Arc::clone(&self.store),
+                    clock: Arc::clone(&self.clock),
+                    metrics: Arc::clone(&self.metrics),
+                    options: self.relay_options.clone(),
+                    last_release: std::sync::Mutex::default(),
+                    settles: Some(Arc::clone(&self.settles)),
+                });
+                let puller = match &route.config.source {
+                    SourceConfig::Pubsub(config) => Some(Puller {
+                        route: Arc::clone(route),
+                        config: config.clone(),
+                        connection: self.pubsub.clone(),
+                        ingest: Arc::clone(&self.ingest),
+                        metrics: Arc::clone(&self.metrics),
+                        ack_journal: self.ack_journal.clone(),
+                    }),
+                    SourceConfig::Push => None,
+                };
+                // The route's relay and, for a pull source, its puller: one task, so
+                // stopping the route stops and awaits both.
+                let task = tokio::spawn(async move {
+                    match puller {
+                        Some(p) => {
+                            tokio::join!(relay.run(stop_rx.clone()), p.run(stop_rx));
+                        }
+                        None => relay.run(stop_rx).await,
+                    }
+                });
+                relays.running.insert(route.name().to_string(), (stop, task));
+            }
+        }
+    }
+
+    /// Stops every route (pullers finish the batch they store and nack the rest;
+    /// relays let in-flight attempts finish) and waits for them until `deadline`:
+    /// attempts still running then are abandoned, and their entries handed back to
+    /// the inbox (OPEN, no lease), so any instance claims them at once rather than when
+    /// their leases expire.
+    pub(crate) async fn stop_routes(&self, deadline: tokio::time::Instant) {
+        let handles: Vec<JoinHandle<()>> = {
+            let mut relays = self.relays.lock().expect("relays lock");
+            let mut handles: Vec<_> = relays.stopping.drain(..).collect();
+            for (_, (stop, handle)) in relays.running.drain() {
+                let _ = stop.send(true);
+                handles.push(handle);
+            }
+            handles
+        };
+        let mut abandoned = false;
+        for mut h in handles {
+            if tokio::time::timeout_at(deadline, &mut h).await.is_err() {
+                abandoned = true;
+                h.abort();
+                // Dropped: its attempts' futures are gone, none settles after this.
+                let _ = h.await;
+            }
+        }
+        if !abandoned {
+            tracing::info!("sources and relays stopped; the attempts in flight finished");
+            return;
+        }
+        let owner = &self.relay_options.owner;
+        match self.store.release_owned(owner, self.clock.now()).await {
+            Ok(routes) => {
+                tracing::warn!(
+                    handed_back = routes.len(),
+                    "grace period over; abandoned the attempts still in flight and handed their entries back to the inbox (OPEN, to be delivered again)"
+                );
+                let mut announced = routes.clone();
+                announced.sort();
+                announced.dedup();
+                if let Err(error) = self.store.announce(&announced).await {
+                    tracing::debug!(%error, "could not announce the entries handed back");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(
+                    %error,
+                    "grace period over; abandoned the attempts still in flight, and could not hand their entries back: they are retried once their leases expire"
+                );
+            }
+        }
+    }
+}
+
+/// Digests of the routing file: the one applied and the last one refused.
+#[derive(Default)]
+pub(crate) struct Seen {
+    pub(crate) applied: Option<String>,
+    pub(crate) refused: Option<String>,
+}
+
+/// A push request takes only what it reaches.
+impl FromRef<Arc<Shared>> for PushState {
+    fn from_ref(shared: &Arc<Shared>) -> PushState {
+        PushState {
+            routes: Arc::clone(&shared.routes),
+            ingest: Arc::clone(&shared.ingest),
+            verifier: Arc::clone(&shared.push_verifier),
+            metrics: Arc::clone(&shared.metrics),
+        }
+    }
+}
