@@ -54,12 +54,12 @@ mod support;
 use base64::Engine as _;
 use common::{InletProcess, PubSubEmulator};
 use inlet::config::{Config, SourceConfig};
+use inlet::delivery::Clients;
 use inlet::inbox::DbClock;
 use inlet::ingest::Ingest;
-use inlet::pubsub::Connection;
+use inlet::pubsub_client::Connection;
 use inlet::routing::Route;
-use inlet::source::pubsub::Puller;
-use inlet::target::Clients;
+use inlet::source::pull::Puller;
 use inlet::telemetry::Metrics;
 use support::{Backend, Db, RawRow, Table, ms, rate};
 

@@ -23,15 +23,15 @@ use tokio::task::JoinSet;
 
 use crate::clock::Clock;
 use crate::config::{Config, Ordering, ParkedPolicy};
+use crate::delivery::Clients;
 use crate::inbox::DbClock;
 use crate::inbox::group::{Group, Settles};
 use crate::inbox::{self, Status};
 use crate::ingest::Ingest;
-use crate::pubsub::Connection;
+use crate::pubsub_client::Connection;
 use crate::relay::RelayOptions;
 use crate::routing::{RouteTable, Routes};
 use crate::shared::Shared;
-use crate::target::Clients;
 use crate::telemetry::{Metrics, RouteStatus};
 use crate::{admin, source};
 

@@ -17,13 +17,13 @@ use crate::admin::answer::AuditPage;
 use crate::app;
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::delivery::Clients;
 use crate::inbox::DbClock;
 use crate::inbox::{self, ListFilter, Status, Store};
 use crate::operate::audit::cli_actor;
 use crate::operate::{EntryRepair, Inputs, JobPlan, Operator, PauseView, Reason, Refusal, Relays, Repaired};
-use crate::pubsub::Connection;
+use crate::pubsub_client::Connection;
 use crate::routing::Routes;
-use crate::target::Clients;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -201,7 +201,7 @@ pub enum PubsubCommand {
         all: bool,
         /// The time to go back to, RFC 3339: the time `inlet inbox backup` printed,
         /// or a PostgreSQL snapshot's.
-        #[arg(long, value_name = "TIME", value_parser = crate::pubsub::parse_time)]
+        #[arg(long, value_name = "TIME", value_parser = crate::pubsub_client::parse_time)]
         to: std::time::SystemTime,
         /// Go back this much further than `--to`: the longest a message waited in the
         /// subscription when the backup was taken (a message published before `--to`
@@ -578,7 +578,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = load_config(&routing_file(routing, &cli.config)?)?;
             let connection = Connection::from_env();
             println!("pubsub: {}", connection.describe());
-            match crate::pubsub::setup(&config, &connection).await {
+            match crate::pubsub_client::setup(&config, &connection).await {
                 Ok(steps) => {
                     for step in &steps {
                         println!("{step}");
@@ -607,7 +607,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let admin = connection.subscription_admin().await.map_err(anyhow::Error::msg)?;
             let mut failed = false;
             for name in &names {
-                match crate::pubsub::seek(&admin, name, to).await {
+                match crate::pubsub_client::seek(&admin, name, to).await {
                     Ok(done) => println!("{done}"),
                     Err(e) => {
                         eprintln!("error: {e}");

@@ -291,7 +291,7 @@ pub async fn run(input: TestInput<'_>) -> Result<Report, String> {
             return Ok(finish(decode, None, steps, "classify not run: no --response for this step", false));
         };
         let outcome = response.outcome()?;
-        let target = crate::target::describe(&outcome);
+        let target = crate::delivery::describe(&outcome);
         let (verdict, conclusion, failed) = match plugin.classify(rendered.clone(), exchange.clone(), outcome).await {
             Err(fault) => (
                 Verdict::Fault { kind: fault.kind(), message: fault.to_string() },

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::Notify;
 
 use crate::config::{Config, ConfigErrorKind, PushAuth, RouteConfig};
+use crate::delivery::{Clients, Target};
 use crate::plugin::{Plugin, PluginLoadError, load};
 use crate::shadow::Shadow;
-use crate::target::{Clients, Target};
 use crate::telemetry::Metrics;
 
 /// The routes serving now, replaced whole when a reload applies new routing files:

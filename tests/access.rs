@@ -325,7 +325,7 @@ async fn a_push_to_a_pull_route_is_not_found() {
         plugin.display()
     );
     let instance = common::start_on_sqlite(&routes, |o| {
-        o.pubsub = inlet::pubsub::Connection::emulator(&format!("127.0.0.1:{}", free_port()));
+        o.pubsub = inlet::pubsub_client::Connection::emulator(&format!("127.0.0.1:{}", free_port()));
     })
     .await;
     let http = reqwest::Client::new();

@@ -257,7 +257,8 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
         url = camunda.url(),
     );
     let nobody = format!("127.0.0.1:{}", common::free_port());
-    let inlet = common::start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub::Connection::emulator(&nobody)).await;
+    let inlet =
+        common::start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub_client::Connection::emulator(&nobody)).await;
     let http = reqwest::Client::new();
     let data = br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
     assert_eq!(post_push(&http, &inlet.base(), "orders", &push_envelope(data, &[], "m-1")).await, 200);

@@ -88,7 +88,7 @@ impl Inlet {
             poll: Duration::from_millis(20),
             reload_every: None,
             // The pull route's broker: a port nobody listens on (it keeps reconnecting).
-            pubsub: inlet::pubsub::Connection::emulator(&format!("127.0.0.1:{}", free_port())),
+            pubsub: inlet::pubsub_client::Connection::emulator(&format!("127.0.0.1:{}", free_port())),
             ..app::Options::default()
         };
         let running = app::start(&config, options).await.expect("inlet starts");

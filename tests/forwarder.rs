@@ -79,7 +79,8 @@ async fn legacy_events_are_normalized_and_published_once_per_entry_with_the_orde
         route("normalize-plain", "to-plain", "work-orders-plain", false)
     );
     let inlet =
-        common::start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub::Connection::emulator(&emulator.host)).await;
+        common::start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub_client::Connection::emulator(&emulator.host))
+            .await;
 
     let mut payloads: Vec<String> = (1..=10)
         .map(|n| {
@@ -138,7 +139,8 @@ async fn publishing_to_a_missing_topic_parks_the_entry_with_the_reason() {
     emulator.create_subscription("legacy", "to-nowhere", false).await;
     let routes = route("normalize", "to-nowhere", "no-such-topic", true);
     let inlet =
-        common::start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub::Connection::emulator(&emulator.host)).await;
+        common::start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub_client::Connection::emulator(&emulator.host))
+            .await;
     publish(
         &emulator,
         "legacy",
@@ -162,8 +164,8 @@ async fn publishing_to_a_missing_topic_parks_the_entry_with_the_reason() {
 /// bounded by the same timeout). A publish after that goes through, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_that_timed_out_is_not_published_later() {
+    use inlet::delivery::{Clients, Delivery, Target};
     use inlet::plugin::wit;
-    use inlet::target::{Clients, Delivery, Target};
 
     let emulator = PubSubEmulator::start(PROJECT).await;
     emulator.create_topic("out").await;
@@ -175,7 +177,7 @@ async fn a_publish_that_timed_out_is_not_published_later() {
         timeout: Duration::from_secs(2),
         attributes: Default::default(),
     });
-    let target = Target::new("out", &config, &Clients::new(inlet::pubsub::Connection::emulator(&proxy.addr)));
+    let target = Target::new("out", &config, &Clients::new(inlet::pubsub_client::Connection::emulator(&proxy.addr)));
     let request = |body: &str| wit::Request {
         method: "POST".into(),
         path: String::new(),

@@ -134,7 +134,7 @@ impl Inlet {
             ..inlet::app::Options::default()
         };
         if let Some(emulator) = pubsub {
-            options.pubsub = inlet::pubsub::Connection::emulator(&emulator.host);
+            options.pubsub = inlet::pubsub_client::Connection::emulator(&emulator.host);
         }
         let running = inlet::app::start(&loaded, options).await.expect("inlet starts");
         // No pooled connections: with a short header_read_timeout the server closes

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{FakeCamunda, InletProcess, PubSubEmulator, TcpProxy, TestPg};
 use inlet::app::{self, Running};
 use inlet::config::Config;
-use inlet::pubsub::Connection;
+use inlet::pubsub_client::Connection;
 
 const PROJECT: &str = "inlet-test";
 const TOPIC: &str = "orders";
@@ -344,7 +344,7 @@ async fn ten_thousand_messages(backend: &str) {
     // The subscription does not exist yet: the source keeps retrying until setup
     // has created it.
     let config = Config::load(&dir.path().join("inlet.toml")).unwrap();
-    let steps = inlet::pubsub::setup(&config, &Connection::emulator(&emulator.host)).await.expect("setup");
+    let steps = inlet::pubsub_client::setup(&config, &Connection::emulator(&emulator.host)).await.expect("setup");
     let steps: Vec<String> = steps.iter().map(|s| s.to_string()).collect();
     assert_eq!(
         steps,
@@ -885,7 +885,7 @@ async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_withou
     );
     let config = dir.path().join("inlet.toml");
     std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
-    let steps = inlet::pubsub::setup(&Config::load(&config).unwrap(), &Connection::emulator(&emulator.host))
+    let steps = inlet::pubsub_client::setup(&Config::load(&config).unwrap(), &Connection::emulator(&emulator.host))
         .await
         .expect("setup");
     assert_eq!(steps.len(), 2, "topic and subscription created: {steps:?}");
@@ -949,7 +949,7 @@ async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_withou
     // messages the backup holds come again too: the inbox must take them as duplicates.
     // The routing file as it is after the restore: the route on its own subscription.
     std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
-    let backup_at = inlet::pubsub::parse_time(&backup_time).expect("the backup's time is RFC 3339");
+    let backup_at = inlet::pubsub_client::parse_time(&backup_time).expect("the backup's time is RFC 3339");
     let margin = backup_at.duration_since(first_published_after).unwrap() + Duration::from_secs(1);
     let margin = format!("{}ms", margin.as_millis());
     let (stdout, stderr, ok) = inlet_cli(

@@ -142,7 +142,7 @@ impl Inlet {
             ..app::Options::default()
         };
         if let Some(emulator) = emulator {
-            options.pubsub = inlet::pubsub::Connection::emulator(&emulator.host);
+            options.pubsub = inlet::pubsub_client::Connection::emulator(&emulator.host);
         }
         let running = app::start(&config, options).await.expect("inlet starts");
         Inlet {

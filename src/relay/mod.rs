@@ -486,7 +486,7 @@ impl Relay {
                 };
             }
             let started = Instant::now();
-            let delivery = crate::target::Delivery {
+            let delivery = crate::delivery::Delivery {
                 idempotency_key: &c.entry.dedup_key,
                 correlation_key: &event.correlation_key,
             };
@@ -496,7 +496,7 @@ impl Relay {
                 .delivery_seconds
                 .get_or_create(&Metrics::route(route))
                 .observe(started.elapsed().as_secs_f64());
-            let described = crate::target::describe(&outcome);
+            let described = crate::delivery::describe(&outcome);
             let described = if exchange.step > 1 { format!("step {}: {described}", exchange.step) } else { described };
             let classify_started = Instant::now();
             let shadow_copy = seen.as_ref().map(|_| (exchange.clone(), outcome.clone()));
@@ -613,7 +613,7 @@ fn settled_record(mut record: Attempt, s: &Settlement) -> Attempt {
 fn request_record(step: u32, request: &wit::Request, outcome: &wit::Outcome) -> RequestRecord {
     let (status, error) = match outcome {
         wit::Outcome::Response(r) => (Some(r.status), None),
-        wit::Outcome::TransportError(_) => (None, Some(crate::target::describe(outcome))),
+        wit::Outcome::TransportError(_) => (None, Some(crate::delivery::describe(outcome))),
     };
     RequestRecord {
         step,

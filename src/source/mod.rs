@@ -2,6 +2,6 @@
 //! acks only what it returned `Ok` for.
 
 pub mod ack_journal;
-pub mod pubsub;
+pub mod pull;
 pub mod push;
 pub mod push_auth;

@@ -150,7 +150,7 @@ impl Default for Verifier {
 
 impl Verifier {
     pub fn new() -> Verifier {
-        // rustls has no built-in provider in this build (see src/pubsub.rs).
+        // rustls has no built-in provider in this build (see src/pubsub_client.rs).
         let _ = rustls::crypto::ring::default_provider().install_default();
         // A 3xx from the JWKS URL is a failed fetch, not a pointer to the keys: the
         // keys come from where the routing file says, nowhere else.

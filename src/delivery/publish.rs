@@ -17,7 +17,7 @@ use tokio::sync::OnceCell;
 use super::{Delivery, transport};
 use crate::config::PubsubTarget as Config;
 use crate::plugin::wit;
-use crate::pubsub::Connection;
+use crate::pubsub_client::Connection;
 
 pub struct PubsubTarget {
     config: Config,

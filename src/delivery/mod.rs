@@ -2,20 +2,20 @@
 //! request; the host adds the base URL, static headers, the idempotency key and the
 //! timeout, and turns whatever happened into an [`wit::Outcome`] for `classify`.
 
-pub mod pubsub;
+pub mod publish;
 
 use std::time::Duration;
 
 use crate::config::TargetConfig;
 use crate::plugin::wit;
-use crate::pubsub::Connection;
+use crate::pubsub_client::Connection;
 
 /// Bytes of a response body kept for `classify`.
 const MAX_RESPONSE_BYTES: usize = 256 * 1024;
 
 pub enum Target {
     Http(HttpTarget),
-    Pubsub(pubsub::PubsubTarget),
+    Pubsub(publish::PubsubTarget),
     Log { route: String },
 }
 
@@ -80,7 +80,7 @@ impl Target {
                 timeout: h.timeout,
                 headers: h.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             }),
-            TargetConfig::Pubsub(p) => Target::Pubsub(pubsub::PubsubTarget::new(p.clone(), clients.pubsub.clone())),
+            TargetConfig::Pubsub(p) => Target::Pubsub(publish::PubsubTarget::new(p.clone(), clients.pubsub.clone())),
         }
     }
 

@@ -38,7 +38,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use super::ack_journal::AckJournal;
 use crate::config::PubsubSource;
 use crate::ingest::{Incoming, Ingest, IngestError};
-use crate::pubsub::{Connection, Probe, probe};
+use crate::pubsub_client::{Connection, Probe, probe};
 use crate::routing::Route;
 use crate::telemetry::Metrics;
 
@@ -271,7 +271,7 @@ impl Puller {
             };
             let (message, handler) = match item {
                 Some(Ok(pair)) => pair,
-                Some(Err(e)) if crate::pubsub::is_code(&e, google_cloud_gax::error::rpc::Code::NotFound) => {
+                Some(Err(e)) if crate::pubsub_client::is_code(&e, google_cloud_gax::error::rpc::Code::NotFound) => {
                     break 'session End::NotFound;
                 }
                 Some(Err(e)) => break 'session End::Stream(e.to_string()),
