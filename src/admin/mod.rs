@@ -44,7 +44,7 @@ pub mod repairs;
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -55,9 +55,12 @@ use self::answer::{
     ApiError, AuditPage, Body, EntryPage, EntryView, GroupRef, Health, Id, Params, PauseView, Purged, Reader,
     RefusedFile, Repaired, RouteList, RoutePaused, RouteView,
 };
-use crate::inbox::{Entry, ListFilter, Status, StoreError};
-use crate::operate::{EntryRepair, Inputs, Operator, Reason, Relays};
+use crate::clock::Clock;
+use crate::inbox::{Entry, ListFilter, Status, Store, StoreError};
+use crate::operate::{EntryRepair, Inputs, Operator, Reason, Relays, Wake};
+use crate::routing::{RouteTable, Routes};
 use crate::shared::Shared;
+use crate::telemetry::Metrics;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -82,7 +85,7 @@ pub fn entry_view(e: &Entry) -> EntryView {
 
 /// The entry if it exists and the caller may see its route; otherwise the 404 a
 /// missing entry gets.
-async fn visible_entry(s: &Shared, caller: &Caller, id: i64) -> Result<Entry, ApiError> {
+async fn visible_entry(s: &InboxState, caller: &Caller, id: i64) -> Result<Entry, ApiError> {
     match s.store.get(id).await? {
         Some(e) if caller.may_see(&e.route) => Ok(e),
         _ => Err(ApiError::no_entry(id)),
@@ -90,8 +93,52 @@ async fn visible_entry(s: &Shared, caller: &Caller, id: i64) -> Result<Entry, Ap
 }
 
 /// The operator actions of `caller` in this instance (`crate::operate`).
-fn operator<'a>(s: &'a Shared, caller: &Caller) -> Operator<'a> {
-    Operator::new(s.store.as_ref(), s.clock.as_ref(), Relays::Here(s), caller.name.clone())
+fn operator<'a>(s: &'a InboxState, caller: &Caller) -> Operator<'a> {
+    Operator::new(s.store.as_ref(), s.clock.as_ref(), Relays::Here(s.relays.as_ref()), caller.name.clone())
+}
+
+/// What the entry, audit and operator endpoints reach: the inbox and its clock, the
+/// routes serving now (a caller's access is by route) and the relays an action wakes.
+#[derive(Clone)]
+pub struct InboxState {
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub routes: Arc<RouteTable>,
+    pub relays: Arc<dyn Wake>,
+}
+
+impl FromRef<Arc<Shared>> for InboxState {
+    fn from_ref(shared: &Arc<Shared>) -> InboxState {
+        InboxState {
+            store: Arc::clone(&shared.store),
+            clock: Arc::clone(&shared.clock),
+            routes: Arc::clone(&shared.routes),
+            relays: Arc::clone(shared) as Arc<dyn Wake>,
+        }
+    }
+}
+
+/// What `/readyz` reads: whether the instance drains, and whether the inbox answers.
+#[derive(Clone)]
+pub struct Readiness {
+    store: Arc<dyn Store>,
+    drain: crate::server::Drain,
+}
+
+impl FromRef<Arc<Shared>> for Readiness {
+    fn from_ref(shared: &Arc<Shared>) -> Readiness {
+        Readiness { store: Arc::clone(&shared.store), drain: shared.drain.clone() }
+    }
+}
+
+/// What `/metrics` reads: the registry only.
+#[derive(Clone)]
+pub struct Exposition(Arc<Metrics>);
+
+impl FromRef<Arc<Shared>> for Exposition {
+    fn from_ref(shared: &Arc<Shared>) -> Exposition {
+        Exposition(Arc::clone(&shared.metrics))
+    }
 }
 
 /// A store error as the API answers it (the handlers that return `Response`).
@@ -105,7 +152,7 @@ fn page_limit(asked: Option<u32>) -> u32 {
 }
 
 pub async fn list(
-    State(s): State<Arc<Shared>>,
+    State(s): State<InboxState>,
     Extension(caller): Extension<Caller>,
     Params(q): Params<ListQuery>,
 ) -> Result<Json<EntryPage>, ApiError> {
@@ -134,7 +181,7 @@ pub async fn list(
 /// that of the error entry ID has now for `entry:ID` (404 when the caller may not see
 /// the entry or it has no error).
 pub(crate) async fn group_fingerprint(
-    s: &Shared,
+    s: &InboxState,
     caller: &Caller,
     given: Option<&str>,
 ) -> Result<Option<String>, ApiError> {
@@ -153,7 +200,7 @@ pub(crate) async fn group_fingerprint(
 
 /// The filter's entries among the routes the caller may see: a filter on another
 /// route finds nothing; no route filter lists each allowed route and merges them.
-async fn list_visible(s: &Shared, caller: &Caller, filter: ListFilter) -> Result<Vec<Entry>, StoreError> {
+async fn list_visible(s: &InboxState, caller: &Caller, filter: ListFilter) -> Result<Vec<Entry>, StoreError> {
     let Some(allowed) = &caller.routes else { return s.store.list(&filter).await };
     if let Some(route) = &filter.route {
         return if allowed.contains(route) { s.store.list(&filter).await } else { Ok(Vec::new()) };
@@ -168,7 +215,7 @@ async fn list_visible(s: &Shared, caller: &Caller, filter: ListFilter) -> Result
 }
 
 pub async fn show(
-    State(s): State<Arc<Shared>>,
+    State(s): State<InboxState>,
     Extension(caller): Extension<Caller>,
     Id(id): Id<i64>,
 ) -> Result<Json<EntryView>, ApiError> {
@@ -195,7 +242,7 @@ pub struct FailureGroups {
 
 /// Failure groups of the routes the caller may see.
 pub async fn failures(
-    State(s): State<Arc<Shared>>,
+    State(s): State<InboxState>,
     Extension(caller): Extension<Caller>,
     Params(q): Params<FailuresQuery>,
 ) -> Result<Json<FailureGroups>, ApiError> {
@@ -217,7 +264,7 @@ pub async fn failures(
 }
 
 pub async fn requeue(
-    State(s): State<Arc<Shared>>,
+    State(s): State<InboxState>,
     Extension(caller): Extension<Caller>,
     Id(id): Id<i64>,
 ) -> Result<Json<Repaired>, ApiError> {
@@ -240,7 +287,7 @@ impl ReasonBody {
 }
 
 pub async fn park(
-    State(s): State<Arc<Shared>>,
+    State(s): State<InboxState>,
     Extension(caller): Extension<Caller>,
     Id(id): Id<i64>,
     Body(b): Body<ReasonBody>,
@@ -253,7 +300,7 @@ pub async fn park(
 /// time), and later entries of its key, which it held back under `block-key`, are
 /// delivered.
 pub async fn ignore(
-    State(s): State<Arc<Shared>>,
+    State(s): State<InboxState>,
     Extension(caller): Extension<Caller>,
     Id(id): Id<i64>,
     Body(b): Body<ReasonBody>,
@@ -264,7 +311,7 @@ pub async fn ignore(
 
 /// A repair of one entry: the role is checked first (403 whatever the entry), then
 /// the route (404, like a missing entry); then the repair, audited.
-async fn repair(s: &Shared, caller: &Caller, id: i64, repair: EntryRepair) -> Result<Json<Repaired>, ApiError> {
+async fn repair(s: &InboxState, caller: &Caller, id: i64, repair: EntryRepair) -> Result<Json<Repaired>, ApiError> {
     caller.require(Action::from(repair.action()))?;
     visible_entry(s, caller, id).await?;
     Ok(Json(operator(s, caller).repair(id, &repair).await?))
@@ -279,7 +326,7 @@ pub struct PurgeBody {
 
 /// Deletes DONE and IGNORED entries finished before `older_than` (never PARKED).
 pub async fn purge(
-    State(s): State<Arc<Shared>>,
+    State(s): State<InboxState>,
     Extension(caller): Extension<Caller>,
     Body(b): Body<PurgeBody>,
 ) -> Result<Json<Purged>, ApiError> {
@@ -297,7 +344,7 @@ pub struct AuditQuery {
 }
 
 pub async fn audit_log(
-    State(s): State<Arc<Shared>>,
+    State(s): State<InboxState>,
     Extension(caller): Extension<Caller>,
     Params(q): Params<AuditQuery>,
 ) -> Result<Json<AuditPage>, ApiError> {
@@ -311,8 +358,8 @@ pub async fn audit_log(
 /// The exposition; a token limited to some routes (`metrics_need_token`) reads only
 /// their series and the process-wide ones. `route="-"` counts push requests that
 /// named no known route, which belong to no team.
-pub async fn metrics(State(s): State<Arc<Shared>>, caller: Option<Extension<Caller>>) -> Response {
-    let mut text = s.metrics.render();
+pub async fn metrics(State(Exposition(metrics)): State<Exposition>, caller: Option<Extension<Caller>>) -> Response {
+    let mut text = metrics.render();
     if let Some(Extension(caller)) = caller
         && !caller.may_see_all()
     {
@@ -325,7 +372,7 @@ pub async fn healthz() -> Json<Health> {
     Json(Health { status: "ok" })
 }
 
-pub async fn readyz(State(s): State<Arc<Shared>>) -> Response {
+pub async fn readyz(State(s): State<Readiness>) -> Response {
     // Draining comes first: the instance is going away whether or not the inbox
     // answers, and the load balancer must stop sending it pushes.
     if s.drain.is_draining() {
@@ -436,7 +483,7 @@ pub async fn shadow(
     Id(name): Id<String>,
 ) -> Result<Json<crate::shadow::Report>, ApiError> {
     caller.require(Action::Read)?;
-    visible_route(&s, &caller, &name)?;
+    visible_route(&s.routes(), &caller, &name)?;
     let report = s.routes().get(&name).and_then(|r| r.shadow_report());
     let Some(report) = report else {
         let error = format!("route `{name}` runs no candidate: name one with `candidate = …` in its routing file");
@@ -476,7 +523,7 @@ pub(crate) async fn rollout_step(
         crate::config::edit::Step::Rollback => Action::Rollback,
     };
     caller.require(action)?;
-    visible_route(s, caller, &name)?;
+    visible_route(&s.routes(), caller, &name)?;
     let declared = s.config.lock().expect("config lock").route(&name).cloned();
     let Some(route) = declared else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no route named `{name}`")).route(name));
@@ -485,7 +532,7 @@ pub(crate) async fn rollout_step(
     let result = tokio::task::spawn_blocking(move || crate::rollout::step(&route, step, cache.as_deref()))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the step did not finish: {e}")))?;
-    operator(s, caller).record_rollout(step, &name, &result).await;
+    operator(&InboxState::from_ref(s), caller).record_rollout(step, &name, &result).await;
     match result {
         Ok(done) => {
             crate::reload::reload_now(s).await;
@@ -500,8 +547,7 @@ pub(crate) async fn rollout_step(
 
 /// Whether `name` is a route of the routing files (running or refused) that the
 /// caller may see; otherwise the 404 an unknown route gets.
-fn visible_route(s: &Shared, caller: &Caller, name: &str) -> Result<(), ApiError> {
-    let routes = s.routes();
+fn visible_route(routes: &Routes, caller: &Caller, name: &str) -> Result<(), ApiError> {
     let declared = routes.get(name).is_some() || routes.refusal(name).is_some();
     if declared && caller.may_see(name) {
         return Ok(());
@@ -511,25 +557,25 @@ fn visible_route(s: &Shared, caller: &Caller, name: &str) -> Result<(), ApiError
 
 /// Pauses a route for every instance ([`Operator::pause`]).
 pub async fn pause_route(
-    State(s): State<Arc<Shared>>,
+    State(s): State<InboxState>,
     Extension(caller): Extension<Caller>,
     Id(name): Id<String>,
     Body(b): Body<ReasonBody>,
 ) -> Result<Json<RoutePaused>, ApiError> {
     caller.require(Action::Pause)?;
-    visible_route(&s, &caller, &name)?;
+    visible_route(&s.routes.get(), &caller, &name)?;
     let reason = b.reason()?;
     Ok(Json(operator(&s, &caller).pause(&name, reason).await?))
 }
 
 /// Resumes a paused route ([`Operator::resume`]).
 pub async fn resume_route(
-    State(s): State<Arc<Shared>>,
+    State(s): State<InboxState>,
     Extension(caller): Extension<Caller>,
     Id(name): Id<String>,
 ) -> Result<Json<RoutePaused>, ApiError> {
     caller.require(Action::Resume)?;
-    visible_route(&s, &caller, &name)?;
+    visible_route(&s.routes.get(), &caller, &name)?;
     Ok(Json(operator(&s, &caller).resume(&name).await?))
 }
 
@@ -550,6 +596,6 @@ pub async fn reload(
     let report = crate::reload::reload_now(&s).await;
     let refused = report["routing_file"]["result"] == "refused"
         || report["plugins"].as_object().is_some_and(|p| p.values().any(|v| v["result"] == "refused"));
-    operator(&s, &caller).record_reload(refused, report.to_string()).await;
+    operator(&InboxState::from_ref(&s), &caller).record_reload(refused, report.to_string()).await;
     Ok(Json(report))
 }

@@ -13,8 +13,6 @@
 //! A token without `payloads` may not filter by `text` nor by a fingerprint other
 //! than `entry:ID`, and reads the jobs' `text` and `fingerprint` withheld ([`Reader`]).
 
-use std::sync::Arc;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -28,7 +26,6 @@ use super::store_error;
 use crate::inbox::repair::{RepairAction, RepairFilter};
 use crate::operate::jobs;
 use crate::operate::{Inputs, JobPlan};
-use crate::shared::Shared;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,7 +43,7 @@ pub struct RepairRequest {
 /// payloads, a route the token covers); the rate and reason are the job's rules
 /// ([`JobPlan`]), and the job is started and audited by [`Operator::start_job`].
 pub async fn create(
-    State(s): State<Arc<Shared>>,
+    State(s): State<super::InboxState>,
     Extension(caller): Extension<Caller>,
     Body(req): Body<RepairRequest>,
 ) -> Response {
@@ -104,7 +101,7 @@ pub struct JobsQuery {
 }
 
 pub async fn list(
-    State(s): State<Arc<Shared>>,
+    State(s): State<super::InboxState>,
     Extension(caller): Extension<Caller>,
     Params(q): Params<JobsQuery>,
 ) -> Response {

@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRef, Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -43,7 +43,7 @@ use self::html::{SignedIn, esc, hidden, query, status_badge, time};
 use self::session::{Posted, Sessions, Signed};
 use crate::admin::access::{Action, find_token};
 use crate::admin::answer::{ApiError, Body, Id, Params, Payload};
-use crate::admin::{self, ReasonBody};
+use crate::admin::{self, InboxState, ReasonBody};
 use crate::guesses::Checked;
 use crate::inbox::repair::{JobState, RepairAction, RepairFilter, RepairJob};
 use crate::inbox::{ListFilter, Status};
@@ -54,6 +54,13 @@ use crate::telemetry::SignInLabels;
 pub struct Console {
     pub shared: Arc<Shared>,
     pub sessions: Sessions,
+}
+
+impl Console {
+    /// What the API's entry, audit and operator handlers take.
+    fn inbox(&self) -> InboxState {
+        InboxState::from_ref(&self.shared)
+    }
 }
 
 const STYLE: &str = include_str!("console.css");
@@ -363,9 +370,10 @@ async fn route_action(
     let result = match action.as_str() {
         "pause" => {
             let reason = posted.field("reason").unwrap_or_default();
-            admin::pause_route(State(s), caller, Id(name.clone()), Body(ReasonBody { reason })).await.map(|_| "paused")
+            let body = Body(ReasonBody { reason });
+            admin::pause_route(State(c.inbox()), caller, Id(name.clone()), body).await.map(|_| "paused")
         }
-        "resume" => admin::resume_route(State(s), caller, Id(name.clone())).await.map(|_| "resumed"),
+        "resume" => admin::resume_route(State(c.inbox()), caller, Id(name.clone())).await.map(|_| "resumed"),
         "promote" => admin::promote(State(s), caller, Id(name.clone())).await.map(|_| "promoted: its candidate serves"),
         "rollback" => admin::rollback(State(s), caller, Id(name.clone()))
             .await
@@ -504,11 +512,10 @@ fn cut(s: &str, n: usize) -> String {
 async fn failures(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<RouteQuery>) -> Response {
     let route = given(&q.route);
     let asked = admin::FailuresQuery { route: route.clone(), limit: Some(200) };
-    let groups =
-        match admin::failures(State(Arc::clone(&c.shared)), Extension(signed.caller.clone()), Params(asked)).await {
-            Ok(Json(g)) => g.groups,
-            Err(e) => return signed.refused(e),
-        };
+    let groups = match admin::failures(State(c.inbox()), Extension(signed.caller.clone()), Params(asked)).await {
+        Ok(Json(g)) => g.groups,
+        Err(e) => return signed.refused(e),
+    };
     let mut rows = String::new();
     for g in &groups {
         let link = query(&[("route", Some(&g.route)), ("fingerprint", Some(&g.fingerprint))]);
@@ -556,7 +563,11 @@ struct EntriesQuery {
 
 /// How many entries the filter matches among the routes the caller may see (the
 /// API's list scoping, for a count).
-async fn count_visible(s: &Shared, caller: &crate::admin::access::Caller, filter: ListFilter) -> Result<u64, ApiError> {
+async fn count_visible(
+    s: &InboxState,
+    caller: &crate::admin::access::Caller,
+    filter: ListFilter,
+) -> Result<u64, ApiError> {
     let Some(allowed) = &caller.routes else { return Ok(s.store.count(&filter).await?) };
     let routes: Vec<String> = match &filter.route {
         Some(r) => allowed.contains(r).then(|| r.clone()).into_iter().collect(),
@@ -570,7 +581,7 @@ async fn count_visible(s: &Shared, caller: &crate::admin::access::Caller, filter
 }
 
 async fn entries(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<EntriesQuery>) -> Response {
-    let s = &c.shared;
+    let s = &c.inbox();
     let caller = &signed.caller;
     let (route, status, key, fingerprint, text) =
         (given(&q.route), given(&q.status), given(&q.key), given(&q.fingerprint), given(&q.text));
@@ -591,7 +602,7 @@ async fn entries(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<
         after,
         limit: Some(PAGE),
     };
-    let page = match admin::list(State(Arc::clone(s)), Extension(caller.clone()), Params(asked)).await {
+    let page = match admin::list(State(s.clone()), Extension(caller.clone()), Params(asked)).await {
         Ok(Json(p)) => p,
         Err(e) => return signed.refused(e),
     };
@@ -696,7 +707,7 @@ async fn entry(State(c): State<Arc<Console>>, signed: Signed, Path(id): Path<Str
         return signed.refused(ApiError::new(StatusCode::NOT_FOUND, format!("no entry {id}")));
     };
     let caller = &signed.caller;
-    let view = match admin::show(State(Arc::clone(&c.shared)), Extension(caller.clone()), Id(id)).await {
+    let view = match admin::show(State(c.inbox()), Extension(caller.clone()), Id(id)).await {
         Ok(Json(v)) => v,
         Err(e) => return signed.refused(e),
     };
@@ -833,7 +844,7 @@ async fn entry_action(
     let Ok(id) = id.parse::<i64>() else {
         return signed.refused(ApiError::new(StatusCode::NOT_FOUND, format!("no entry {id}")));
     };
-    let (s, caller) = (Arc::clone(&c.shared), Extension(signed.caller.clone()));
+    let (s, caller) = (c.inbox(), Extension(signed.caller.clone()));
     let reason = || Body(ReasonBody { reason: posted.field("reason").unwrap_or_default() });
     let result = match action.as_str() {
         "requeue" => admin::requeue(State(s), caller, Id(id)).await,
@@ -885,8 +896,7 @@ async fn repair(State(c): State<Arc<Console>>, posted: Posted) -> Response {
         rate,
         dry_run: !start,
     };
-    let answer =
-        admin::repairs::create(State(Arc::clone(&c.shared)), Extension(signed.caller.clone()), Body(request)).await;
+    let answer = admin::repairs::create(State(c.inbox()), Extension(signed.caller.clone()), Body(request)).await;
     let (code, body) = json_of(answer).await;
     if !code.is_success() {
         return signed.refused(api_error(code, &body));
@@ -956,7 +966,7 @@ fn capitalise(s: &str) -> String {
 
 async fn jobs(State(c): State<Arc<Console>>, signed: Signed) -> Response {
     let answer = admin::repairs::list(
-        State(Arc::clone(&c.shared)),
+        State(c.inbox()),
         Extension(signed.caller.clone()),
         Params(admin::repairs::JobsQuery { limit: Some(50) }),
     )
@@ -1009,11 +1019,10 @@ async fn audit(State(c): State<Arc<Console>>, signed: Signed, Query(q): Query<Au
         Err(_) => return signed.refused(ApiError::bad_request("`after` must be an audit line id")),
     };
     let asked = admin::AuditQuery { after, limit: Some(100) };
-    let page =
-        match admin::audit_log(State(Arc::clone(&c.shared)), Extension(signed.caller.clone()), Params(asked)).await {
-            Ok(Json(p)) => p,
-            Err(e) => return signed.refused(e),
-        };
+    let page = match admin::audit_log(State(c.inbox()), Extension(signed.caller.clone()), Params(asked)).await {
+        Ok(Json(p)) => p,
+        Err(e) => return signed.refused(e),
+    };
     let mut rows = String::new();
     for a in &page.audit {
         let _ = write!(
