@@ -473,14 +473,9 @@ async fn wake_on_announcements(
 /// Tasks committing push inserts (and, apart, settles) in groups, by backend. On
 /// PostgreSQL two: one gathers a batch while the other's round trips and commit are
 /// out. More only make the batches smaller, and a small batch costs PostgreSQL more per
-/// row (measured on 2 cores, 64 push clients, `scripts/bench --only ingest --rounds 1`:
-/// 8,612 msg/s and 71 µs of PostgreSQL CPU per push with two writers, 7,463 msg/s and
-/// 103 µs with eight; batches of 12–32 pushes with two). On SQLite one: the file has
-/// one writer lock, and a second writer only waits in SQLite's busy handler, which
-/// sleeps in steps of milliseconds; one writer takes the next batch the moment the last
-/// commits (measured on 2 cores: push ingest 7,623 and 9,984 msg/s with one writer
-/// against 5,880 and 4,862 with two, `scripts/bench --only ingest --rounds 1`, four
-/// runs alternating).
+/// row. On SQLite one: the file has one writer lock, and a second writer only waits in
+/// SQLite's busy handler, which sleeps in steps of milliseconds; one writer takes the
+/// next batch the moment the last commits. (Figures: docs/measurements.md.)
 fn group_commit_writers(backend: &str) -> usize {
     if backend == "sqlite" { 1 } else { 2 }
 }
@@ -492,10 +487,9 @@ const PURGE_BATCH: u32 = 1_000;
 const HOUSEKEEPING_TICK: Duration = Duration::from_secs(5);
 
 /// The inbox gauges are counted over every unresolved entry, so their queries grow
-/// with the backlog: measured on 2 cores at 1,000,000 OPEN entries, 0.6 s for the
-/// counts and 0.55 s for the blocked keys, serially, or 0.75 s of CPU each across
-/// PostgreSQL's parallel workers: a quarter of a core if refreshed every 5 s, taken
-/// from the relay. So the next refresh waits this many times as long as the last took
+/// with the backlog: at a million entries, refreshed every tick, they would take a
+/// quarter of a core from the relay (docs/measurements.md). So the next refresh waits
+/// this many times as long as the last took
 /// (never less than a tick, never more than [`GAUGES_AT_MOST_EVERY`]): the gauges
 /// cost at most a twentieth of one connection's time. A small inbox (milliseconds)
 /// is still refreshed every tick.

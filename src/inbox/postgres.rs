@@ -173,22 +173,17 @@ pub const CLAIM_SQL_UNLOCKED: &str = concat!(
 /// it once, as written; `candidate` is read twice, so it is materialized once.)
 ///
 /// The window bounds the statement: without it, a route whose few keys are all in
-/// flight (or whose heads all wait for a retry) had every claim read its whole backlog
-/// entry by entry before it knew there was nothing to take: 1.3 s per claim at
-/// 200,000 entries over 10 keys. Heads beyond the window are found by
-/// [`CLAIM_HEADS_SQL`].
+/// flight (or whose heads all wait for a retry) has every claim read its whole backlog
+/// entry by entry before it knows there is nothing to take. Heads beyond the window
+/// are found by [`CLAIM_HEADS_SQL`].
 ///
 /// The bound is written `(route, id) <= ($1, …)`, a row comparison, because only an
 /// index that leads with the route can use it: so the scan stays one range of
-/// `inbox_entry_open`. Written `e.id <= …`, it also fitted the primary key, and on
-/// statistics older than the drain the planner walked the primary key from the
-/// table's first row through every settled one (on a scratch copy with 420,700
-/// settled rows in front: 0.9 s per claim, against 1.7 ms on fresh statistics). A
-/// 1,000,000-entry drain then fell to 0.30x–0.47x of its first 5 s after 60 s. Two
-/// things that look simpler are worse: the window as a `LIMIT` subquery joined back
-/// by id made the in-flight check a probe per windowed entry and, on some states, a
-/// plan that took the conformance suite from 12 s to 1,025 s; the same subquery with
-/// the filters on top delivered 29 /s at 10 keys, against 120–130 /s before.
+/// `inbox_entry_open`. Written `e.id <= …`, it also fits the primary key, and on
+/// statistics older than a drain the planner walks the primary key from the table's
+/// first row through every settled one. A `LIMIT` subquery joined back by id, simpler
+/// to read, makes the in-flight check a probe per windowed entry. (Figures and the
+/// variants that lost: docs/measurements.md.)
 #[doc(hidden)]
 pub const CLAIM_KEYS_SQL: &str = concat!(
     "WITH candidate AS (\n",
@@ -522,19 +517,16 @@ impl PgStore {
     /// behind, and the partial indexes the claim reads (OPEN, IN_PROGRESS) keep
     /// pointing at them until a vacuum; autovacuum's defaults wait for a fifth of the
     /// table to die, and its statistics go stale, so the planner walks the primary key
-    /// past every settled row. Measured: 60 ms per claim after 30,000 settles of a
-    /// 100,000-row backlog, 1.5 ms after `VACUUM ANALYZE`. A vacuum here is the
-    /// table owner's (Inlet created the table); without the right, PostgreSQL skips it
-    /// with a warning.
+    /// past every settled row, and a claim grows from milliseconds to tens of them. A
+    /// vacuum here is the table owner's (Inlet created the table); without the right,
+    /// PostgreSQL skips it with a warning.
     ///
     /// Statistics are gathered less often than dead rows are cleared: a vacuum only
-    /// visits the pages that changed and the indexes, while `ANALYZE` samples 30,000
-    /// pages whatever changed. Measured at 1,000,000 rows on 2 cores after 50,000 dead
-    /// versions: `VACUUM` 0.27 s, `VACUUM (ANALYZE)` 0.8 s; draining such a backlog
-    /// makes that many every 5 s, so analyzing each time cost a tenth of a core. Since
-    /// then `sql/postgres_0008_statistics.sql` keeps statistics on the filtered columns
-    /// only, from a fifth of the sample: 290 ms → about 40 ms per `ANALYZE` at 200,000
-    /// rows.
+    /// visits the pages that changed and the indexes, while `ANALYZE` samples pages
+    /// whatever changed, and a drain makes enough dead versions every 5 s that
+    /// analyzing each time would cost a tenth of a core. `sql/postgres_0008_statistics.sql`
+    /// keeps statistics on the filtered columns only, from a fifth of the sample.
+    /// (Figures: docs/measurements.md.)
     async fn maintain_tables(&self) -> Result<Option<String>, StoreError> {
         let stats: Option<(i64, i64, i64)> = sqlx::query_as(
             "SELECT n_live_tup, n_dead_tup, n_mod_since_analyze FROM pg_stat_user_tables \

@@ -189,10 +189,10 @@ const INSERT_CHUNK: usize = 64;
 /// inserted. Built once per size.
 ///
 /// Anonymous, not numbered: sqlx asks SQLite for every parameter's name, and SQLite
-/// finds a name by walking the statement's list of named parameters, so 1,152
-/// numbered ones (`$1`…`$1152`) cost about 660,000 steps per statement — measured,
-/// `sqlite3_bind_parameter_name` was the inlet process's hottest function during push
-/// ingest. Unnamed parameters are not in that list. The rows of a `VALUES` list are
+/// finds a name by walking the statement's list of named parameters, so the lookups
+/// grow with the square of the parameters (`sqlite3_bind_parameter_name` was the
+/// hottest function of push ingest: docs/measurements.md). Unnamed parameters are not
+/// in that list. The rows of a `VALUES` list are
 /// inserted in their order, so ids are still drawn in the batch's order (`WHERE true`
 /// is SQLite's rule for an upsert whose rows come from a `SELECT`).
 fn insert_many_sql(n: usize) -> &'static str {
