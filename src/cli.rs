@@ -19,6 +19,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::delivery::Clients;
 use crate::inbox::DbClock;
+use crate::inbox::repair::RepairAction;
 use crate::inbox::{self, ListFilter, Status, Store};
 use crate::operate::audit::cli_actor;
 use crate::operate::{EntryRepair, Inputs, JobPlan, Operator, PauseView, Reason, Refusal, Relays, Repaired};
@@ -408,8 +409,8 @@ pub enum InboxCommand {
     Repair {
         /// requeue (PARKED entries; with --now also OPEN ones waiting for a retry),
         /// park (OPEN entries) or ignore (PARKED entries); park and ignore need --reason.
-        #[arg(value_enum)]
-        action: RepairActionArg,
+        #[arg(value_parser = repair_action())]
+        action: RepairAction,
         /// Only this route.
         #[arg(long)]
         route: Option<String>,
@@ -1000,12 +1001,7 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
             rate,
             dry_run,
         } => {
-            use crate::inbox::repair::{RepairAction, RepairFilter};
-            let action = match action {
-                RepairActionArg::Requeue => RepairAction::Requeue,
-                RepairActionArg::Park => RepairAction::Park,
-                RepairActionArg::Ignore => RepairAction::Ignore,
-            };
+            use crate::inbox::repair::RepairFilter;
             let plan = JobPlan::new(action, reason.as_deref(), rate, Inputs::Flags)?;
             let at = clock.now();
             let ago = |d: Duration| crate::clock::ago(at, d);
@@ -1074,11 +1070,13 @@ async fn inbox_command(store: Arc<dyn Store>, command: InboxCommand, out: Output
     }
 }
 
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum RepairActionArg {
-    Requeue,
-    Park,
-    Ignore,
+/// A repair action as the command line names it: the stored names, offered by clap
+/// as the possible values.
+fn repair_action() -> impl clap::builder::TypedValueParser<Value = RepairAction> {
+    use clap::builder::TypedValueParser as _;
+    let names = [RepairAction::Requeue, RepairAction::Park, RepairAction::Ignore].map(RepairAction::as_str);
+    clap::builder::PossibleValuesParser::new(names)
+        .map(|name| RepairAction::parse(&name).expect("clap offers only the actions' names"))
 }
 
 async fn route_command(
