@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use inlet_testkit::camunda::{FakeCamunda, Reply};
-use inlet_testkit::paths::plugin_path;
+use inlet_testkit::in_process::Instance;
+use inlet_testkit::paths::{inlet_bin, plugin_path};
 use inlet_testkit::pg::{TestPg, pg_admin_url};
 use inlet_testkit::pg_cluster::PgCluster;
 use inlet_testkit::ports::{free_port, free_restartable_port};
@@ -373,4 +374,21 @@ fn free_restartable_port_is_bindable_and_below_the_ephemeral_range() {
         assert!(port < low, "port {port} is in the ephemeral range (from {low})");
     }
     std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port binds");
+}
+
+// ----- The testkit itself ---------------------------------------------------------------
+
+#[test]
+fn inlet_bin_is_the_binary_cargo_built_for_this_test() {
+    assert_eq!(inlet_bin(), std::path::Path::new(env!("CARGO_BIN_EXE_inlet")));
+}
+
+#[test]
+fn the_testkit_links_the_same_inlet_library_as_this_test() {
+    // Compiling is the check: were the testkit built against another copy of the crate,
+    // the `Running` it holds would not be this test's `inlet::app::Running`.
+    fn running(instance: &Instance) -> &inlet::app::Running {
+        &instance.running
+    }
+    let _ = running;
 }
