@@ -62,7 +62,7 @@ use inlet_testkit::emulator::PubSubEmulator;
 use inlet_testkit::pg::TestPg;
 use inlet_testkit::ports::free_port;
 use inlet_testkit::process::InletProcess;
-use inlet_testkit::pubsub_client::publish_independent;
+use inlet_testkit::py_pubsub::publish_independent;
 use inlet_testkit::wait::wait_until;
 use support::{Backend, Db, RawRow, Table, ms, rate};
 

@@ -65,8 +65,8 @@ use inlet_testkit::pg_cluster::PgCluster;
 use inlet_testkit::ports::free_restartable_port;
 use inlet_testkit::process::InletProcess;
 use inlet_testkit::proxy::TcpProxy;
-use inlet_testkit::pubsub_client::publish_independent;
 use inlet_testkit::push::push_envelope;
+use inlet_testkit::py_pubsub::publish_independent;
 use inlet_testkit::recording_target::RecordingTarget;
 use inlet_testkit::wait::{wait_for, wait_until};
 

@@ -14,7 +14,7 @@ use inlet_testkit::emulator::PubSubEmulator;
 use inlet_testkit::in_process::start_on_sqlite;
 use inlet_testkit::paths::plugin_path;
 use inlet_testkit::proxy::TcpProxy;
-use inlet_testkit::pubsub_client::assert_drained;
+use inlet_testkit::py_pubsub::assert_drained;
 use inlet_testkit::wait::{wait_for, wait_until};
 use serde_json::{Value, json};
 

@@ -17,7 +17,7 @@ use inlet_testkit::pg::TestPg;
 use inlet_testkit::ports::free_port;
 use inlet_testkit::process::InletProcess;
 use inlet_testkit::proxy::TcpProxy;
-use inlet_testkit::pubsub_client::{assert_drained, publish_independent};
+use inlet_testkit::py_pubsub::{assert_drained, publish_independent};
 use inlet_testkit::wait::{wait_for, wait_until};
 
 const PROJECT: &str = "inlet-test";

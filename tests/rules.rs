@@ -16,8 +16,8 @@ use inlet::ingest::Incoming;
 use inlet_testkit::emulator::PubSubEmulator;
 use inlet_testkit::paths::plugin_path;
 use inlet_testkit::pg::TestPg;
-use inlet_testkit::pubsub_client::assert_drained;
 use inlet_testkit::push::{post_push, push_envelope};
+use inlet_testkit::py_pubsub::assert_drained;
 use inlet_testkit::wait::{wait_for, wait_until};
 use serde_json::json;
 
