@@ -26,11 +26,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
 mod support;
 
 use inlet::inbox::{ClaimRequest, Settlement, Store};
+use inlet_testkit::pg::TestPg;
 use support::Table;
 
 const ROUTE: &str = "bench";
@@ -112,7 +111,7 @@ fn main() {
 async fn run(args: Args) {
     let mut table = Table::default();
     for &backlog in &args.backlogs {
-        let pg = common::TestPg::new().await;
+        let pg = TestPg::new().await;
         let store = inlet::inbox::open(&pg.url, 16).await.expect("open the store");
         let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect");
         let started = Instant::now();

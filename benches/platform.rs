@@ -54,14 +54,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
 mod support;
 
-use common::{InletProcess, TestPg};
 use inlet::config::PluginLimits;
 use inlet::inbox::{Pause, Store};
 use inlet::plugin::Plugin;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::{post_push, push_envelope};
+use inlet_testkit::wait::wait_until;
 use support::RawRow;
 use support::calls::{native_cycle, per_call, plugin_cycle};
 use support::cpu::{CpuMeter, CpuSpent};
@@ -543,9 +545,7 @@ async fn inlet_ingest(
 /// One push through the paused route: connections, the plugin and the store warm.
 async fn warm_up(inlet: &Instance) {
     let data = br#"{"workOrderId":"warmup","completedItems":1,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
-    let status =
-        common::post_push(&reqwest::Client::new(), &inlet.base(), ROUTE, &common::push_envelope(data, &[], "warmup"))
-            .await;
+    let status = post_push(&reqwest::Client::new(), &inlet.base(), ROUTE, &push_envelope(data, &[], "warmup")).await;
     assert_eq!(status, 200, "the warm-up push was answered {status}");
 }
 
@@ -826,7 +826,7 @@ async fn relay_drain_for(
     if drained {
         // Delivered is not settled: wait for every row to be DONE.
         let want = backlog as u64;
-        common::wait_until("every delivered entry to be DONE", Duration::from_secs(120), || {
+        wait_until("every delivered entry to be DONE", Duration::from_secs(120), || {
             let store = Arc::clone(&store);
             async move { done_count(&store).await >= want }
         })
@@ -979,7 +979,7 @@ async fn paced_latency(
     }
     join_all(set).await;
     let shed = shed.load(Ordering::Relaxed);
-    common::wait_until("a delivery of every paced push", STALL_LIMIT, || async {
+    wait_until("a delivery of every paced push", STALL_LIMIT, || async {
         let mut seen: Vec<(usize, u64)> = target.recorded().iter().map(|(k, s, _)| (*k, *s)).collect();
         seen.sort_unstable();
         seen.dedup();
@@ -1112,7 +1112,7 @@ fn prefixed_push_bodies(n: usize, keys: usize, prefix: &str) -> Vec<(usize, Stri
                 i % keys,
                 i / keys + 1
             );
-            (i, common::push_envelope(data.as_bytes(), &[], &format!("bench-{i}")).to_string())
+            (i, push_envelope(data.as_bytes(), &[], &format!("bench-{i}")).to_string())
         })
         .collect()
 }
@@ -1125,7 +1125,7 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Duration {
 
 async fn wait_delivered(target: &Target, n: u64) {
     let what = format!("{n} deliveries at the target");
-    common::wait_until(&what, STALL_LIMIT, || async move { target.count() >= n }).await;
+    wait_until(&what, STALL_LIMIT, || async move { target.count() >= n }).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1228,7 +1228,7 @@ impl Instance {
         };
         let candidate = candidate.map(|(c, _)| format!("candidate = \"{}\"\n", c.display())).unwrap_or_default();
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = common::free_port();
+        let port = free_port();
         let config = dir.path().join("inlet.toml");
         std::fs::write(
             &config,

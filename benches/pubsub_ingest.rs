@@ -47,12 +47,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
 mod support;
 
 use base64::Engine as _;
-use common::{InletProcess, PubSubEmulator};
 use inlet::config::{Config, SourceConfig};
 use inlet::delivery::Clients;
 use inlet::inbox::DbClock;
@@ -61,6 +58,12 @@ use inlet::pubsub_client::Connection;
 use inlet::routing::Route;
 use inlet::source::pull::Puller;
 use inlet::telemetry::Metrics;
+use inlet_testkit::emulator::PubSubEmulator;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::py_pubsub::publish_independent;
+use inlet_testkit::wait::wait_until;
 use support::{Backend, Db, RawRow, Table, ms, rate};
 
 const PROJECT: &str = "inlet-bench";
@@ -149,7 +152,7 @@ fn main() {
         }
         emulator.create_subscription(TOPIC, BARE_DRAIN, true).await;
         let n = args.messages;
-        let published = common::publish_independent(&emulator, TOPIC, n, KEYS, 0, true).await;
+        let published = publish_independent(&emulator, TOPIC, n, KEYS, 0, true).await;
         eprintln!("publish: {n} ordered in {:.2} s", published.seconds);
         table.row(
             "pubsub",
@@ -207,7 +210,7 @@ async fn bench_store(
     let (url, pg) = match backend {
         Backend::Sqlite => (format!("sqlite://{}", dir.path().join("inbox.db").display()), None),
         Backend::Postgres => {
-            let pg = common::TestPg::new().await;
+            let pg = TestPg::new().await;
             (pg.url.clone(), Some(pg))
         }
     };
@@ -464,7 +467,7 @@ async fn bare_pull_latency(emulator: &PubSubEmulator) -> Latency {
 async fn bench_backlog(emulator: &PubSubEmulator, backlog: usize, plugin: &Path, table: &mut Table) {
     emulator.create_topic(BACKLOG_TOPIC).await;
     emulator.create_subscription(BACKLOG_TOPIC, "backlog", false).await;
-    let published = common::publish_independent(emulator, BACKLOG_TOPIC, backlog, KEYS, 0, false).await;
+    let published = publish_independent(emulator, BACKLOG_TOPIC, backlog, KEYS, 0, false).await;
     eprintln!("publish: {backlog} unordered in {:.2} s", published.seconds);
     table.row(
         "pubsub",
@@ -478,13 +481,13 @@ async fn bench_backlog(emulator: &PubSubEmulator, backlog: usize, plugin: &Path,
     // An idle inlet: same routing file, nothing to pull.
     let idle_dir = tempfile::tempdir().expect("tempdir");
     let idle_url = format!("sqlite://{}", idle_dir.path().join("inbox.db").display());
-    let port = common::free_port();
+    let port = free_port();
     write_config(idle_dir.path(), &idle_url, plugin, &emulator.subscription_path("idle"), Some(port));
     let mut idle = InletProcess::spawn(&idle_dir.path().join("inlet.toml"), &envs);
     idle.wait_healthy(Duration::from_secs(60)).await;
     let http = reqwest::Client::new();
     let metrics_url = format!("{}/metrics", idle.base);
-    common::wait_until("the idle inlet's stream to be up", Duration::from_secs(60), || {
+    wait_until("the idle inlet's stream to be up", Duration::from_secs(60), || {
         let (http, url) = (http.clone(), metrics_url.clone());
         async move {
             let text = match http.get(&url).send().await {
@@ -508,7 +511,7 @@ async fn bench_backlog(emulator: &PubSubEmulator, backlog: usize, plugin: &Path,
     // The loaded one.
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
-    let port = common::free_port();
+    let port = free_port();
     write_config(dir.path(), &url, plugin, &emulator.subscription_path("backlog"), Some(port));
     let spawned = Instant::now();
     let mut inlet = InletProcess::spawn(&dir.path().join("inlet.toml"), &envs);

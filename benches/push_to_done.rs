@@ -31,13 +31,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
 mod support;
 
 use inlet::app;
 use inlet::config::Config;
 use inlet::inbox::Status;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::push::push_envelope;
 use support::{Backend, Db, POOL_SIZE, RawRow, Table, ms, rate};
 
 /// The route's delivery concurrency.
@@ -125,7 +125,7 @@ async fn bench_store(backend: Backend, args: &Args, plugin: &Path, table: &mut T
     let (url, pg) = match backend {
         Backend::Sqlite => (format!("sqlite://{}", dir.path().join("inbox.db").display()), None),
         Backend::Postgres => {
-            let pg = common::TestPg::new().await;
+            let pg = TestPg::new().await;
             (pg.url.clone(), Some(pg))
         }
     };
@@ -292,7 +292,7 @@ async fn wait_done(db: &Db, want: i64, start: Instant) -> Duration {
 }
 
 fn envelope(data: &[u8], message_id: &str) -> String {
-    common::push_envelope(data, &[], message_id).to_string()
+    push_envelope(data, &[], message_id).to_string()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -3,12 +3,15 @@
 //! secrets kept out of output. Inlet runs as a real process (its log is evidence)
 //! or in-process on a real SQLite inbox; requests are real HTTP.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{InletProcess, free_port, plugin_path, push_envelope, wait_for, wait_until};
+use inlet_testkit::in_process::start_on_sqlite;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::{wait_for, wait_until};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -324,7 +327,7 @@ async fn a_push_to_a_pull_route_is_not_found() {
          source = {{ kind = \"pubsub\", subscription = \"projects/p/subscriptions/s\" }}\ntarget = {{ kind = \"log\" }}\n",
         plugin.display()
     );
-    let instance = common::start_on_sqlite(&routes, |o| {
+    let instance = start_on_sqlite(&routes, |o| {
         o.pubsub = inlet::pubsub_client::Connection::emulator(&format!("127.0.0.1:{}", free_port()));
     })
     .await;
@@ -390,7 +393,7 @@ async fn secrets_stay_out_of_check_errors_debug_and_last_error() {
          target = {{ kind = \"http\", url = \"http://127.0.0.1:{closed}/x?token=url-secret-2\", timeout = \"2s\" }}\n",
         plugin.display()
     );
-    let instance = common::start_on_sqlite(&routes, |_| {}).await;
+    let instance = start_on_sqlite(&routes, |_| {}).await;
     let http = reqwest::Client::new();
     let envelope = push_envelope(br#"{"workOrderId":"k","completedItems":1,"completionTimestamp":"t"}"#, &[], "m-1");
     let r = http

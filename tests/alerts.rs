@@ -3,14 +3,18 @@
 //! operator needs and links to a RUNBOOK.md section that exists, and every metric a
 //! rule, a rule test or the dashboard names is one a running Inlet exports.
 
-mod common;
-
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{FakeCamunda, post_push, push_envelope, wait_for, wait_until};
+use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::in_process::start_on_sqlite;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::push::{post_push, push_envelope};
+use inlet_testkit::wait::{wait_for, wait_until};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -249,16 +253,15 @@ fn metric_names_are_read_out_of_promql() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
     let camunda = FakeCamunda::start().await;
-    let plugin = common::plugin_path("work_order");
+    let plugin = plugin_path("work_order");
     let routes = format!(
         "[[route]]\nname = \"orders\"\nplugin = \"{plugin}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}\n\n\
          [[route]]\nname = \"returns\"\nplugin = \"{plugin}\"\nsource = {{ kind = \"pubsub\", subscription = \"projects/test/subscriptions/returns\" }}\ntarget = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}\n",
         plugin = plugin.display(),
         url = camunda.url(),
     );
-    let nobody = format!("127.0.0.1:{}", common::free_port());
-    let inlet =
-        common::start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub_client::Connection::emulator(&nobody)).await;
+    let nobody = format!("127.0.0.1:{}", free_port());
+    let inlet = start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub_client::Connection::emulator(&nobody)).await;
     let http = reqwest::Client::new();
     let data = br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
     assert_eq!(post_push(&http, &inlet.base(), "orders", &push_envelope(data, &[], "m-1")).await, 200);
@@ -317,11 +320,11 @@ async fn start_on(url: &str, routes: &str, dir: &Path, name: &str) -> inlet::app
 /// when the publisher stops, the other takes over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_publish_the_inbox_gauges_once() {
-    let pg = common::TestPg::new().await;
+    let pg = TestPg::new().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let routes = format!(
         "[[route]]\nname = \"orders\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
-        common::plugin_path("work_order").display()
+        plugin_path("work_order").display()
     );
     let a = start_on(&pg.url, &routes, dir.path(), "a").await;
     let b = start_on(&pg.url, &routes, dir.path(), "b").await;

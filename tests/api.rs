@@ -3,13 +3,14 @@
 //! the request parsing's, unknown paths and methods), on a real SQLite file and a real
 //! PostgreSQL database; and API.md naming every endpoint the server routes.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{TestPg, plugin_path, push_envelope, wait_until};
 use inlet::app::{self, Running};
 use inlet::config::Config;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::wait_until;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);

@@ -4,15 +4,19 @@
 //! opens as an inbox again. A second backup to the same file is refused and leaves it
 //! as it was; a PostgreSQL inbox is refused with a pointer to pg_dump.
 
-mod common;
-
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{InletProcess, RecordingTarget, wait_until};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::push_work_order;
+use inlet_testkit::recording_target::RecordingTarget;
+use inlet_testkit::wait::wait_until;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -56,12 +60,12 @@ async fn a_backup_under_push_load_is_whole_and_holds_every_acked_entry() {
         format!(
             "[store]\nurl = \"sqlite://inbox.db\"\n\n[[route]]\nname = \"orders\"\nplugin = \"{}\"\n\
              source = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"http://{}\", timeout = \"5s\" }}\n",
-            common::plugin_path("work_order").display(),
+            plugin_path("work_order").display(),
             target.addr()
         ),
     )
     .unwrap();
-    let listen = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
     let mut inlet = InletProcess::spawn_with_args(&config, &["--listen", &listen, "--poll", "50ms"], &[]);
     inlet.wait_healthy(WAIT).await;
 
@@ -77,7 +81,7 @@ async fn a_backup_under_push_load_is_whole_and_holds_every_acked_entry() {
             let mut seq = 0;
             while !stop.load(Ordering::Relaxed) {
                 seq += 1;
-                let (status, body) = common::push_work_order(&http, &base, "orders", &format!("p{p}"), seq).await;
+                let (status, body) = push_work_order(&http, &base, "orders", &format!("p{p}"), seq).await;
                 assert_eq!(status, 200, "push p{p}/{seq}: {body}");
                 let at_ms = now_ms();
                 let answer: Value = serde_json::from_str(&body).unwrap();
@@ -154,7 +158,7 @@ async fn a_backup_under_push_load_is_whole_and_holds_every_acked_entry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_inbox_is_refused_with_a_pointer_to_pg_dump() {
-    let pg = common::TestPg::new().await;
+    let pg = TestPg::new().await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("inlet.toml");
     std::fs::write(&config, format!("[store]\nurl = \"{}\"\n", pg.url)).unwrap();

@@ -10,17 +10,17 @@
 //! with a non-2xx answer (so the sender retries) and left no row. Broken routing
 //! files and team files (not UTF-8, a BOM, empty, binary) are at the end.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::{TestPg, free_port, plugin_path};
 use inlet::app::{self, Running};
 use inlet::config::Config;
 use inlet::inbox::{Entry, ListFilter, Status, Store};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::ports::free_port;
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------

@@ -3,8 +3,6 @@
 //! the second one by `messageId` (409), and the entry ends DONE with one message
 //! published.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,8 +11,11 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use common::{push_envelope, wait_for};
 use inlet::inbox::{ListFilter, Status};
+use inlet_testkit::in_process::start_on_sqlite;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::wait_for;
 use serde_json::{Value, json};
 
 #[derive(Default)]
@@ -60,9 +61,9 @@ async fn a_lost_answer_is_retried_and_zeebe_deduplicates_by_message_id() {
 
     let routes = format!(
         "[[route]]\nname = \"zeebe\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}\nretry = {{ initial = \"20ms\", max = \"50ms\" }}\n",
-        common::plugin_path("camunda8").display()
+        plugin_path("camunda8").display()
     );
-    let inlet = common::start_on_sqlite(&routes, |_| {}).await;
+    let inlet = start_on_sqlite(&routes, |_| {}).await;
     let running = &inlet.running;
     let data = br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
     let res = reqwest::Client::new()

@@ -1,13 +1,13 @@
 //! The chaos harness: real parts, real faults, and afterwards every
 //! invariant Inlet promises, checked exactly where Inlet controls the outcome.
 //!
-//! Parts: a PostgreSQL cluster of the test's own ([`common::PgCluster`], so it can be
+//! Parts: a PostgreSQL cluster of the test's own ([`PgCluster`], so it can be
 //! crashed), the real Pub/Sub emulator (restartable), Google's Python client as the
 //! publisher (several at once, over the same keys), a retrying pusher (push envelopes
 //! re-sent until answered 200, several at once over the same keys), two `inlet run`
 //! processes on the one database, each with `--ack-journal` into one shared file, and a
-//! recording, idempotent HTTP target ([`common::RecordingTarget`]) behind a
-//! [`common::TcpProxy`].
+//! recording, idempotent HTTP target ([`RecordingTarget`]) behind a
+//! [`TcpProxy`].
 //!
 //! Faults, on a seeded schedule (the seed is printed): SIGKILLs of a random instance at
 //! random moments, each restarted at once; one PostgreSQL crash (`pg_ctl stop -m
@@ -53,15 +53,22 @@
 //! `postgres` user when the test runs as root), `gcloud` with the Pub/Sub emulator,
 //! and `INLET_PUBSUB_PYTHON`.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{InletProcess, PgCluster, PubSubEmulator, RecordingTarget, TcpProxy};
+use inlet_testkit::emulator::PubSubEmulator;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg_cluster::PgCluster;
+use inlet_testkit::ports::free_restartable_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::proxy::TcpProxy;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::py_pubsub::publish_independent;
+use inlet_testkit::recording_target::RecordingTarget;
+use inlet_testkit::wait::{wait_for, wait_until};
 
 const PROJECT: &str = "inlet-chaos";
 const TOPIC: &str = "orders";
@@ -150,7 +157,7 @@ fn toml_str(s: &str) -> String {
 /// the recording target through the proxy, one key at a time, retries kept short so
 /// the outages end in minutes, an operator token for requeues.
 fn routing_file(store: &str, target: &str, emulator_project: &str) -> String {
-    let plugin = toml_str(&common::plugin_path("work_order").display().to_string());
+    let plugin = toml_str(&plugin_path("work_order").display().to_string());
     let target = toml_str(&format!("http://{target}"));
     let common = format!(
         r#"plugin      = {plugin}
@@ -229,7 +236,7 @@ struct Fleet {
 
 impl Fleet {
     async fn start(config: PathBuf, journal: PathBuf, emulator_host: String) -> Fleet {
-        let ports: Vec<u16> = (0..INSTANCES).map(|_| common::free_restartable_port()).collect();
+        let ports: Vec<u16> = (0..INSTANCES).map(|_| free_restartable_port()).collect();
         let mut fleet = Fleet { config, journal, emulator_host, ports, slots: Vec::new(), incarnations: 0 };
         for slot in 0..INSTANCES {
             let process = fleet.spawn(slot);
@@ -310,7 +317,7 @@ async fn publish_spread(emulator_host: String, range: std::ops::Range<usize>, ke
     while start < range.end {
         let count = chunk.min(range.end - start);
         let began = tokio::time::Instant::now();
-        common::publish_independent(&emulator, TOPIC, count, keys, start, false).await;
+        publish_independent(&emulator, TOPIC, count, keys, start, false).await;
         start += count;
         tokio::time::sleep_until(began + gap).await;
     }
@@ -339,7 +346,7 @@ async fn push_spread(p: usize, plan: Plan, bases: Vec<String>, dice: Dice, tally
             r#"{{"workOrderId":"{key}","completedItems":{},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#,
             j / plan.push_keys
         );
-        let envelope = common::push_envelope(data.as_bytes(), &[("eventId", &push_id(j))], &format!("push-msg-{j}"));
+        let envelope = push_envelope(data.as_bytes(), &[("eventId", &push_id(j))], &format!("push-msg-{j}"));
         let body = envelope.to_string();
         let mut tries = 0;
         loop {
@@ -633,7 +640,7 @@ async fn chaos_keeps_every_invariant() {
             blocking(|| cluster.crash());
             tokio::time::sleep(Duration::from_millis(down)).await;
             blocking(|| cluster.start());
-            common::wait_until("PostgreSQL back after the crash", Duration::from_secs(120), || async {
+            wait_until("PostgreSQL back after the crash", Duration::from_secs(120), || async {
                 progress(&pool).await.is_some()
             })
             .await;
@@ -708,7 +715,7 @@ async fn chaos_keeps_every_invariant() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     end_sessions(&mut emulator, &fleet, &http).await;
-    common::wait_until("every stored row DONE once the emulator is gone", Duration::from_secs(600), || async {
+    wait_until("every stored row DONE once the emulator is gone", Duration::from_secs(600), || async {
         progress(&pool).await.is_some_and(|(rows, done)| rows == done)
     })
     .await;
@@ -913,8 +920,8 @@ async fn end_sessions(emulator: &mut PubSubEmulator, fleet: &Fleet, http: &reqwe
     blocking(|| emulator.kill());
     let reconnects =
         |http: reqwest::Client| async move { fleet.metric(&http, "inlet_pubsub_reconnects_total", PULL_ROUTE).await };
-    let base = common::wait_for("the reconnect counters", Duration::from_secs(60), || reconnects(http.clone())).await;
-    common::wait_until("every instance's stream session to end", Duration::from_secs(180), || async {
+    let base = wait_for("the reconnect counters", Duration::from_secs(60), || reconnects(http.clone())).await;
+    wait_until("every instance's stream session to end", Duration::from_secs(180), || async {
         reconnects(http.clone()).await.is_some_and(|now| now.iter().zip(&base).all(|(n, b)| n > b))
     })
     .await;

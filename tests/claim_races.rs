@@ -13,13 +13,12 @@
 //! second claimer must skip the key. On SQLite every writer is serialized: the second
 //! step waits for the first transaction instead of slipping past it.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use inlet::clock::Millis;
 use inlet::inbox::{self, ClaimRequest, Claimed, Decoded, NewEntry, Settlement, Status, Store};
+use inlet_testkit::pg::TestPg;
 use sqlx::Connection;
 
 const T0: Millis = 1_800_000_000_000;
@@ -129,8 +128,8 @@ async fn pg_claim_held_open(conn: &mut sqlx::PgConnection, owner: &str, parked_b
     claim_by_hand!(sqlx::query_scalar(&claim), &r).bind(&ids).bind(&held).fetch_all(&mut *conn).await.unwrap()
 }
 
-async fn pg() -> (Arc<dyn Store>, common::TestPg) {
-    let pg = common::TestPg::new().await;
+async fn pg() -> (Arc<dyn Store>, TestPg) {
+    let pg = TestPg::new().await;
     (inbox::open(&pg.url, 8).await.expect("open postgres"), pg)
 }
 

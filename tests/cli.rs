@@ -1,12 +1,12 @@
 //! The `inlet` binary as an operator uses it: `check` and the `inbox` commands.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Output};
 
 use inlet::clock::Millis;
 use inlet::inbox::{self, NewEntry, Status};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
 
 fn inlet(args: &[&str]) -> Output {
     inlet_with(args, &[])
@@ -86,7 +86,7 @@ fn version_names_the_commit_the_contracts_and_the_schema_range_as_the_metric_doe
 #[test]
 fn check_accepts_a_good_file_and_lists_every_error_of_a_bad_one() {
     let dir = tempfile::tempdir().unwrap();
-    let good = write_config(dir.path(), &common::plugin_path("work_order"));
+    let good = write_config(dir.path(), &plugin_path("work_order"));
     let out = inlet(&["check", &good]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("ok (1 routes"), "{}", text(&out.stdout));
@@ -115,7 +115,7 @@ fn check_accepts_a_good_file_and_lists_every_error_of_a_bad_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_commands_list_show_requeue_park_and_purge() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), &common::plugin_path("work_order"));
+    let cfg = write_config(dir.path(), &plugin_path("work_order"));
     let store = inbox::open(&format!("sqlite://{}", dir.path().join("inbox.db").display()), 2).await.unwrap();
     let now: Millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     let parked = NewEntry {
@@ -175,7 +175,7 @@ async fn inbox_commands_list_show_requeue_park_and_purge() {
 #[test]
 fn pubsub_seek_refuses_a_push_route_and_an_unknown_one() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &common::plugin_path("work_order"));
+    let config = write_config(dir.path(), &plugin_path("work_order"));
     let to = "2026-08-01T10:00:00.412Z";
     let out = inlet(&["--config", &config, "pubsub", "seek", "--route", "wo", "--to", to]);
     assert_eq!(out.status.code(), Some(1));
@@ -189,7 +189,7 @@ fn pubsub_seek_refuses_a_push_route_and_an_unknown_one() {
 #[test]
 fn a_plugin_built_against_another_contract_version_is_refused_naming_both() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), &common::plugin_path("future_contract"));
+    let cfg = write_config(dir.path(), &plugin_path("future_contract"));
     let out = inlet(&["check", &cfg]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
@@ -210,7 +210,7 @@ fn the_shipped_example_configs_pass_check() {
 fn write_team_dir(dir: &Path, team_b_routes: &str) -> std::path::PathBuf {
     let routes = dir.join("routes.d");
     std::fs::create_dir_all(&routes).unwrap();
-    let good = common::plugin_path("work_order");
+    let good = plugin_path("work_order");
     std::fs::write(routes.join("00-platform.toml"), "[store]\nurl = \"sqlite://inbox.db\"\n").unwrap();
     std::fs::write(
         routes.join("team-a.toml"),
@@ -236,7 +236,7 @@ fn check_of_a_directory_lists_every_broken_route_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     let team_b = format!(
         "{}\n{}",
-        push_route("b-future", &common::plugin_path("future_contract"), "{ kind = \"log\" }"),
+        push_route("b-future", &plugin_path("future_contract"), "{ kind = \"log\" }"),
         push_route("b-missing", Path::new("missing.wasm"), "{ kind = \"log\" }"),
     );
     let routes = write_team_dir(dir.path(), &team_b);
@@ -249,11 +249,8 @@ fn check_of_a_directory_lists_every_broken_route_and_exits_1() {
     assert!(err.contains("error: 2 of 3 routes refused: b-missing, b-future"), "{err}");
     assert!(!err.contains("route `a`"), "team a is fine: {err}");
 
-    std::fs::write(
-        routes.join("team-b.toml"),
-        push_route("b", &common::plugin_path("work_order"), "{ kind = \"log\" }"),
-    )
-    .unwrap();
+    std::fs::write(routes.join("team-b.toml"), push_route("b", &plugin_path("work_order"), "{ kind = \"log\" }"))
+        .unwrap();
     let out = inlet(&["check", routes.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("ok (2 routes"), "{}", text(&out.stdout));
@@ -262,7 +259,7 @@ fn check_of_a_directory_lists_every_broken_route_and_exits_1() {
 #[test]
 fn check_of_a_directory_names_both_files_of_a_duplicate_route_or_store() {
     let dir = tempfile::tempdir().unwrap();
-    let routes = write_team_dir(dir.path(), &push_route("a", &common::plugin_path("work_order"), "{ kind = \"log\" }"));
+    let routes = write_team_dir(dir.path(), &push_route("a", &plugin_path("work_order"), "{ kind = \"log\" }"));
     let out = inlet(&["check", routes.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
@@ -407,7 +404,7 @@ async fn inbox_list_starts_from_what_needs_attention_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_list_starts_from_what_needs_attention_on_postgres() {
     let dir = tempfile::tempdir().unwrap();
-    let pg = common::TestPg::new().await;
+    let pg = TestPg::new().await;
     inbox_list_starts_from_what_needs_attention(dir.path(), &pg.url).await;
 }
 
@@ -455,7 +452,7 @@ async fn inbox_list_starts_from_what_needs_attention(dir: &Path, url: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_is_accepted_anywhere_on_the_line() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), &common::plugin_path("work_order"));
+    let cfg = write_config(dir.path(), &plugin_path("work_order"));
     let store = inbox::open(&format!("sqlite://{}", dir.path().join("inbox.db").display()), 2).await.unwrap();
     let id = store.insert(&decoded_entry("wo", "k", "m-1", Status::Parked), now_ms()).await.unwrap().id();
     let expect = "m-1 is stuck";
@@ -484,7 +481,7 @@ async fn config_is_accepted_anywhere_on_the_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_commands_print_tables_by_default_and_json_when_asked() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), &common::plugin_path("work_order"));
+    let cfg = write_config(dir.path(), &plugin_path("work_order"));
     let store = inbox::open(&format!("sqlite://{}", dir.path().join("inbox.db").display()), 2).await.unwrap();
     let mut binary = decoded_entry("wo", "k", "m-1", Status::Parked);
     binary.raw_data = vec![0xff, 0x00, 0x41];
@@ -546,7 +543,7 @@ async fn read_commands_print_tables_by_default_and_json_when_asked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn library_notices_and_progress_lines_stay_out_of_cli_output() {
     let dir = tempfile::tempdir().unwrap();
-    let pg = common::TestPg::new().await;
+    let pg = TestPg::new().await;
     let store = inbox::open(&pg.url, 2).await.unwrap();
     let id = store.insert(&decoded_entry("wo", "k", "m-1", Status::Parked), now_ms()).await.unwrap().id();
     let cfg = store_only_config(dir.path(), &pg.url);

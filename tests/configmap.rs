@@ -6,12 +6,16 @@
 //! picks up a changed team file and a new plugin build within two polls of its reload
 //! timer, with no refusal counted and no error logged.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{InletProcess, RecordingTarget, push_work_order, wait_until};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::push_work_order;
+use inlet_testkit::recording_target::RecordingTarget;
+use inlet_testkit::utc::utc_now;
+use inlet_testkit::wait::wait_until;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -88,7 +92,7 @@ impl ConfigMapVolume {
 /// `..2026_12_04_03_00_00.123456789`, as kubelet names its directories (UTC time, then
 /// a unique suffix).
 fn timestamped_dir_name() -> String {
-    let t = common::utc_now();
+    let t = utc_now();
     format!("..{:04}_{:02}_{:02}_{:02}_{:02}_{:02}.{:09}", t.year, t.month, t.day, t.hour, t.minute, t.second, t.nanos)
 }
 
@@ -159,8 +163,8 @@ async fn a_kubelet_configmap_swap_reloads_routes_and_plugins_within_two_polls_wi
     let inbox = dir.path().join("state").join("inbox.db");
     std::fs::create_dir(inbox.parent().unwrap()).unwrap();
     let shared = format!("[store]\nurl = \"sqlite://{}\"\n\n[admin]\nauth = \"none-loopback\"\n", inbox.display());
-    let work_order = std::fs::read(common::plugin_path("work_order")).unwrap();
-    let work_order_next = std::fs::read(common::plugin_path("work_order_next")).unwrap();
+    let work_order = std::fs::read(plugin_path("work_order")).unwrap();
+    let work_order_next = std::fs::read(plugin_path("work_order_next")).unwrap();
 
     let mut volume = ConfigMapVolume::new(&dir.path().join("routes"));
     volume.project(&[
@@ -170,7 +174,7 @@ async fn a_kubelet_configmap_swap_reloads_routes_and_plugins_within_two_polls_wi
     ]);
     let first_dir = volume.current.clone().unwrap();
 
-    let listen = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
     let cache = dir.path().join("plugin-cache");
     let cache = cache.to_str().unwrap();
     let mut inlet = InletProcess::spawn_with_args(
@@ -290,7 +294,7 @@ async fn a_key_coming_and_going_under_back_to_back_reloads_is_never_refused() {
     let dir = tempfile::tempdir().unwrap();
     let inbox = dir.path().join("inbox.db");
     let shared = format!("[store]\nurl = \"sqlite://{}\"\n\n[admin]\nauth = \"none-loopback\"\n", inbox.display());
-    let work_order = std::fs::read(common::plugin_path("work_order")).unwrap();
+    let work_order = std::fs::read(plugin_path("work_order")).unwrap();
     let base_files = vec![
         ("inlet.toml", shared.into_bytes()),
         ("orders.toml", route("orders", &target, "5s").into_bytes()),
@@ -299,7 +303,7 @@ async fn a_key_coming_and_going_under_back_to_back_reloads_is_never_refused() {
     let mut volume = ConfigMapVolume::new(&dir.path().join("routes"));
     volume.project(&base_files);
 
-    let listen = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
     let cache = dir.path().join("plugin-cache");
     let mut inlet = InletProcess::spawn_with_args(
         &volume.dir,

@@ -1,8 +1,6 @@
 //! One conformance suite for every inbox store: each test runs against SQLite (a
 //! fresh file) and PostgreSQL (a fresh database), and both must behave the same.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -11,13 +9,15 @@ use inlet::inbox::{
     self, ClaimRequest, Claimed, Decoded, InsertOutcome, ListFilter, NewEntry, SettleRequest, Settlement, Status,
     Store, StoreError,
 };
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::wait::{wait_for, wait_until};
 
 const T0: Millis = 1_800_000_000_000;
 const LEASE: i64 = 30_000;
 
 enum Guard {
     Sqlite(#[allow(dead_code)] tempfile::TempDir),
-    Pg(#[allow(dead_code)] common::TestPg),
+    Pg(#[allow(dead_code)] TestPg),
 }
 
 async fn sqlite() -> (Arc<dyn Store>, Guard) {
@@ -27,7 +27,7 @@ async fn sqlite() -> (Arc<dyn Store>, Guard) {
 }
 
 async fn postgres() -> (Arc<dyn Store>, Guard) {
-    let pg = common::TestPg::new().await;
+    let pg = TestPg::new().await;
     (inbox::open(&pg.url, 8).await.expect("open postgres"), Guard::Pg(pg))
 }
 
@@ -715,7 +715,7 @@ mod gauge_lease {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn on_postgres_one_instance_holds_it_until_it_goes_away() {
-        let pg = common::TestPg::new().await;
+        let pg = TestPg::new().await;
         let first = inbox::open(&pg.url, 2).await.expect("open postgres");
         let second = inbox::open(&pg.url, 2).await.expect("open postgres");
         assert!(first.gauge_lease().await.unwrap(), "the first to ask takes the lease");
@@ -723,7 +723,7 @@ mod gauge_lease {
         assert!(first.gauge_lease().await.unwrap(), "asking again keeps it");
         assert!(!second.gauge_lease().await.unwrap());
         drop(first);
-        common::wait_until("the second store to take the gauge lease", std::time::Duration::from_secs(30), || {
+        wait_until("the second store to take the gauge lease", std::time::Duration::from_secs(30), || {
             let second = Arc::clone(&second);
             async move { second.gauge_lease().await.unwrap() }
         })
@@ -806,7 +806,7 @@ fn attempt_record(status: &str) -> inbox::failures::Attempt {
 /// off for this table here, so that it cannot clean up first.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintenance_vacuums_the_inbox_once_enough_rows_died() {
-    let pg = common::TestPg::new().await;
+    let pg = TestPg::new().await;
     let store = inbox::open(&pg.url, 4).await.expect("open postgres");
     let mut conn = pg.connect().await;
     sqlx::raw_sql("ALTER TABLE inbox_entry SET (autovacuum_enabled = false)").execute(&mut conn).await.unwrap();
@@ -823,7 +823,7 @@ async fn maintenance_vacuums_the_inbox_once_enough_rows_died() {
     }
     // The server's statistics arrive a moment after the transactions that changed the
     // rows (and the 12,000 inserts alone may first make it analyze).
-    let done = common::wait_for("maintenance to vacuum the inbox", std::time::Duration::from_secs(30), || {
+    let done = wait_for("maintenance to vacuum the inbox", std::time::Duration::from_secs(30), || {
         let store = Arc::clone(&store);
         async move { store.maintain().await.unwrap().filter(|d| d.starts_with("vacuumed")) }
     })
@@ -840,7 +840,7 @@ async fn maintenance_vacuums_the_inbox_once_enough_rows_died() {
     // to analyze (seen under a loaded machine): then one ANALYZE is still due, never a
     // second vacuum.
     let done = done.as_str();
-    let settled = common::wait_for("maintenance to have nothing left", std::time::Duration::from_secs(30), || {
+    let settled = wait_for("maintenance to have nothing left", std::time::Duration::from_secs(30), || {
         let store = Arc::clone(&store);
         async move {
             match store.maintain().await.unwrap() {
@@ -898,7 +898,7 @@ async fn an_unreadable_entry_is_parked_by_the_claim_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_entry_is_parked_by_the_claim_on_postgres() {
-    let pg = common::TestPg::new().await;
+    let pg = TestPg::new().await;
     let store = inbox::open(&pg.url, 4).await.expect("open postgres");
     let corrupt = async {
         let mut conn = pg.connect().await;

@@ -9,12 +9,15 @@
 //! installs them and prints the folder for `INLET_CONSOLE_NODE_MODULES`
 //! (`scripts/test` exports it). Missing, the test fails and says so.
 
-mod common;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{FakeCamunda, InletProcess, Reply, free_port, plugin_path, push_envelope, wait_for};
+use inlet_testkit::camunda::{FakeCamunda, Reply};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::wait_for;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);

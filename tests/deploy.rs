@@ -10,12 +10,13 @@
 //! and rated by `systemd-analyze`, its stop timeout over the drain, its command line
 //! run; the VM routing file passes `inlet check`.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
 use serde_norway::Value;
 
 const OVERLAYS: [&str; 2] = ["postgres", "sqlite"];
@@ -449,7 +450,7 @@ fn materialize(docs: &[Value], overlay: &str, dir: &Path) -> (PathBuf, Vec<(Stri
             let stem = Path::new(plugin).file_stem().unwrap().to_str().unwrap();
             let to = routes.join(plugin);
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-            std::fs::copy(common::plugin_path(stem), &to).unwrap();
+            std::fs::copy(plugin_path(stem), &to).unwrap();
         }
     }
     let env = seq(inlet_container(docs, overlay), &["env"])
@@ -647,11 +648,11 @@ async fn the_systemd_unit_verifies_is_sandboxed_and_its_command_line_drains_with
             "[store]\nurl = \"sqlite://{}/inbox.db\"\n\n[[route]]\nname = \"wo\"\nplugin = \"{}\"\n\
              source = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
             state.display(),
-            common::plugin_path("work_order").display()
+            plugin_path("work_order").display()
         ),
     )
     .unwrap();
-    let listen = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
     let cache_arg = format!("{}/plugins", cache.display());
     let mut args: Vec<&str> =
         exec[3..].iter().map(|a| if *a == "${CACHE_DIRECTORY}/plugins" { cache_arg.as_str() } else { a }).collect();
@@ -661,7 +662,7 @@ async fn the_systemd_unit_verifies_is_sandboxed_and_its_command_line_drains_with
         .map(|e| e.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).expect("Environment=KEY=VALUE"))
         .collect();
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut inlet = common::InletProcess::spawn_with_args(&routes, &args, &envs);
+    let mut inlet = InletProcess::spawn_with_args(&routes, &args, &envs);
     inlet.wait_healthy(std::time::Duration::from_secs(60)).await;
     assert!(state.join("inbox.db").is_file(), "the inbox is made in the state directory");
     assert!(cache.join("plugins").is_dir(), "the plugin cache is a folder Inlet made under the cache directory");
@@ -678,7 +679,7 @@ fn the_vm_routing_file_passes_inlet_check() {
     std::fs::create_dir_all(&plugins).unwrap();
     let file = repo().join("deploy/systemd/routes/inlet.toml");
     std::fs::copy(&file, routes.join("inlet.toml")).unwrap();
-    std::fs::copy(common::plugin_path("work_order"), plugins.join("work_order.wasm")).unwrap();
+    std::fs::copy(plugin_path("work_order"), plugins.join("work_order.wasm")).unwrap();
     // Every ${VAR} the file reads, as /etc/inlet/inlet.env would set it.
     let wanted = toml_env_refs(&toml::Value::Table(read(&file).parse::<toml::Table>().expect("the file is TOML")));
     let given = [

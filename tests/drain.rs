@@ -6,13 +6,16 @@
 //! short, and attempts still running when the grace ends are handed back (OPEN, no
 //! lease), so the next instance delivers them at once instead of after their leases.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{InletProcess, RecordingTarget, wait_for, wait_until};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::{push_envelope, send_push};
+use inlet_testkit::recording_target::RecordingTarget;
+use inlet_testkit::wait::{wait_for, wait_until};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -26,7 +29,7 @@ fn routing_file(dir: &Path, target: &RecordingTarget, concurrency: u32, timeout:
          source = {{ kind = \"push\" }}\nconcurrency = {concurrency}\n\
          target = {{ kind = \"http\", url = \"http://{}\", timeout = \"{timeout}\" }}\n",
         dir.join("inbox.db").display(),
-        common::plugin_path("work_order").display(),
+        plugin_path("work_order").display(),
         target.addr()
     );
     std::fs::write(&config, text).expect("write the routing file");
@@ -34,7 +37,7 @@ fn routing_file(dir: &Path, target: &RecordingTarget, concurrency: u32, timeout:
 }
 
 fn spawn(config: &Path, extra: &[&str]) -> InletProcess {
-    let listen = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
     let mut args = vec!["--listen", listen.as_str(), "--poll", "50ms"];
     args.extend_from_slice(extra);
     InletProcess::spawn_with_args(config, &args, &[])
@@ -74,8 +77,8 @@ async fn get(http: &reqwest::Client, base: &str, path: &str) -> (u16, Option<Str
 /// Pushes work order `key`; the entry id and the answer's `Connection` header.
 async fn push(http: &reqwest::Client, base: &str, key: &str) -> (i64, Option<String>) {
     let data = format!(r#"{{"workOrderId":"{key}","completedItems":1,"completionTimestamp":"t"}}"#);
-    let envelope = common::push_envelope(data.as_bytes(), &[], &format!("orders-{key}"));
-    let r = common::send_push(http, base, "orders", &envelope).await;
+    let envelope = push_envelope(data.as_bytes(), &[], &format!("orders-{key}"));
+    let r = send_push(http, base, "orders", &envelope).await;
     let status = r.status().as_u16();
     let connection = r.headers().get("connection").map(|v| v.to_str().unwrap_or_default().to_owned());
     let body = r.text().await.unwrap();

@@ -2,8 +2,6 @@
 //! one found) run by the real host against a real HTTP server answering like
 //! Flowable's REST API.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,9 +10,12 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{post, put};
-use common::{push_envelope, wait_for};
 use inlet::clock::{Clock, ManualClock};
 use inlet::inbox::{Entry, ListFilter, Status};
+use inlet_testkit::in_process::start_on_sqlite;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::wait_for;
 use serde_json::{Value, json};
 
 #[derive(Default)]
@@ -107,10 +108,10 @@ async fn zero_executions_is_not_yet_one_is_triggered_two_are_parked() {
 
     let routes = format!(
         "[[route]]\nname = \"flowable\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}\nmax_steps = 2\n",
-        common::plugin_path("flowable").display()
+        plugin_path("flowable").display()
     );
     let clock = ManualClock::new(1_800_000_000_000);
-    let inlet = common::start_on_sqlite(&routes, |o| o.clock = Some(Arc::clone(&clock) as Arc<dyn Clock>)).await;
+    let inlet = start_on_sqlite(&routes, |o| o.clock = Some(Arc::clone(&clock) as Arc<dyn Clock>)).await;
     let running = &inlet.running;
     let http = reqwest::Client::new();
     for key in ["zero", "one", "two", "gone"] {

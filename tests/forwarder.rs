@@ -4,15 +4,18 @@
 //! once per inbox entry, with the correlation key as ordering key when the route
 //! asks for it, and without one when it does not.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::PubSubEmulator;
 use inlet::inbox::{ListFilter, Status};
+use inlet_testkit::emulator::PubSubEmulator;
+use inlet_testkit::in_process::start_on_sqlite;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::proxy::TcpProxy;
+use inlet_testkit::py_pubsub::assert_drained;
+use inlet_testkit::wait::{wait_for, wait_until};
 use serde_json::{Value, json};
 
 const PROJECT: &str = "inlet-test";
@@ -25,7 +28,7 @@ plugin = "{plugin}"
 source = {{ kind = "pubsub", subscription = "projects/{PROJECT}/subscriptions/{subscription}", lease_extension = "10s" }}
 target = {{ kind = "pubsub", topic = "projects/{PROJECT}/topics/{topic}", ordering_key = {ordering_key}, attributes = {{ origin = "inlet-test" }} }}
 "#,
-        plugin = common::plugin_path("forwarder").display()
+        plugin = plugin_path("forwarder").display()
     )
 }
 
@@ -48,7 +51,7 @@ async fn publish(emulator: &PubSubEmulator, topic: &str, payloads: &[String]) {
 /// catch any extra copy.
 async fn receive(emulator: &PubSubEmulator, subscription: &str, n: usize) -> Vec<Value> {
     let received = Arc::new(Mutex::new(Vec::<Value>::new()));
-    common::wait_until(&format!("{n} messages on {subscription}"), Duration::from_secs(90), || {
+    wait_until(&format!("{n} messages on {subscription}"), Duration::from_secs(90), || {
         let received = Arc::clone(&received);
         async move {
             let pulled = emulator.pull(subscription).await;
@@ -58,7 +61,7 @@ async fn receive(emulator: &PubSubEmulator, subscription: &str, n: usize) -> Vec
         }
     })
     .await;
-    common::assert_drained(emulator, subscription, Duration::from_secs(12)).await;
+    assert_drained(emulator, subscription, Duration::from_secs(12)).await;
     received.lock().unwrap().clone()
 }
 
@@ -79,8 +82,7 @@ async fn legacy_events_are_normalized_and_published_once_per_entry_with_the_orde
         route("normalize-plain", "to-plain", "work-orders-plain", false)
     );
     let inlet =
-        common::start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub_client::Connection::emulator(&emulator.host))
-            .await;
+        start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub_client::Connection::emulator(&emulator.host)).await;
 
     let mut payloads: Vec<String> = (1..=10)
         .map(|n| {
@@ -139,8 +141,7 @@ async fn publishing_to_a_missing_topic_parks_the_entry_with_the_reason() {
     emulator.create_subscription("legacy", "to-nowhere", false).await;
     let routes = route("normalize", "to-nowhere", "no-such-topic", true);
     let inlet =
-        common::start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub_client::Connection::emulator(&emulator.host))
-            .await;
+        start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub_client::Connection::emulator(&emulator.host)).await;
     publish(
         &emulator,
         "legacy",
@@ -148,7 +149,7 @@ async fn publishing_to_a_missing_topic_parks_the_entry_with_the_reason() {
     )
     .await;
     let store = &inlet.running.shared.store;
-    let entry = common::wait_for("the entry to be parked", Duration::from_secs(60), || async {
+    let entry = wait_for("the entry to be parked", Duration::from_secs(60), || async {
         let entries = store.list(&ListFilter { route: Some("normalize".into()), ..Default::default() }).await.unwrap();
         entries.into_iter().find(|e| e.status == Status::Parked)
     })
@@ -170,7 +171,7 @@ async fn a_publish_that_timed_out_is_not_published_later() {
     let emulator = PubSubEmulator::start(PROJECT).await;
     emulator.create_topic("out").await;
     emulator.create_subscription("out", "out-sub", false).await;
-    let proxy = common::TcpProxy::start(&emulator.host).await;
+    let proxy = TcpProxy::start(&emulator.host).await;
     let config = inlet::config::TargetConfig::Pubsub(inlet::config::PubsubTarget {
         topic: format!("projects/{PROJECT}/topics/out"),
         ordering_key: false,
@@ -201,7 +202,7 @@ async fn a_publish_that_timed_out_is_not_published_later() {
 
     let outcome = target.deliver(&request("kept"), &delivery).await;
     assert!(matches!(&outcome, wit::Outcome::Response(r) if r.status == 200), "{outcome:?}");
-    let arrived = common::wait_for("the second publish", Duration::from_secs(30), || async {
+    let arrived = wait_for("the second publish", Duration::from_secs(30), || async {
         let m = emulator.pull("out-sub").await;
         (!m.is_empty()).then_some(m)
     })

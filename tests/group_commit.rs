@@ -7,14 +7,15 @@
 //! another connection: the writers block on it, and the test waits (by state, not by
 //! time) until every later insert is queued before letting go.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use inlet::clock::Millis;
 use inlet::inbox::group::{GroupCommit, Grouped, Inserts};
 use inlet::inbox::{self, Decoded, InsertOutcome, NewEntry, Status, Store};
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::proxy::TcpProxy;
+use inlet_testkit::wait::wait_until;
 use sqlx::Connection;
 
 const T0: Millis = 1_800_000_000_000;
@@ -55,17 +56,15 @@ fn spawn_insert(
 }
 
 async fn until_queued(group: &GroupCommit, n: usize) {
-    common::wait_until(&format!("{n} inserts queued"), Duration::from_secs(8), || async { group.queued() == n }).await;
+    wait_until(&format!("{n} inserts queued"), Duration::from_secs(8), || async { group.queued() == n }).await;
 }
 
 /// Waits until a writer has taken `n` inserts. (Not `queued() == 0`: that also holds
 /// before a spawned insert has been submitted, and a writer that then finds it and
 /// the ones behind it queued takes them all into one batch.)
 async fn until_taken(group: &GroupCommit, n: u64) {
-    common::wait_until(&format!("{n} inserts taken by a writer"), Duration::from_secs(8), || async {
-        group.taken() == n
-    })
-    .await;
+    wait_until(&format!("{n} inserts taken by a writer"), Duration::from_secs(8), || async { group.taken() == n })
+        .await;
 }
 
 /// Two inserts taken by the two writers (each blocked on the lock), then `QUEUED` more
@@ -112,7 +111,7 @@ async fn batches_what_queued_up(store: Arc<dyn Store>, release: impl AsyncFnOnce
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_inserts_that_queue_up_commit_together() {
-    let pg = common::TestPg::new().await;
+    let pg = TestPg::new().await;
     let store = inbox::open(&pg.url, 4).await.expect("open postgres");
     let mut locker = pg.connect().await;
     sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
@@ -143,7 +142,7 @@ async fn sqlite_inserts_that_queue_up_commit_together() {
 /// comes back to be tried alone, and the good ones then store as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_row_hands_its_whole_batch_back_to_be_inserted_alone() {
-    let pg = common::TestPg::new().await;
+    let pg = TestPg::new().await;
     let store = inbox::open(&pg.url, 4).await.expect("open postgres");
     let mut locker = pg.connect().await;
     sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
@@ -179,8 +178,8 @@ async fn a_refused_row_hands_its_whole_batch_back_to_be_inserted_alone() {
 /// database is gone), an insert is answered with that error at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_fails_a_lone_insert_with_the_stores_error() {
-    let pg = common::TestPg::new().await;
-    let proxy = common::TcpProxy::start("127.0.0.1:5432").await;
+    let pg = TestPg::new().await;
+    let proxy = TcpProxy::start("127.0.0.1:5432").await;
     let url = pg.url.replace("127.0.0.1:5432", &proxy.addr);
     assert_ne!(url, pg.url, "the store must go through the proxy");
     let store = inbox::open(&url, 2).await.expect("open postgres through the proxy");

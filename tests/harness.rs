@@ -1,14 +1,20 @@
-//! Self-test of the shared test harness (`tests/common`): the tools that prove Inlet's
-//! invariants must themselves be proven.
-
-mod common;
+//! Self-test of the shared test support (`tests/testkit`, the `inlet-testkit` crate): the
+//! tools that prove Inlet's invariants must themselves be proven.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::{FakeCamunda, Reply, TestPg};
+use inlet_testkit::camunda::{FakeCamunda, Reply};
+use inlet_testkit::in_process::Instance;
+use inlet_testkit::paths::{inlet_bin, plugin_path};
+use inlet_testkit::pg::{TestPg, pg_admin_url};
+use inlet_testkit::pg_cluster::PgCluster;
+use inlet_testkit::ports::{free_port, free_restartable_port};
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::recording_target::RecordingTarget;
+use inlet_testkit::wait::{wait_for, wait_until};
 use sqlx::Connection as _;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -16,7 +22,7 @@ const WAIT: Duration = Duration::from_secs(10);
 // ----- TestPg ---------------------------------------------------------------------------
 
 async fn database_exists(name: &str) -> bool {
-    let mut admin = sqlx::PgConnection::connect(&common::pg_admin_url()).await.expect("admin connection");
+    let mut admin = sqlx::PgConnection::connect(&pg_admin_url()).await.expect("admin connection");
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_database WHERE datname = $1")
         .bind(name)
         .fetch_one(&mut admin)
@@ -75,7 +81,7 @@ async fn test_pg_works_with_a_pool_from_a_multi_threaded_runtime() {
 #[tokio::test]
 #[should_panic(expected = "PostgreSQL is NOT reachable")]
 async fn test_pg_fails_loudly_when_postgres_is_unreachable() {
-    let port = common::free_port();
+    let port = free_port();
     TestPg::with_admin_url(&format!("postgres://postgres@127.0.0.1:{port}/postgres")).await;
 }
 
@@ -84,12 +90,12 @@ async fn test_pg_fails_loudly_when_postgres_is_unreachable() {
 #[test]
 #[should_panic(expected = "plugin no_such_plugin not built: run scripts/build-plugins")]
 fn plugin_path_panics_for_a_missing_plugin() {
-    common::plugin_path("no_such_plugin");
+    plugin_path("no_such_plugin");
 }
 
 #[test]
 fn push_envelope_has_the_google_shape() {
-    let env = common::push_envelope(b"{\"a\":1}", &[("eventType", "done"), ("v", "2")], "m-1");
+    let env = push_envelope(b"{\"a\":1}", &[("eventType", "done"), ("v", "2")], "m-1");
     let msg = &env["message"];
     let data = base64::engine::general_purpose::STANDARD.decode(msg["data"].as_str().unwrap()).unwrap();
     assert_eq!(data, b"{\"a\":1}");
@@ -106,7 +112,7 @@ fn push_envelope_has_the_google_shape() {
 
 #[test]
 fn free_port_gives_a_bindable_port() {
-    let port = common::free_port();
+    let port = free_port();
     assert_ne!(port, 0);
     std::net::TcpListener::bind(("127.0.0.1", port)).expect("port is free");
 }
@@ -115,20 +121,20 @@ fn free_port_gives_a_bindable_port() {
 async fn wait_until_returns_once_the_condition_holds() {
     let polls = Arc::new(AtomicUsize::new(0));
     let p = polls.clone();
-    common::wait_until("the third poll", WAIT, move || {
+    wait_until("the third poll", WAIT, move || {
         let p = p.clone();
         async move { p.fetch_add(1, Ordering::SeqCst) + 1 >= 3 }
     })
     .await;
     assert_eq!(polls.load(Ordering::SeqCst), 3);
-    let v = common::wait_for("a value", WAIT, || async { Some(7) }).await;
+    let v = wait_for("a value", WAIT, || async { Some(7) }).await;
     assert_eq!(v, 7);
 }
 
 #[tokio::test]
 #[should_panic(expected = "waiting for the impossible")]
 async fn wait_until_panics_naming_what_on_timeout() {
-    common::wait_until("the impossible", Duration::from_millis(100), || async { false }).await;
+    wait_until("the impossible", Duration::from_millis(100), || async { false }).await;
 }
 
 // ----- FakeCamunda ----------------------------------------------------------------------
@@ -264,7 +270,7 @@ async fn fake_camunda_stops_when_dropped() {
     let addr = fake.url().trim_start_matches("http://").to_owned();
     tokio::net::TcpStream::connect(&addr).await.expect("server is up");
     drop(fake);
-    common::wait_until("the fake camunda port to close", WAIT, || {
+    wait_until("the fake camunda port to close", WAIT, || {
         let addr = addr.clone();
         async move { tokio::net::TcpStream::connect(&addr).await.is_err() }
     })
@@ -275,7 +281,7 @@ async fn fake_camunda_stops_when_dropped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_cluster_keeps_committed_rows_through_a_crash_and_comes_back_on_its_port() {
-    let cluster = tokio::task::block_in_place(common::PgCluster::init);
+    let cluster = tokio::task::block_in_place(PgCluster::init);
     cluster.create_database("h").await;
     let url = cluster.url("h");
     let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect to the private cluster");
@@ -296,7 +302,7 @@ async fn pg_cluster_keeps_committed_rows_through_a_crash_and_comes_back_on_its_p
 
 // ----- RecordingTarget ------------------------------------------------------------------
 
-async fn post_recording(client: &reqwest::Client, target: &common::RecordingTarget, key: &str, idem: &str) -> u16 {
+async fn post_recording(client: &reqwest::Client, target: &RecordingTarget, key: &str, idem: &str) -> u16 {
     client
         .post(format!("http://{}/engine-rest/message", target.addr()))
         .header("content-type", "application/json")
@@ -311,7 +317,7 @@ async fn post_recording(client: &reqwest::Client, target: &common::RecordingTarg
 
 #[tokio::test]
 async fn recording_target_takes_each_idempotency_key_once_after_its_refusals() {
-    let target = common::RecordingTarget::start().await;
+    let target = RecordingTarget::start().await;
     let client = reqwest::Client::new();
     target.refuse("e2", 2);
     let statuses = [
@@ -334,7 +340,7 @@ async fn recording_target_takes_each_idempotency_key_once_after_its_refusals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recording_target_detects_two_requests_for_one_key_in_flight() {
-    let target = Arc::new(common::RecordingTarget::start().await);
+    let target = Arc::new(RecordingTarget::start().await);
     // Answers that take far longer than the test: both requests are surely in flight
     // once both are recorded; the clients then go away (the handlers are dropped).
     target.set_delay(Duration::from_secs(60), Duration::from_secs(60));
@@ -343,7 +349,7 @@ async fn recording_target_detects_two_requests_for_one_key_in_flight() {
     for (n, idem) in ["e1", "e2"].into_iter().enumerate() {
         let (client, target2) = (client.clone(), Arc::clone(&target));
         calls.push(tokio::spawn(async move { post_recording(&client, &target2, "k", idem).await }));
-        common::wait_until("the request recorded", WAIT, || async { target.requests().len() > n }).await;
+        wait_until("the request recorded", WAIT, || async { target.requests().len() > n }).await;
     }
     assert_eq!(target.max_in_flight_per_key(), 2, "both were in flight at once");
     assert_eq!(target.overlaps(), ["k"]);
@@ -354,7 +360,7 @@ async fn recording_target_detects_two_requests_for_one_key_in_flight() {
 
 #[test]
 fn free_restartable_port_is_bindable_and_below_the_ephemeral_range() {
-    let port = common::free_restartable_port();
+    let port = free_restartable_port();
     let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .unwrap()
         .split_whitespace()
@@ -368,4 +374,21 @@ fn free_restartable_port_is_bindable_and_below_the_ephemeral_range() {
         assert!(port < low, "port {port} is in the ephemeral range (from {low})");
     }
     std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port binds");
+}
+
+// ----- The testkit itself ---------------------------------------------------------------
+
+#[test]
+fn inlet_bin_is_the_binary_cargo_built_for_this_test() {
+    assert_eq!(inlet_bin(), std::path::Path::new(env!("CARGO_BIN_EXE_inlet")));
+}
+
+#[test]
+fn the_testkit_links_the_same_inlet_library_as_this_test() {
+    // Compiling is the check: were the testkit built against another copy of the crate,
+    // the `Running` it holds would not be this test's `inlet::app::Running`.
+    fn running(instance: &Instance) -> &inlet::app::Running {
+        &instance.running
+    }
+    let _ = running;
 }

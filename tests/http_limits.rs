@@ -8,8 +8,6 @@
 //! Raw TCP clients are used where a library client would hide what the server does
 //! (a half-sent request line, a body that never arrives, a declared length).
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,8 +15,13 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use common::{PubSubEmulator, TestPg, wait_for, wait_until};
 use inlet::inbox::{Entry, ListFilter, Status};
+use inlet_testkit::emulator::PubSubEmulator;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::py_pubsub::publish_file;
+use inlet_testkit::wait::{wait_for, wait_until};
 use sha2::Digest as _;
 use sqlx::Connection as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -55,7 +58,7 @@ fn event(id: &str, key: &str, size: usize) -> Vec<u8> {
 fn route(name: &str, target: &str, source: &str) -> String {
     format!(
         "[[route]]\nname = \"{name}\"\nplugin = \"{}\"\nsource = {source}\ntarget = {{ kind = \"http\", url = \"{target}\" }}\nmax_steps = 1\nlimits = {{ call_timeout = \"10s\" }}\n",
-        common::plugin_path("template").display()
+        plugin_path("template").display()
     )
 }
 
@@ -175,7 +178,7 @@ async fn push_with(
 ) -> reqwest::Response {
     http.post(format!("{base}/push/{route}"))
         .header("content-type", "application/json")
-        .body(common::push_envelope(data, &[], message_id).to_string())
+        .body(push_envelope(data, &[], message_id).to_string())
         .send()
         .await
         .unwrap()
@@ -277,7 +280,7 @@ async fn a_nine_mib_message_pulled_is_stored_intact_and_delivered() {
     std::fs::write(&file, &data).unwrap();
     // Published before Inlet starts: the stream opens on a waiting 9 MiB message.
     let started = Instant::now();
-    common::publish_file(&emulator, "big", &file, 0).await;
+    publish_file(&emulator, "big", &file, 0).await;
     eprintln!("figure: Google's Python client published the 9 MiB message in {:?}", started.elapsed());
 
     let target = Recorder::start().await;

@@ -2,17 +2,19 @@
 //! on stderr are bounded by the host, and a well-behaved route beside them keeps
 //! delivering. Figures (latencies, RSS) are printed with `--nocapture`.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{FakeCamunda, push_envelope, wait_for, wait_until};
 use inlet::config::PluginLimits;
 use inlet::inbox::{ListFilter, Status, Store};
 use inlet::plugin::{Plugin, PluginFault, wit};
+use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::in_process::start_on_sqlite;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::{wait_for, wait_until};
 
 /// POSTs one push envelope; the status and how long the answer took.
 async fn push(http: &reqwest::Client, base: &str, route: &str, data: &[u8], id: &str) -> (u16, Duration) {
@@ -60,11 +62,11 @@ async fn sleeping_plugins_are_abandoned_at_the_backstop_while_a_good_route_deliv
          limits = {{ call_timeout = \"1s\", timeout_tries = 2 }}\n\n\
          [[route]]\nname = \"slow-relay\"\nplugin = \"{h}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n\
          limits = {{ call_timeout = \"1s\" }}\nretry = {{ initial = \"100ms\", max = \"200ms\", max_attempts = 2 }}\n",
-        wo = common::plugin_path("work_order").display(),
-        h = common::plugin_path("hostile").display(),
+        wo = plugin_path("work_order").display(),
+        h = plugin_path("hostile").display(),
         url = camunda.url(),
     );
-    let inlet = common::start_on_sqlite(&routes, |_| {}).await;
+    let inlet = start_on_sqlite(&routes, |_| {}).await;
     let base = inlet.base();
     let http = reqwest::Client::new();
     let store = Arc::clone(&inlet.running.shared.store);
@@ -172,7 +174,7 @@ fn rss_bytes() -> usize {
 async fn memory_kept_between_calls_is_bounded_by_the_documented_worst_case() {
     let limits = PluginLimits { call_timeout: Duration::from_secs(30), ..PluginLimits::default() };
     let bound = limits.worst_case_bytes(16);
-    let plugin = Plugin::load(&common::plugin_path("hostile"), limits, None).expect("hostile loads");
+    let plugin = Plugin::load(&plugin_path("hostile"), limits, None).expect("hostile loads");
     let baseline = rss_bytes();
     let peak = Arc::new(std::sync::atomic::AtomicUsize::new(baseline));
     let sampling = Arc::new(AtomicBool::new(true));
@@ -218,7 +220,7 @@ async fn memory_kept_between_calls_is_bounded_by_the_documented_worst_case() {
 /// backstop is far above what such a call needs even with every core taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_the_fuel_budget_under_cpu_contention_parks_nothing() {
-    let path = common::plugin_path("hostile");
+    let path = plugin_path("hostile");
     let budget = PluginLimits::default().fuel;
     let rounds = rounds_using(&path, budget / 2).await;
     eprintln!("spin:{rounds} uses about half of the default budget of {budget} instructions");
@@ -227,7 +229,7 @@ async fn half_the_fuel_budget_under_cpu_contention_parks_nothing() {
         "[[route]]\nname = \"spin\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
         path.display()
     );
-    let inlet = common::start_on_sqlite(&routes, |_| {}).await;
+    let inlet = start_on_sqlite(&routes, |_| {}).await;
     let base = inlet.base();
     let http = reqwest::Client::new();
 
@@ -310,7 +312,7 @@ async fn rounds_using(path: &Path, fuel: u64) -> u64 {
 /// own stderr, not what earlier calls wrote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stderr_is_bounded_per_call_and_shows_only_its_own_call() {
-    let plugin = Plugin::load(&common::plugin_path("hostile"), PluginLimits::default(), None).expect("loads");
+    let plugin = Plugin::load(&plugin_path("hostile"), PluginLimits::default(), None).expect("loads");
     for n in 0..10_000 {
         let answer = plugin.decode(message(b"chatty", &format!("c-{n}"))).await;
         assert!(matches!(answer, Ok(Ok(wit::Decoded::Event(_)))), "call {n}: {answer:?}");
@@ -318,9 +320,9 @@ async fn stderr_is_bounded_per_call_and_shows_only_its_own_call() {
 
     let routes = format!(
         "[[route]]\nname = \"chatty\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
-        common::plugin_path("hostile").display()
+        plugin_path("hostile").display()
     );
-    let inlet = common::start_on_sqlite(&routes, |_| {}).await;
+    let inlet = start_on_sqlite(&routes, |_| {}).await;
     let (base, http) = (inlet.base(), reqwest::Client::new());
     for (n, data) in ["chatty", "chatty", "chatty-panic:first", "chatty", "chatty-panic:second"].iter().enumerate() {
         assert_eq!(push(&http, &base, "chatty", data.as_bytes(), &format!("p-{n}")).await.0, 200);
@@ -341,7 +343,7 @@ async fn stderr_is_bounded_per_call_and_shows_only_its_own_call() {
 /// drawn once per instance and then stepped, so they repeat per fresh instance.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugins_see_no_real_time_or_entropy() {
-    let load = || Plugin::load(&common::plugin_path("hostile"), PluginLimits::default(), None).expect("loads");
+    let load = || Plugin::load(&plugin_path("hostile"), PluginLimits::default(), None).expect("loads");
     let body = |answer| match answer {
         Ok(Ok(wit::Decoded::Event(ev))) => String::from_utf8(ev.body).unwrap(),
         other => panic!("decode failed: {other:?}"),
@@ -365,9 +367,9 @@ async fn a_panicking_attempt_is_counted_and_parked_at_max_attempts() {
     let routes = format!(
         "[[route]]\nname = \"r\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n\
          retry = {{ initial = \"50ms\", max = \"100ms\", max_attempts = 3 }}\n",
-        common::plugin_path("hostile").display()
+        plugin_path("hostile").display()
     );
-    let inlet = common::start_on_sqlite(&routes, |o| o.panic_on_key = Some("boom".into())).await;
+    let inlet = start_on_sqlite(&routes, |o| o.panic_on_key = Some("boom".into())).await;
     let (base, http) = (inlet.base(), reqwest::Client::new());
     assert_eq!(push(&http, &base, "r", b"boom:1", "b-1").await.0, 200);
     assert_eq!(push(&http, &base, "r", b"fine:1", "f-1").await.0, 200);

@@ -3,11 +3,14 @@
 //! `attempt` span), those of ingest the route and message id (the `ingest` span);
 //! in either format no colour codes reach a stderr that is not a terminal.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{FakeCamunda, InletProcess, push_envelope, wait_until};
+use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::wait_until;
 
 const DATA: &[u8] = br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
 
@@ -17,7 +20,7 @@ fn routing_file(dir: &std::path::Path, target: &str) -> std::path::PathBuf {
     let text = format!(
         "[store]\nurl = \"sqlite://{}\"\n\n[[route]]\nname = \"orders\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{target}\", timeout = \"2s\" }}\n",
         dir.join("inbox.db").display(),
-        common::plugin_path("work_order").display()
+        plugin_path("work_order").display()
     );
     std::fs::write(&config, text).expect("write the routing file");
     config
@@ -30,7 +33,7 @@ async fn run_once(extra: &[&str], envs: &[(&str, &str)]) -> (String, i64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let camunda = FakeCamunda::start().await;
     let config = routing_file(dir.path(), &camunda.url());
-    let listen = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
     let mut args = vec!["--listen", listen.as_str(), "--poll", "50ms"];
     args.extend_from_slice(extra);
     let mut inlet = InletProcess::spawn_with_args(&config, &args, envs);

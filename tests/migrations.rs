@@ -8,8 +8,6 @@
 //! running again; a second `inlet run` on one SQLite file is refused while the first
 //! runs on.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -20,13 +18,19 @@ use inlet::clock::Millis;
 use inlet::inbox::postgres::PgStore;
 use inlet::inbox::schema::{self, MigrateMode, Migration};
 use inlet::inbox::{self, ClaimRequest, ListFilter, Settlement, Status, Store};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::{TestPg, pg_admin_url};
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::push_work_order;
+use inlet_testkit::wait::{poll_blocking, wait_until};
 
 /// One inbox to migrate: a SQLite file in a folder of its own (which also holds the
 /// routing file), or a fresh PostgreSQL database.
 struct Db {
     url: String,
     dir: tempfile::TempDir,
-    pg: Option<common::TestPg>,
+    pg: Option<TestPg>,
 }
 
 /// A value bound to a statement of [`Db::exec`].
@@ -49,7 +53,7 @@ impl Db {
         match backend {
             Backend::Sqlite => Db { url: format!("sqlite://{}", dir.path().join("inbox.db").display()), dir, pg: None },
             Backend::Postgres => {
-                let pg = common::TestPg::new().await;
+                let pg = TestPg::new().await;
                 Db { url: pg.url.clone(), dir, pg: Some(pg) }
             }
         }
@@ -203,7 +207,7 @@ fn write_config(dir: &Path, url: &str, port: u16) -> PathBuf {
     let text = format!(
         "[store]\nurl = \"{url}\"\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\n[[route]]\nname = \"wo\"\n\
          plugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\n",
-        common::plugin_path("work_order").display()
+        plugin_path("work_order").display()
     );
     std::fs::write(&path, text).expect("write the routing file");
     path
@@ -223,7 +227,7 @@ fn inlet(args: &[&str]) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run inlet");
-    let exited = common::poll_blocking(Duration::from_secs(60), || child.try_wait().expect("wait for inlet"));
+    let exited = poll_blocking(Duration::from_secs(60), || child.try_wait().expect("wait for inlet"));
     if exited.is_none() {
         let _ = child.kill();
         let out = child.wait_with_output().expect("inlet output");
@@ -308,13 +312,13 @@ async fn states(store: &dyn Store) -> Vec<(String, Status)> {
 
 async fn upgrade_from_every_earlier_version(backend: Backend) {
     let fresh = Db::new(backend).await;
-    succeeds(&["migrate", fresh.config(common::free_port()).to_str().unwrap()]);
+    succeeds(&["migrate", fresh.config(free_port()).to_str().unwrap()]);
     let fresh_schema = fresh.schema().await;
     for version in 1..fresh.latest() {
         let db = Db::new(backend).await;
         schema::create_as_of(&db.url, version).await.unwrap();
         insert_rows_of_every_state(&db).await;
-        let config = db.config(common::free_port());
+        let config = db.config(free_port());
         let config = config.to_str().unwrap();
 
         let out = succeeds(&["migrate", config]);
@@ -397,7 +401,7 @@ async fn upgrade_from_every_earlier_version_on_postgres() {
 
 async fn a_newer_schema_is_refused(backend: Backend) {
     let db = Db::new(backend).await;
-    let config = db.config(common::free_port());
+    let config = db.config(free_port());
     let config = config.to_str().unwrap();
     succeeds(&["migrate", config]);
     let (latest, newer) = (db.latest(), db.latest() + 1);
@@ -428,7 +432,7 @@ async fn a_newer_schema_is_refused(backend: Backend) {
         &[V::Int(Some(latest)), V::Int(Some(newer))],
     )
     .await;
-    let mut running = common::InletProcess::spawn_with_args(Path::new(config), &["--migrate", "check"], &[]);
+    let mut running = InletProcess::spawn_with_args(Path::new(config), &["--migrate", "check"], &[]);
     running.wait_healthy(Duration::from_secs(60)).await;
     assert!(running.log().contains("newer than this binary knows"), "{}", running.log());
     let status = running.sigterm_and_wait(Duration::from_secs(30));
@@ -450,7 +454,7 @@ async fn commands_on_an_old_schema_change_nothing(backend: Backend) {
     let old = db.latest() - 2;
     schema::create_as_of(&db.url, old).await.unwrap();
     insert_rows_of_every_state(&db).await;
-    let config = db.config(common::free_port());
+    let config = db.config(free_port());
     let config = config.to_str().unwrap();
     let before = db.snapshot().await;
 
@@ -479,7 +483,7 @@ async fn commands_on_an_old_schema_change_nothing(backend: Backend) {
     assert_eq!(db.snapshot().await, before, "{backend:?}: nothing changed (schema, rows, file bytes)");
 
     // `--migrate off` starts on it, with a warning, and leaves the schema as it is.
-    let mut off = common::InletProcess::spawn_with_args(Path::new(config), &["--migrate", "off"], &[]);
+    let mut off = InletProcess::spawn_with_args(Path::new(config), &["--migrate", "off"], &[]);
     off.wait_healthy(Duration::from_secs(60)).await;
     assert!(off.log().contains("--migrate off: starting on an older inbox schema"), "{}", off.log());
     off.sigterm_and_wait(Duration::from_secs(30));
@@ -507,7 +511,7 @@ fn commands_on_a_missing_sqlite_file_create_nothing() {
             "[store]\nurl = \"sqlite://{}\"\n\n[[route]]\nname = \"wo\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\n\
              target = {{ kind = \"log\" }}\n",
             db.display(),
-            common::plugin_path("work_order").display()
+            plugin_path("work_order").display()
         ),
     )
     .unwrap();
@@ -540,7 +544,7 @@ async fn a_migration_blocked_by_a_held_lock_fails_within_its_lock_timeout() {
     let db = Db::new(Backend::Postgres).await;
     let before = db.latest() - 1;
     schema::create_as_of(&db.url, before).await.unwrap();
-    let config = db.config(common::free_port());
+    let config = db.config(free_port());
     let config = config.to_str().unwrap();
     let pending = &schema::known(&db.url).unwrap()[before as usize];
 
@@ -656,7 +660,7 @@ async fn an_index_built_outside_a_transaction_lets_writers_insert_while_it_build
         let applied = store.migrate(Duration::from_secs(300)).await;
         applied.map(|a| a.iter().map(|m| m.version).collect::<Vec<_>>())
     });
-    common::wait_until("the concurrent build to wait for the open transaction", Duration::from_secs(30), || {
+    wait_until("the concurrent build to wait for the open transaction", Duration::from_secs(30), || {
         build_waits(&db.url)
     })
     .await;
@@ -775,13 +779,13 @@ async fn a_run_waiting_for_the_migration_lock_lets_the_concurrent_build_finish()
         })
     };
     let first = run(PgStore::connect_with_migrations(&db.url, 2, list).await.unwrap());
-    common::wait_until("the concurrent build to wait for the open transaction", Duration::from_secs(30), || {
+    wait_until("the concurrent build to wait for the open transaction", Duration::from_secs(30), || {
         build_waits(&db.url)
     })
     .await;
     let second = run(PgStore::connect_with_migrations(&db.url, 2, list).await.unwrap());
     // The second run has tried the lock (its session's last statement) and keeps trying.
-    common::wait_until("the second run to try the migration lock", Duration::from_secs(30), || async {
+    wait_until("the second run to try the migration lock", Duration::from_secs(30), || async {
         let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
         let tried: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
@@ -807,12 +811,12 @@ async fn a_run_waiting_for_the_migration_lock_lets_the_concurrent_build_finish()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_run_on_one_sqlite_file_is_refused_while_the_first_keeps_running() {
     let db = Db::new(Backend::Sqlite).await;
-    let config = db.config(common::free_port());
-    let mut first = common::InletProcess::spawn(&config, &[]);
+    let config = db.config(free_port());
+    let mut first = InletProcess::spawn(&config, &[]);
     first.wait_healthy(Duration::from_secs(60)).await;
     let config = config.to_str().unwrap();
 
-    let other_port = common::free_port().to_string();
+    let other_port = free_port().to_string();
     let lock = std::fs::canonicalize(db.dir.path()).unwrap().join("inbox.db.lock");
     let say = format!(
         "another Inlet is running on the SQLite inbox {} (pid {} holds {})",
@@ -828,14 +832,14 @@ async fn a_second_run_on_one_sqlite_file_is_refused_while_the_first_keeps_runnin
     // The first instance runs on, and the commands that do not migrate work beside it.
     first.assert_running();
     let http = reqwest::Client::new();
-    let (status, _) = common::push_work_order(&http, &first.base, "wo", "K1", 1).await;
+    let (status, _) = push_work_order(&http, &first.base, "wo", "K1", 1).await;
     assert_eq!(status, 200);
     succeeds(&["inbox", "stats", "-c", config]);
     succeeds(&["schema", "status", "-c", config]);
 
     // Once it stops, the lock is free.
     first.sigterm_and_wait(Duration::from_secs(30));
-    let mut next = common::InletProcess::spawn(Path::new(config), &[]);
+    let mut next = InletProcess::spawn(Path::new(config), &[]);
     next.wait_healthy(Duration::from_secs(60)).await;
 }
 
@@ -854,7 +858,7 @@ impl Drop for Role {
                 let mut db = sqlx::PgConnection::connect(&db_url).await?;
                 sqlx::raw_sql(&format!("DROP OWNED BY \"{name}\"")).execute(&mut db).await?;
                 db.close().await?;
-                let mut admin = sqlx::PgConnection::connect(&common::pg_admin_url()).await?;
+                let mut admin = sqlx::PgConnection::connect(&pg_admin_url()).await?;
                 sqlx::raw_sql(&format!("DROP ROLE IF EXISTS \"{name}\"")).execute(&mut admin).await?;
                 admin.close().await
             })
@@ -871,7 +875,7 @@ impl Drop for Role {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_run_as_a_role_that_may_only_read_and_write_rows() {
     let db = Db::new(Backend::Postgres).await;
-    succeeds(&["migrate", db.config(common::free_port()).to_str().unwrap()]);
+    succeeds(&["migrate", db.config(free_port()).to_str().unwrap()]);
     let pg = db.pg.as_ref().unwrap();
     let role = Role { name: format!("{}_rt", pg.name()), db_url: db.url.clone() };
     db.exec(
@@ -892,7 +896,7 @@ async fn instances_run_as_a_role_that_may_only_read_and_write_rows() {
     let runtime_url = db.url.replacen("postgres://postgres@", &format!("postgres://{}@", role.name), 1);
     assert_ne!(runtime_url, db.url, "the role's URL: {}", db.url);
     let runtime_dir = tempfile::tempdir().unwrap();
-    let config = write_config(runtime_dir.path(), &runtime_url, common::free_port());
+    let config = write_config(runtime_dir.path(), &runtime_url, free_port());
 
     // The role cannot migrate (it may not create anything)…
     let mut conn = sqlx::PgConnection::connect(&runtime_url).await.unwrap();
@@ -901,13 +905,13 @@ async fn instances_run_as_a_role_that_may_only_read_and_write_rows() {
     conn.close().await.unwrap();
 
     // …and needs not: it runs, stores, delivers, pauses and reads.
-    let mut inlet = common::InletProcess::spawn_with_args(&config, &["--migrate", "check"], &[]);
+    let mut inlet = InletProcess::spawn_with_args(&config, &["--migrate", "check"], &[]);
     inlet.wait_healthy(Duration::from_secs(60)).await;
     let http = reqwest::Client::new();
-    let (status, answer) = common::push_work_order(&http, &inlet.base, "wo", "K1", 1).await;
+    let (status, answer) = push_work_order(&http, &inlet.base, "wo", "K1", 1).await;
     assert_eq!(status, 200, "{answer}");
     let store = inbox::open_as(&runtime_url, 1, MigrateMode::Check, schema::DEFAULT_LOCK_TIMEOUT).await.unwrap();
-    common::wait_until("the entry to be delivered by the runtime role", Duration::from_secs(30), || {
+    wait_until("the entry to be delivered by the runtime role", Duration::from_secs(30), || {
         let store = std::sync::Arc::clone(&store);
         async move { states(store.as_ref()).await.iter().any(|(_, s)| *s == Status::Done) }
     })

@@ -5,13 +5,17 @@
 //! Needs the plugins built (`scripts/build-plugins`) and PostgreSQL running
 //! (`scripts/ensure-postgres`).
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{FakeCamunda, InletProcess, TestPg};
+use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::wait_until;
 
 const KEYS: usize = 50;
 const PER_KEY: i64 = 20;
@@ -63,7 +67,7 @@ async fn two_instances_relay_1000_messages_over_50_keys_in_order_one_in_flight_p
     let started = Instant::now();
     let pg = TestPg::new().await;
     let camunda = FakeCamunda::start().await.with_delay(CAMUNDA_DELAY);
-    let plugin = common::plugin_path("work_order");
+    let plugin = plugin_path("work_order");
 
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("routes.toml");
@@ -87,7 +91,7 @@ concurrency = 8
 
     // One routing file, so each process gets its own --listen.
     let spawn = |name: &str| {
-        let listen = format!("127.0.0.1:{}", common::free_port());
+        let listen = format!("127.0.0.1:{}", free_port());
         InletProcess::spawn_with_args(&config, &["--listen", &listen, "--poll", "50ms"], &[("INLET_INSTANCE", name)])
     };
     let (mut a, mut b) = (spawn("a"), spawn("b"));
@@ -115,7 +119,7 @@ concurrency = 8
                     "completedItems": seq,
                     "completionTimestamp": "2026-08-01T10:00:00Z",
                 });
-                let envelope = common::push_envelope(
+                let envelope = push_envelope(
                     payload.to_string().as_bytes(),
                     &[("eventId", &event_id(k, seq))],
                     &format!("msg-{}-{seq:02}", key(k)),
@@ -152,7 +156,7 @@ concurrency = 8
     eprintln!("pushed {TOTAL} messages in {:?}; {} delivered so far", push_started.elapsed(), camunda.count());
 
     // Wait for every delivery, then for every row to be settled.
-    common::wait_until(&format!("{TOTAL} successful deliveries"), DRAIN_TIMEOUT, || {
+    wait_until(&format!("{TOTAL} successful deliveries"), DRAIN_TIMEOUT, || {
         a.assert_running();
         b.assert_running();
         let ok = camunda.deliveries().iter().filter(|d| (200..300).contains(&d.status)).count();
@@ -160,7 +164,7 @@ concurrency = 8
     })
     .await;
     let pg_ref = &pg;
-    common::wait_until(&format!("all {TOTAL} inbox rows DONE"), Duration::from_secs(15), move || async move {
+    wait_until(&format!("all {TOTAL} inbox rows DONE"), Duration::from_secs(15), move || async move {
         status_counts(pg_ref).await.get("DONE").copied() == Some(TOTAL as i64)
     })
     .await;

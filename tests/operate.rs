@@ -4,16 +4,20 @@
 //! delivered; every repair in the audit log. Requests are real HTTP with real
 //! tokens; the target is a real HTTP server playing Camunda 7.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{FakeCamunda, Reply, TestPg, plugin_path, push_envelope, wait_for, wait_until};
 use inlet::app::{self, Running};
 use inlet::config::Config;
 use inlet::inbox::{Entry, Status, Store};
+use inlet_testkit::camunda::{FakeCamunda, Reply};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::{push_envelope, push_work_order};
+use inlet_testkit::wait::{wait_for, wait_until};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -98,7 +102,7 @@ impl Ops {
 
     /// Pushes work order `seq` of `key` to `route`; the entry's id.
     async fn push(&self, route: &str, key: &str, seq: u32) -> i64 {
-        let (_, answer) = common::push_work_order(&self.http, &self.base, route, key, seq).await;
+        let (_, answer) = push_work_order(&self.http, &self.base, route, key, seq).await;
         let answer: Value = serde_json::from_str(&answer).unwrap();
         assert_eq!(answer["outcome"], "inserted", "{answer}");
         answer["entry"].as_i64().unwrap()
@@ -251,7 +255,7 @@ async fn ignoring_a_parked_head_releases_its_key_with_a_record(backend: Backend)
 /// `inlet run` processes sharing one inbox: the same routing file (routes `wo` and
 /// `other`, tokens from files), each on its own port, polling every 50 ms.
 struct Fleet {
-    processes: Vec<common::InletProcess>,
+    processes: Vec<InletProcess>,
     config: PathBuf,
     store: Arc<dyn Store>,
     http: reqwest::Client,
@@ -279,10 +283,10 @@ impl Fleet {
         std::fs::write(&config, text).unwrap();
         let mut processes = Vec::new();
         for i in 0..instances {
-            let listen = format!("127.0.0.1:{}", common::free_port());
+            let listen = format!("127.0.0.1:{}", free_port());
             let name = format!("inlet-{i}");
             let args = ["--listen", listen.as_str(), "--poll", "50ms"];
-            processes.push(common::InletProcess::spawn_with_args(&config, &args, &[("INLET_INSTANCE", &name)]));
+            processes.push(InletProcess::spawn_with_args(&config, &args, &[("INLET_INSTANCE", &name)]));
         }
         for p in &mut processes {
             p.wait_healthy(WAIT).await;

@@ -11,14 +11,16 @@
 //! process on a real SQLite inbox with the real compiled plugin; requests are real
 //! HTTP.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use common::{InletProcess, free_port, plugin_path, push_envelope, wait_for};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::{push_envelope, send_push};
+use inlet_testkit::wait::wait_for;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -104,7 +106,7 @@ async fn push_with(
     use sha2::Digest as _;
     let data = payload.to_string();
     let envelope = push_envelope(data.as_bytes(), attributes, id);
-    let r = common::send_push(http, base, route, &envelope).await;
+    let r = send_push(http, base, route, &envelope).await;
     assert_eq!(r.status(), 200, "push {id}: {}", r.text().await.unwrap());
     sha2::Sha256::digest(data.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }

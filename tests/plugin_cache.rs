@@ -4,14 +4,17 @@
 //! never through a symbolic link. Tests run as root, so they
 //! can hand a folder or a file to another user.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use common::plugin_path;
 use inlet::plugin::{Plugin, wit};
+use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::{post_push, push_envelope};
+use inlet_testkit::wait::wait_until;
 
 /// `nobody`: a user other than the one running the tests.
 const OTHER_UID: u32 = 65534;
@@ -209,7 +212,7 @@ async fn inlet_run_with_a_foreign_cache_folder_logs_it_and_delivers() {
     std::fs::create_dir_all(&components).unwrap();
     std::fs::set_permissions(&components, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::os::unix::fs::chown(&components, Some(OTHER_UID), Some(OTHER_UID)).unwrap();
-    let target = common::FakeCamunda::start().await;
+    let target = FakeCamunda::start().await;
     let config = dir.path().join("inlet.toml");
     let text = format!(
         "[store]\nurl = \"sqlite://{}\"\n\n[[route]]\nname = \"orders\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\n\
@@ -219,21 +222,16 @@ async fn inlet_run_with_a_foreign_cache_folder_logs_it_and_delivers() {
         target.url()
     );
     std::fs::write(&config, text).unwrap();
-    let listen = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
     let xdg = dir.path().join("xdg");
-    let mut inlet = common::InletProcess::spawn_with_args(
-        &config,
-        &["--listen", &listen],
-        &[("XDG_CACHE_HOME", xdg.to_str().unwrap())],
-    );
+    let mut inlet =
+        InletProcess::spawn_with_args(&config, &["--listen", &listen], &[("XDG_CACHE_HOME", xdg.to_str().unwrap())]);
     inlet.wait_healthy(std::time::Duration::from_secs(60)).await;
     let data = br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
-    let envelope = common::push_envelope(data, &[], "m-1");
-    assert_eq!(common::post_push(&reqwest::Client::new(), &inlet.base, "orders", &envelope).await, 200);
-    common::wait_until("the message to be delivered", std::time::Duration::from_secs(30), || async {
-        target.count() == 1
-    })
-    .await;
+    let envelope = push_envelope(data, &[], "m-1");
+    assert_eq!(post_push(&reqwest::Client::new(), &inlet.base, "orders", &envelope).await, 200);
+    wait_until("the message to be delivered", std::time::Duration::from_secs(30), || async { target.count() == 1 })
+        .await;
     let log = inlet.log();
     assert!(
         log.lines().any(|l| l.contains("ERROR")

@@ -1,8 +1,7 @@
 //! Golden output of `inlet plugin test` for the example plugins: what a plugin author
 //! sees for each step. `INLET_BLESS=1` rewrites the expected files.
 
-mod common;
-
+use inlet_testkit::paths::plugin_path;
 use std::path::Path;
 use std::process::Command;
 
@@ -40,7 +39,7 @@ fn plugin_test_output_matches_the_golden_files() {
     let bless = std::env::var("INLET_BLESS").is_ok_and(|v| v == "1");
     let mut failures = Vec::new();
     for (case, plugin, message, attributes, response) in CASES {
-        let plugin = common::plugin_path(plugin);
+        let plugin = plugin_path(plugin);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_inlet"));
         cmd.args(["plugin", "test"]).arg(&plugin).arg("--message").arg(dir.join(message));
         for a in *attributes {
@@ -95,7 +94,7 @@ fn json_of(out: &std::process::Output) -> serde_json::Value {
 
 #[test]
 fn json_reports_each_step_and_the_exit_status_follows_the_plugin() {
-    let plugin = common::plugin_path("work_order");
+    let plugin = plugin_path("work_order");
     let plugin = plugin.to_str().unwrap();
 
     let done = plugin_test(&["--json", plugin, "--message", "work-order.json", "--response", "camunda-204.json"]);
@@ -119,7 +118,7 @@ fn json_reports_each_step_and_the_exit_status_follows_the_plugin() {
     assert_eq!(report["failed"], true);
     assert!(report.get("steps").is_none(), "no request after a failed decode: {report}");
 
-    let hostile = common::plugin_path("hostile");
+    let hostile = plugin_path("hostile");
     let panic = plugin_test(&[hostile.to_str().unwrap(), "--message", "panic.txt", "--json"]);
     assert_eq!(panic.status.code(), Some(1));
     assert_eq!(json_of(&panic)["decode"]["kind"], "trap");
@@ -128,7 +127,7 @@ fn json_reports_each_step_and_the_exit_status_follows_the_plugin() {
 /// A routing file whose route `tight` allows correlation keys of 3 bytes: the work
 /// order's key `4711` breaks it.
 fn tight_routes(dir: &Path) -> std::path::PathBuf {
-    let plugin = common::plugin_path("work_order");
+    let plugin = plugin_path("work_order");
     let file = dir.join("routes.toml");
     std::fs::write(
         &file,

@@ -1,9 +1,8 @@
 //! The plugin host on its own: the compiled-component cache and calls under limits.
 
-mod common;
-
 use inlet::config::PluginLimits;
 use inlet::plugin::{Plugin, wit};
+use inlet_testkit::paths::plugin_path;
 
 fn message(data: &[u8]) -> wit::Message {
     wit::Message {
@@ -18,7 +17,7 @@ fn message(data: &[u8]) -> wit::Message {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compiled_components_are_cached_and_a_broken_cache_file_is_replaced() {
     let cache = tempfile::tempdir().unwrap();
-    let path = common::plugin_path("work_order");
+    let path = plugin_path("work_order");
     let files = || std::fs::read_dir(cache.path()).unwrap().map(|e| e.unwrap().path()).collect::<Vec<_>>();
 
     Plugin::load(&path, PluginLimits::default(), Some(cache.path())).expect("first load compiles");
@@ -36,13 +35,13 @@ async fn compiled_components_are_cached_and_a_broken_cache_file_is_replaced() {
     assert_eq!(std::fs::metadata(&cached[0]).unwrap().len(), size, "rewritten with the real compilation");
 
     // Another plugin gets its own entry.
-    Plugin::load(&common::plugin_path("hostile"), PluginLimits::default(), Some(cache.path())).unwrap();
+    Plugin::load(&plugin_path("hostile"), PluginLimits::default(), Some(cache.path())).unwrap();
     assert_eq!(files().len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_that_trapped_is_replaced_and_the_plugin_keeps_serving() {
-    let plugin = Plugin::load(&common::plugin_path("hostile"), PluginLimits::default(), None).unwrap();
+    let plugin = Plugin::load(&plugin_path("hostile"), PluginLimits::default(), None).unwrap();
     for _ in 0..3 {
         let fault = plugin.decode(message(b"panic")).await.expect_err("panics");
         assert_eq!(fault.kind(), "trap");
@@ -55,7 +54,7 @@ async fn an_instance_that_trapped_is_replaced_and_the_plugin_keeps_serving() {
 async fn fuel_stops_a_loop_by_instruction_count_whatever_the_clock() {
     let limits =
         PluginLimits { call_timeout: std::time::Duration::from_secs(30), fuel: 5_000_000, ..PluginLimits::default() };
-    let plugin = Plugin::load(&common::plugin_path("hostile"), limits, None).unwrap();
+    let plugin = Plugin::load(&plugin_path("hostile"), limits, None).unwrap();
     let fault = plugin.decode(message(b"loop")).await.expect_err("the loop runs out of fuel");
     assert_eq!(fault.kind(), "fuel");
     assert_eq!(fault.to_string(), "plugin used up its budget of 5000000 instructions (fuel)");
@@ -66,8 +65,7 @@ async fn fuel_stops_a_loop_by_instruction_count_whatever_the_clock() {
 #[test]
 fn a_plugin_that_cannot_start_within_its_memory_limit_is_refused_at_load() {
     let limits = PluginLimits { memory_bytes: 64 << 10, ..PluginLimits::default() };
-    let err =
-        Plugin::load(&common::plugin_path("work_order"), limits, None).expect_err("64 KiB is too little to start");
+    let err = Plugin::load(&plugin_path("work_order"), limits, None).expect_err("64 KiB is too little to start");
     let text = err.to_string();
     assert!(text.contains("cannot start within its limits") && text.contains("memory limit of 65536 bytes"), "{text}");
 }

@@ -10,14 +10,16 @@
 //! `$CARGO_TARGET_DIR/plugins/py-venv` when it is there (the project's own `build.sh`
 //! makes a venv of its own otherwise).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{push_envelope, wait_until};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::{post_push, push_envelope};
+use inlet_testkit::wait::wait_until;
 
 /// Building, compiling a Python component and reloading take a while on a loaded host.
 const WAIT: Duration = Duration::from_secs(180);
@@ -194,9 +196,9 @@ async fn deploy_and_deliver(project: &Path, wasm: &str, route: &str) {
     let site = tempfile::Builder::new().prefix("inlet-site-").tempdir().unwrap();
     let deployed = site.path().join("deploy").join(wasm);
     std::fs::create_dir(deployed.parent().unwrap()).unwrap();
-    deploy(&common::plugin_path("work_order"), &deployed);
+    deploy(&plugin_path("work_order"), &deployed);
     let target = Target::start().await;
-    let port = common::free_port();
+    let port = free_port();
     let config = site.path().join("inlet.toml");
     std::fs::write(
         &config,
@@ -209,7 +211,7 @@ async fn deploy_and_deliver(project: &Path, wasm: &str, route: &str) {
         ),
     )
     .unwrap();
-    let mut process = common::InletProcess::spawn(&config, &[]);
+    let mut process = InletProcess::spawn(&config, &[]);
     process.wait_healthy(WAIT).await;
     let http = reqwest::Client::new();
     let serving = || {
@@ -224,7 +226,7 @@ async fn deploy_and_deliver(project: &Path, wasm: &str, route: &str) {
     let old = sha256_hex(&deployed);
     assert_eq!(serving().await.as_deref(), Some(old.as_str()), "the older build serves at first");
     let before = push_envelope(br#"{"id": "evt-76", "key": "order-7"}"#, &[], "m-76");
-    assert_eq!(common::post_push(&http, &process.base, route, &before).await, 200);
+    assert_eq!(post_push(&http, &process.base, route, &before).await, 200);
 
     deploy(&built, &deployed);
     let new = sha256_hex(&built);
@@ -239,7 +241,7 @@ async fn deploy_and_deliver(project: &Path, wasm: &str, route: &str) {
 
     let data = br#"{"id": "evt-77", "key": "order-7", "amount": 2}"#;
     let envelope = push_envelope(data, &[], "m-77");
-    assert_eq!(common::post_push(&http, &process.base, route, &envelope).await, 200);
+    assert_eq!(post_push(&http, &process.base, route, &envelope).await, 200);
     wait_until("the target to receive the event", WAIT, || async { !target.received().is_empty() }).await;
     let received = target.received();
     assert_eq!(received.len(), 1, "only the event pushed after the reload: {received:?}");

@@ -9,13 +9,15 @@
 //! `/engine-rest/message`, the hostile one to `/hostile`), with the real compiled
 //! plugins of plugins/dist.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{InletProcess, wait_for, wait_until};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::push_work_order;
+use inlet_testkit::wait::{wait_for, wait_until};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -143,7 +145,7 @@ impl Api {
 
     /// Pushes work order `key`, sequence `seq`: the push status and the entry id.
     async fn push(&self, route: &str, key: &str, seq: u32) -> (u16, Value) {
-        let (status, answer) = common::push_work_order(&self.http, &self.base, route, key, seq).await;
+        let (status, answer) = push_work_order(&self.http, &self.base, route, key, seq).await;
         (status, serde_json::from_str(&answer).unwrap_or(Value::Null))
     }
 
@@ -162,11 +164,11 @@ fn count(metrics: &str, series: &str) -> Option<u64> {
 }
 
 fn plugin_dist(name: &str) -> PathBuf {
-    common::plugin_path(name)
+    plugin_path(name)
 }
 
 async fn spawn(config: &Path) -> (InletProcess, Api) {
-    let listen = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
     let mut inlet = InletProcess::spawn_with_args(config, &["--listen", &listen, "--poll", "50ms"], &TOKENS);
     inlet.wait_healthy(WAIT).await;
     let api = Api { http: reqwest::Client::new(), base: inlet.base.clone() };

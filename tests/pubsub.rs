@@ -3,16 +3,22 @@
 //! and SIGTERM of a real `inlet` process, PostgreSQL going away, the emulator
 //! restarting. Every test uses its own emulator, topic and subscription.
 
-mod common;
-
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{FakeCamunda, InletProcess, PubSubEmulator, TcpProxy, TestPg};
 use inlet::app::{self, Running};
 use inlet::config::Config;
 use inlet::pubsub_client::Connection;
+use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::emulator::PubSubEmulator;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::proxy::TcpProxy;
+use inlet_testkit::py_pubsub::{assert_drained, publish_independent};
+use inlet_testkit::wait::{wait_for, wait_until};
 
 const PROJECT: &str = "inlet-test";
 const TOPIC: &str = "orders";
@@ -31,7 +37,7 @@ max_steps = 1
 source = {{ kind = "pubsub", subscription = "projects/{PROJECT}/subscriptions/{SUBSCRIPTION}", lease_extension = "10s"{source} }}
 target = {{ kind = "http", url = "{target_url}", timeout = "2s" }}
 "#,
-        plugin = common::plugin_path("work_order").display()
+        plugin = plugin_path("work_order").display()
     )
 }
 
@@ -95,7 +101,7 @@ impl Rows {
         if let Some(path) = url.strip_prefix("sqlite://") {
             let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path).read_only(true);
             // The file appears when Inlet first opens it.
-            let pool = common::wait_for("the SQLite inbox file", Duration::from_secs(30), || {
+            let pool = wait_for("the SQLite inbox file", Duration::from_secs(30), || {
                 let options = options.clone();
                 async move { sqlx::SqlitePool::connect_with(options).await.ok() }
             })
@@ -158,7 +164,7 @@ impl Rows {
 
 /// Waits until `n` rows are DONE, printing progress on timeout.
 async fn wait_all_done(rows: &Rows, n: i64, within: Duration) {
-    common::wait_until(&format!("{n} entries DONE"), within, || async { rows.done().await >= n }).await;
+    wait_until(&format!("{n} entries DONE"), within, || async { rows.done().await >= n }).await;
 }
 
 /// Waits until `n` rows are DONE, or until what is stored has stopped changing for
@@ -355,7 +361,7 @@ async fn ten_thousand_messages(backend: &str) {
     );
     let rows = Rows::open(&url).await;
 
-    let report = common::publish_independent(&emulator, TOPIC, N, KEYS, 0, true).await;
+    let report = publish_independent(&emulator, TOPIC, N, KEYS, 0, true).await;
     println!("{backend}: python client published {} messages in {:.2} s", report.published, report.seconds);
     assert_eq!(report.published, N);
 
@@ -371,7 +377,7 @@ async fn ten_thousand_messages(backend: &str) {
         metric(&running, "inlet_ingested_total", "duplicate"),
     );
     running.stop().await;
-    common::assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+    assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -427,12 +433,12 @@ async fn setup_creates_a_dead_letter_subscription_and_rows_record_the_delivery_a
     );
 
     let rows = Rows::open(&url).await;
-    common::publish_independent(&emulator, TOPIC, N, 10, 0, false).await;
+    publish_independent(&emulator, TOPIC, N, 10, 0, false).await;
     wait_all_done(&rows, N as i64, Duration::from_secs(120)).await;
     assert_eq!(rows.rows().await, N as i64);
     assert_eq!(rows.without_delivery_attempt().await, 0, "the broker's delivery attempt is on every row");
     running.stop().await;
-    common::assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+    assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -441,7 +447,7 @@ async fn setup_creates_a_dead_letter_subscription_and_rows_record_the_delivery_a
 
 /// A routing file for a real `inlet` process on an SQLite inbox in `dir`.
 fn process_config(dir: &Path, routes: &str) -> (PathBuf, String, u16) {
-    let port = common::free_port();
+    let port = free_port();
     let db = dir.join("inbox.db");
     let config = dir.join("inlet.toml");
     std::fs::write(
@@ -468,11 +474,11 @@ async fn sigkill_mid_run_keeps_exactly_one_row_per_message() {
     let acks = journal(dir.path()).display().to_string();
     let env = [("PUBSUB_EMULATOR_HOST", emulator.host.as_str()), ("INLET_ACK_JOURNAL", acks.as_str())];
     // Published before Inlet starts, so the kill lands while it works through them.
-    let report = common::publish_independent(&emulator, TOPIC, N, KEYS, 0, false).await;
+    let report = publish_independent(&emulator, TOPIC, N, KEYS, 0, false).await;
     assert_eq!(report.published, N);
     let mut first = InletProcess::spawn(&config, &env);
     let rows = Rows::open(&url).await;
-    common::wait_until("a fifth of the messages stored", Duration::from_secs(120), || async {
+    wait_until("a fifth of the messages stored", Duration::from_secs(120), || async {
         rows.rows().await >= (N / 5) as i64
     })
     .await;
@@ -508,9 +514,9 @@ async fn sigterm_with_messages_in_flight_acks_only_what_is_stored() {
     let mut first = InletProcess::spawn_with_args(&config, &["--drain-delay", "0s"], &env);
     let rows = Rows::open(&url).await;
 
-    let report = common::publish_independent(&emulator, TOPIC, N, KEYS, 0, false).await;
+    let report = publish_independent(&emulator, TOPIC, N, KEYS, 0, false).await;
     assert_eq!(report.published, N);
-    common::wait_until("some deliveries under way", Duration::from_secs(120), || async {
+    wait_until("some deliveries under way", Duration::from_secs(120), || async {
         camunda.count() >= 50 && rows.rows().await >= 100
     })
     .await;
@@ -549,12 +555,12 @@ async fn postgres_outage_mid_run_acks_nothing_without_its_row() {
     // The test reads the database directly, not through the proxy.
     let rows = Rows::open(&pg.url).await;
 
-    let report = common::publish_independent(&emulator, TOPIC, N, KEYS, 0, false).await;
+    let report = publish_independent(&emulator, TOPIC, N, KEYS, 0, false).await;
     assert_eq!(report.published, N);
-    common::wait_until("some messages stored", Duration::from_secs(120), || async { rows.rows().await >= 500 }).await;
+    wait_until("some messages stored", Duration::from_secs(120), || async { rows.rows().await >= 500 }).await;
     proxy.set_up(false);
     let at_cut = rows.rows().await;
-    common::wait_until("the source to see the store fail", Duration::from_secs(60), || async {
+    wait_until("the source to see the store fail", Duration::from_secs(60), || async {
         metric(&running, "inlet_pubsub_reconnects_total", "outcome=\"store\"") >= 1.0
     })
     .await;
@@ -586,18 +592,18 @@ async fn emulator_restart_mid_run_is_survived_by_reconnecting() {
     let running = start_in_process(dir.path(), &url, &pull_route(&camunda.url(), ""), &emulator).await;
     let rows = Rows::open(&url).await;
 
-    common::publish_independent(&emulator, TOPIC, N, KEYS, 0, true).await;
+    publish_independent(&emulator, TOPIC, N, KEYS, 0, true).await;
     wait_all_done(&rows, N as i64, Duration::from_secs(120)).await;
 
     emulator.kill();
-    common::wait_until("the source to notice the emulator is gone", Duration::from_secs(60), || async {
+    wait_until("the source to notice the emulator is gone", Duration::from_secs(60), || async {
         metric(&running, "inlet_pubsub_reconnects_total", "outcome=\"unreachable\"") >= 1.0
     })
     .await;
     emulator.restart().await;
     // The emulator keeps nothing: the test recreates the topic and subscription.
     create_topology(&emulator).await;
-    common::publish_independent(&emulator, TOPIC, N, KEYS, N, true).await;
+    publish_independent(&emulator, TOPIC, N, KEYS, N, true).await;
 
     // After a reconnect the emulator may strand messages for good (see
     // `assert_acked_were_stored`; seen in CI: the second half never all arrived), so
@@ -643,12 +649,12 @@ async fn sqlite_locked_past_the_busy_timeout_nacks_and_recovers() {
     let url = format!("sqlite://{}", path.display());
     let running = start_in_process(dir.path(), &url, &pull_route(&camunda.url(), ""), &emulator).await;
     let rows = Rows::open(&url).await;
-    common::publish_independent(&emulator, TOPIC, N, KEYS, 0, false).await;
-    common::wait_until("some messages stored", Duration::from_secs(120), || async { rows.rows().await >= 100 }).await;
+    publish_independent(&emulator, TOPIC, N, KEYS, 0, false).await;
+    wait_until("some messages stored", Duration::from_secs(120), || async { rows.rows().await >= 100 }).await;
 
     let mut locker = lock_exclusively(&path).await;
     let at_lock = rows.rows().await;
-    common::wait_until("the source to see the store fail", Duration::from_secs(60), || async {
+    wait_until("the source to see the store fail", Duration::from_secs(60), || async {
         metric(&running, "inlet_pubsub_reconnects_total", "outcome=\"store\"") >= 1.0
     })
     .await;
@@ -696,8 +702,8 @@ async fn a_stalled_store_holds_the_source_to_its_flow_control_budget() {
     let routes = pull_route(&camunda.url(), ", max_outstanding_messages = 50, batch_size = 10");
     let running = start_in_process(dir.path(), &url, &routes, &emulator).await;
     let rows = Rows::open(&url).await;
-    common::publish_independent(&emulator, TOPIC, 2_000, 50, 0, false).await;
-    common::wait_until("some messages stored", Duration::from_secs(120), || async { rows.rows().await >= 100 }).await;
+    publish_independent(&emulator, TOPIC, 2_000, 50, 0, false).await;
+    wait_until("some messages stored", Duration::from_secs(120), || async { rows.rows().await >= 100 }).await;
 
     let mut locker = lock_exclusively(&path).await;
     let held = || {
@@ -705,7 +711,7 @@ async fn a_stalled_store_holds_the_source_to_its_flow_control_budget() {
             - metric(&running, "inlet_pubsub_messages_total", "orders")
     };
     let mut most_held = 0.0f64;
-    common::wait_until("the source to see the store fail", Duration::from_secs(60), || {
+    wait_until("the source to see the store fail", Duration::from_secs(60), || {
         most_held = most_held.max(held());
         async { metric(&running, "inlet_pubsub_reconnects_total", "outcome=\"store\"") >= 1.0 }
     })
@@ -771,7 +777,7 @@ async fn setup_sets_the_acked_message_retention_and_updates_it_when_the_routing_
     emulator.create_subscription("made-by-hand", "existing", false).await;
     emulator.create_subscription("made-by-hand", "no-retention", false).await;
     let dir = tempfile::tempdir().unwrap();
-    let plugin = common::plugin_path("work_order");
+    let plugin = plugin_path("work_order");
     let write = |orders_retention: &str| {
         let routes = format!(
             r#"[[route]]
@@ -911,7 +917,7 @@ async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_withou
 
     // Before the backup: the first half, stored and acked.
     let first_published_after = std::time::SystemTime::now();
-    common::publish_independent(&emulator, TOPIC, HALF, KEYS, 0, false).await;
+    publish_independent(&emulator, TOPIC, HALF, KEYS, 0, false).await;
     wait_all_done(&rows, HALF as i64, Duration::from_secs(120)).await;
     ack_on_route_subscription(HALF).await;
     wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
@@ -929,7 +935,7 @@ async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_withou
         .to_string();
 
     // After the backup: the second half, stored and acked, then the instance stops.
-    common::publish_independent(&emulator, TOPIC, HALF, KEYS, HALF, false).await;
+    publish_independent(&emulator, TOPIC, HALF, KEYS, HALF, false).await;
     wait_all_done(&rows, 2 * HALF as i64, Duration::from_secs(120)).await;
     ack_on_route_subscription(HALF).await;
     wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
@@ -979,7 +985,7 @@ async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_withou
     drop(restored);
     let running = start_in_process(dir.path(), &url, &routes, &emulator).await;
     let rows = Rows::open(&url).await;
-    common::wait_until(
+    wait_until(
         "every message stored again and the first half's redeliveries seen",
         Duration::from_secs(180),
         || async {

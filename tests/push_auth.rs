@@ -3,15 +3,16 @@
 //! no row and a metric by reason; a key rotation is picked up. The test makes its own
 //! RSA keys and serves their JWKS from a real local HTTP server.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::State;
-use common::{plugin_path, push_envelope, wait_for};
+use inlet_testkit::in_process::{Instance, start_on_sqlite};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::{wait_for, wait_until};
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use rsa::pkcs1::EncodeRsaPrivateKey;
@@ -101,7 +102,7 @@ fn with(mut claims: Value, field: &str, value: Value) -> Value {
 }
 
 struct Setup {
-    instance: common::Instance,
+    instance: Instance,
     http: reqwest::Client,
     sent: AtomicUsize,
 }
@@ -113,7 +114,7 @@ impl Setup {
              source = {{ kind = \"push\", auth = {{ audience = \"{AUDIENCE}\", service_account = \"{ACCOUNT}\", jwks_url = \"{jwks_url}\" }} }}\n",
             plugin_path("work_order").display()
         );
-        let instance = common::start_on_sqlite(&routes, |_| {}).await;
+        let instance = start_on_sqlite(&routes, |_| {}).await;
         Setup { instance, http: reqwest::Client::new(), sent: AtomicUsize::new(0) }
     }
 
@@ -259,7 +260,7 @@ async fn a_rotated_key_is_picked_up_and_unknown_keys_do_not_hammer_the_jwks() {
     // k1 is withdrawn: once the keys are fetched again, its tokens are refused.
     jwks.publish(&[&k2]);
     let (k3, fetches) = (Key::generate("k3"), jwks.fetches.load(Ordering::SeqCst));
-    common::wait_until("a refetch after the refetch interval", WAIT, || async {
+    wait_until("a refetch after the refetch interval", WAIT, || async {
         setup.push(Some(&k3.sign(&good_claims()))).await;
         jwks.fetches.load(Ordering::SeqCst) > fetches
     })

@@ -11,15 +11,16 @@
 //! only, so a secret in the target URL's path (a webhook's) is not shown to whoever
 //! reads the entry.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::IntoResponse;
-use common::{plugin_path, push_envelope, wait_for};
 use inlet::inbox::{Entry, ListFilter, Status};
+use inlet_testkit::in_process::start_on_sqlite;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::push::{post_push, push_envelope};
+use inlet_testkit::wait::wait_for;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -97,7 +98,7 @@ async fn a_redirect_is_an_answer_for_classify_and_is_never_followed() {
         plugin_path("unruly").display(),
         target.url()
     );
-    let instance = common::start_on_sqlite(&routes, |_| {}).await;
+    let instance = start_on_sqlite(&routes, |_| {}).await;
     let http = reqwest::Client::new();
     for code in REDIRECTS {
         // A plugin-set header of the kind a metadata server asks for, and a body: all
@@ -108,7 +109,7 @@ async fn a_redirect_is_an_answer_for_classify_and_is_never_followed() {
             "headers": [["Metadata-Flavor", "Google"]],
         });
         let envelope = push_envelope(orders.to_string().as_bytes(), &[], &format!("m-{code}"));
-        assert_eq!(common::post_push(&http, &instance.base(), "redirected", &envelope).await, 200, "{code}");
+        assert_eq!(post_push(&http, &instance.base(), "redirected", &envelope).await, 200, "{code}");
     }
 
     let store = &instance.running.shared.store;
@@ -167,10 +168,10 @@ async fn a_transport_error_names_the_target_by_its_origin_only() {
          target = {{ kind = \"http\", url = \"http://hook-user:pw@{closed}/hooks/T000/{PATH_SECRET}\", timeout = \"2s\" }}\n",
         plugin_path("unruly").display()
     );
-    let instance = common::start_on_sqlite(&routes, |_| {}).await;
+    let instance = start_on_sqlite(&routes, |_| {}).await;
     let orders = json!({ "key": "k", "path": format!("/events?token={QUERY_SECRET}") });
     let envelope = push_envelope(orders.to_string().as_bytes(), &[], "m-1");
-    assert_eq!(common::post_push(&reqwest::Client::new(), &instance.base(), "hook", &envelope).await, 200);
+    assert_eq!(post_push(&reqwest::Client::new(), &instance.base(), "hook", &envelope).await, 200);
 
     let store = &instance.running.shared.store;
     let entry = wait_for("a failed attempt", WAIT, || async {

@@ -3,18 +3,23 @@
 //! a real HTTP server playing Camunda 7 as the target. Every scenario runs on both
 //! stores. Time-dependent scenarios inject a manual clock instead of sleeping.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{FakeCamunda, Reply, TcpProxy, TestPg, push_envelope, wait_for, wait_until};
 use inlet::app::{self, Running};
 use inlet::clock::{Clock, ManualClock, Millis};
 use inlet::config::Config;
 use inlet::inbox::{Entry, ListFilter, Status, Store};
+use inlet_testkit::camunda::{FakeCamunda, Reply};
+use inlet_testkit::in_process::start_on_sqlite;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::proxy::TcpProxy;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::{wait_for, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -43,7 +48,7 @@ fn work_order(seq: u32, key: &str) -> Vec<u8> {
 fn route(name: &str, target_url: &str, extra: &str) -> String {
     format!(
         "[[route]]\nname = \"{name}\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{target_url}\", timeout = \"2s\" }}\n{extra}\n",
-        common::plugin_path("work_order").display()
+        plugin_path("work_order").display()
     )
 }
 
@@ -536,7 +541,7 @@ async fn several_matches_park_at_once_and_hold_the_key_until_requeued(backend: B
 /// Must show 6.
 async fn technical_failures_back_off_with_growing_jittered_capped_delays(backend: Backend) {
     let camunda = FakeCamunda::with_behaviour(|_, _| Reply::Status(500)).await;
-    let refused = format!("http://127.0.0.1:{}", common::free_port());
+    let refused = format!("http://127.0.0.1:{}", free_port());
     let clock = ManualClock::new(1_800_000_000_000);
     let policy = "retry = { initial = \"1s\", max = \"10s\", multiplier = 2.0, jitter = 0.2, max_attempts = 7 }";
     let routes = format!("{}{}", route("failing", &camunda.url(), policy), route("refused", &refused, policy));
@@ -577,7 +582,7 @@ async fn garbage_and_plugin_faults_are_parked_with_the_raw_payload(backend: Back
     let camunda = FakeCamunda::start().await;
     let hostile = format!(
         "[[route]]\nname = \"hostile\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\nlimits = {{ call_timeout = \"10s\", fuel = 20000000, memory_mib = 32 }}\n",
-        common::plugin_path("hostile").display(),
+        plugin_path("hostile").display(),
     );
     let inlet = Inlet::start(backend, &format!("{}{hostile}", route("wo", &camunda.url(), "")), None).await;
 
@@ -705,10 +710,10 @@ async fn shutdown_abandons_deliveries_still_running_after_the_grace_period() {
     let camunda = FakeCamunda::start().await.with_delay(Duration::from_secs(8));
     let route = format!(
         "[[route]]\nname = \"wo\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{}\", timeout = \"20s\" }}\nmax_steps = 1\n",
-        common::plugin_path("work_order").display(),
+        plugin_path("work_order").display(),
         camunda.url()
     );
-    let inlet = common::start_on_sqlite(&route, |o| o.grace = Duration::from_millis(300)).await;
+    let inlet = start_on_sqlite(&route, |o| o.grace = Duration::from_millis(300)).await;
     let r = reqwest::Client::new()
         .post(format!("{}/push/wo", inlet.base()))
         .header("content-type", "application/json")

@@ -2,16 +2,17 @@
 //! without losing or double-decoding a message; a corrupt file is refused and the
 //! running version keeps serving.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{push_envelope, wait_until};
 use inlet::app;
 use inlet::config::Config;
 use inlet::inbox::{ListFilter, Status};
+use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::wait_until;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -26,7 +27,7 @@ fn replace(path: &std::path::Path, bytes: &[u8]) {
 async fn replacing_a_plugin_while_messages_flow_loses_nothing_and_refuses_a_corrupt_file() {
     let dir = tempfile::tempdir().unwrap();
     let plugin = dir.path().join("plugin.wasm");
-    std::fs::copy(common::plugin_path("work_order"), &plugin).unwrap();
+    std::fs::copy(plugin_path("work_order"), &plugin).unwrap();
     let cfg = dir.path().join("inlet.toml");
     std::fs::write(
         &cfg,
@@ -81,7 +82,7 @@ async fn replacing_a_plugin_while_messages_flow_loses_nothing_and_refuses_a_corr
     }
 
     wait_until("300 pushes", WAIT, || async { pushed.load(Ordering::SeqCst) == 300 }).await;
-    replace(&plugin, &std::fs::read(common::plugin_path("hostile")).unwrap());
+    replace(&plugin, &std::fs::read(plugin_path("hostile")).unwrap());
     wait_until("the new version to be swapped in", WAIT, || {
         let m = metrics(http.clone(), base.clone());
         async move { m.await.contains("inlet_plugin_reloads_total{route=\"r\",outcome=\"ok\"} 1") }
@@ -125,10 +126,10 @@ async fn replacing_a_plugin_while_messages_flow_loses_nothing_and_refuses_a_corr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_routing_file_is_applied_per_route_and_a_broken_one_is_refused() {
-    let camunda = common::FakeCamunda::start().await;
+    let camunda = FakeCamunda::start().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("inlet.toml");
-    let wo = common::plugin_path("work_order");
+    let wo = plugin_path("work_order");
     let route_a = |concurrency: u32| {
         format!(
             "[[route]]\nname = \"a\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{}\" }}\nconcurrency = {concurrency}\n",

@@ -5,12 +5,14 @@
 //! a restarted one finishes it: every entry of the group delivered, in per-key order,
 //! no faster than the rate, the other group untouched.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{FakeCamunda, InletProcess, Reply, wait_until};
 use inlet::inbox::{Decoded, NewEntry, Status};
+use inlet_testkit::camunda::{FakeCamunda, Reply};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::wait::{wait_for, wait_until};
 
 const KEYS: usize = 20;
 const PER_KEY: usize = 25;
@@ -65,7 +67,7 @@ async fn a_failure_group_is_requeued_by_a_rate_limited_job_that_survives_a_kill(
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("inbox.db");
     let url = format!("sqlite://{}", db.display());
-    let port = common::free_port();
+    let port = free_port();
     let config = dir.path().join("inlet.toml");
     std::fs::write(
         &config,
@@ -73,7 +75,7 @@ async fn a_failure_group_is_requeued_by_a_rate_limited_job_that_survives_a_kill(
             "[store]\nurl = \"{url}\"\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\n[admin]\nauth = \"none-loopback\"\n\n\
              [[route]]\nname = \"wo\"\nplugin = \"{}\"\nsource = {{ kind = \"push\" }}\n\
              target = {{ kind = \"http\", url = \"{}\", timeout = \"2s\" }}\nlease = \"10s\"\n",
-            common::plugin_path("work_order").display(),
+            plugin_path("work_order").display(),
             camunda.url()
         ),
     )
@@ -141,7 +143,7 @@ async fn a_failure_group_is_requeued_by_a_rate_limited_job_that_survives_a_kill(
     let mut second = InletProcess::spawn(&config, &[]);
     second.wait_healthy(Duration::from_secs(30)).await;
     let base = second.base.clone();
-    let finished = common::wait_for("the job to finish", Duration::from_secs(120), || {
+    let finished = wait_for("the job to finish", Duration::from_secs(120), || {
         let (http, url) = (http.clone(), format!("{base}/api/repairs"));
         async move {
             let (_, jobs) = api(&http, reqwest::Method::GET, &url, None).await;

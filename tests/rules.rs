@@ -5,17 +5,20 @@
 //! emulator. The answers come from the real compiled `unruly` plugin, chosen by the
 //! payload; the target is a real HTTP server that records every request it sees.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::{PubSubEmulator, TestPg, push_envelope, wait_for, wait_until};
 use inlet::app::{self, Running};
 use inlet::config::Config;
 use inlet::inbox::{Entry, ListFilter, Status, Store};
 use inlet::ingest::Incoming;
+use inlet_testkit::emulator::PubSubEmulator;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::push::{post_push, push_envelope};
+use inlet_testkit::py_pubsub::assert_drained;
+use inlet_testkit::wait::{wait_for, wait_until};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -109,7 +112,7 @@ struct Inlet {
 fn route(name: &str, source: &str, target: &str, extra: &str) -> String {
     format!(
         "[[route]]\nname = \"{name}\"\nplugin = \"{}\"\nsource = {source}\ntarget = {target}\n{extra}\n",
-        common::plugin_path("unruly").display()
+        plugin_path("unruly").display()
     )
 }
 
@@ -164,7 +167,7 @@ impl Inlet {
     }
 
     async fn push_envelope(&self, route: &str, envelope: &serde_json::Value) -> u16 {
-        common::post_push(&self.http, &self.base, route, envelope).await
+        post_push(&self.http, &self.base, route, envelope).await
     }
 
     async fn entries(&self, route: &str) -> Vec<Entry> {
@@ -585,7 +588,7 @@ async fn pull_batch_with_poison(backend: Backend, limits: &str) {
     assert_eq!(message_ids.len(), total, "one row per message");
     inlet.stop().await;
     // Nothing the broker would still deliver: every message was acked.
-    common::assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+    assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -2,13 +2,15 @@
 //! its limit and parks its message with the fault kind, while the other route keeps
 //! delivering. The good route's latency is printed (measured, not asserted).
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{FakeCamunda, push_envelope, wait_until};
 use inlet::inbox::{ListFilter, Status};
+use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::in_process::start_on_sqlite;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::wait_until;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_plugins_are_contained_while_a_good_route_keeps_delivering() {
@@ -16,11 +18,11 @@ async fn hostile_plugins_are_contained_while_a_good_route_keeps_delivering() {
     let routes = format!(
         "[[route]]\nname = \"good\"\nplugin = \"{wo}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\" }}\n\n\
          [[route]]\nname = \"hostile\"\nplugin = \"{h}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"log\" }}\nlimits = {{ call_timeout = \"10s\", memory_mib = 64, max_output_mib = 8 }}\n",
-        wo = common::plugin_path("work_order").display(),
-        h = common::plugin_path("hostile").display(),
+        wo = plugin_path("work_order").display(),
+        h = plugin_path("hostile").display(),
         url = camunda.url(),
     );
-    let inlet = common::start_on_sqlite(&routes, |_| {}).await;
+    let inlet = start_on_sqlite(&routes, |_| {}).await;
     let running = &inlet.running;
     let base = format!("http://{}", running.addr);
     let http = reqwest::Client::new();

@@ -14,19 +14,21 @@
 //! [`warm_cache`]: one compile per test process, not one per test thread.
 //!
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{FakeCamunda, Reply, push_envelope, wait_for, wait_until};
 use inlet::app::Running;
 use inlet::clock::{Clock, ManualClock};
 use inlet::config::PluginLimits;
 use inlet::inbox::{Entry, ListFilter, Status, Store};
 use inlet::plugin::{Plugin, wit};
+use inlet_testkit::camunda::{FakeCamunda, Reply};
+use inlet_testkit::in_process::start_on_sqlite;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::{wait_for, wait_until};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -34,7 +36,7 @@ const WAIT: Duration = Duration::from_secs(60);
 fn warm_cache() -> PathBuf {
     static WARM: OnceLock<PathBuf> = OnceLock::new();
     WARM.get_or_init(|| {
-        let path = common::plugin_path("work_order_py");
+        let path = plugin_path("work_order_py");
         let started = Instant::now();
         Plugin::load(&path, PluginLimits::default(), inlet::plugin::default_cache_dir().as_deref())
             .unwrap_or_else(|e| panic!("the Python plugin does not load: {e}"));
@@ -353,7 +355,7 @@ async fn load(name: &str) -> Arc<Plugin> {
     if name == "work_order_py" {
         warm_cache();
     }
-    let path = common::plugin_path(name);
+    let path = plugin_path(name);
     tokio::task::spawn_blocking(move || {
         Plugin::load(&path, PluginLimits::default(), inlet::plugin::default_cache_dir().as_deref())
             .unwrap_or_else(|e| panic!("load {}: {e}", path.display()))
@@ -517,7 +519,7 @@ struct Inlet {
 impl Inlet {
     async fn start(routes: &str, clock: Arc<ManualClock>) -> Inlet {
         inlet::telemetry::init_logging();
-        let started = common::start_on_sqlite(routes, |o| o.clock = Some(clock as Arc<dyn Clock>)).await;
+        let started = start_on_sqlite(routes, |o| o.clock = Some(clock as Arc<dyn Clock>)).await;
         Inlet {
             base: started.base(),
             store: Arc::clone(&started.running.shared.store),

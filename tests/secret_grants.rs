@@ -9,12 +9,15 @@
 //! for a viewer, `/metrics`, `inlet check`, the process log. Reloads apply the same
 //! rules: a new grant brings billing up, a revoked one takes orders down.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::{FakeCamunda, InletProcess, wait_until};
+use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::push_work_order;
+use inlet_testkit::wait::wait_until;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -90,7 +93,7 @@ struct Client {
 impl Client {
     /// Pushes a work-order event; the status and the answer's text.
     async fn push(&self, route: &str, key: &str, seq: u32) -> (u16, String) {
-        common::push_work_order(&self.http, &self.base, route, key, seq).await
+        push_work_order(&self.http, &self.base, route, key, seq).await
     }
 
     async fn get(&self, path: &str, token: Option<&str>) -> (u16, String) {
@@ -127,7 +130,7 @@ async fn a_team_file_reads_only_granted_variables_and_no_expanded_value_is_shown
     let dir = tempfile::tempdir().unwrap();
     let routes = dir.path().join("routes.d");
     std::fs::create_dir(&routes).unwrap();
-    let good = common::plugin_path("work_order").display().to_string();
+    let good = plugin_path("work_order").display().to_string();
     let platform_file = routes.join("00-platform.toml");
     write(&platform_file, &platform(true, false));
     let orders_file = routes.join("orders.toml");
@@ -145,7 +148,7 @@ async fn a_team_file_reads_only_granted_variables_and_no_expanded_value_is_shown
     );
 
     let envs = envs();
-    let listen = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
     let mut inlet = InletProcess::spawn_with_args(&routes, &["--listen", &listen, "--poll", "50ms"], &envs);
     inlet.wait_healthy(WAIT).await;
     let c = Client { http: reqwest::Client::new(), base: inlet.base.clone() };

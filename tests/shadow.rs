@@ -9,13 +9,16 @@
 //! `sleep-`, `trap-` and `hoard-` make every call sleep an hour, panic, or keep 8 MiB
 //! more memory.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{InletProcess, RecordingTarget, wait_for, wait_until};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::push_work_order;
+use inlet_testkit::recording_target::RecordingTarget;
+use inlet_testkit::wait::{wait_for, wait_until};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -43,8 +46,8 @@ impl Setup {
     fn new(target: &RecordingTarget, extra: &str) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("plugins")).unwrap();
-        std::fs::copy(common::plugin_path("work_order"), dir.path().join("plugins/v1.wasm")).unwrap();
-        std::fs::copy(common::plugin_path("work_order_next"), dir.path().join("plugins/v2.wasm")).unwrap();
+        std::fs::copy(plugin_path("work_order"), dir.path().join("plugins/v1.wasm")).unwrap();
+        std::fs::copy(plugin_path("work_order_next"), dir.path().join("plugins/v2.wasm")).unwrap();
         let config = dir.path().join("inlet.toml");
         let text = format!(
             "{SHARED}[[route]]\nname = \"orders\"\nplugin = \"plugins/v1.wasm\"  # what serves\n\
@@ -86,7 +89,7 @@ impl Api {
     }
 
     async fn push(&self, key: &str, seq: u32) -> i64 {
-        let (status, answer) = common::push_work_order(&self.http, &self.base, "orders", key, seq).await;
+        let (status, answer) = push_work_order(&self.http, &self.base, "orders", key, seq).await;
         assert_eq!(status, 200, "push {key}: {answer}");
         let answer: Value = serde_json::from_str(&answer).unwrap();
         answer["entry"].as_i64().unwrap_or_else(|| panic!("no entry id in {answer}"))
@@ -118,7 +121,7 @@ impl Api {
 }
 
 async fn spawn(config: &Path) -> (InletProcess, Api) {
-    let listen = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
     let mut inlet = InletProcess::spawn_with_args(config, &["--listen", &listen, "--poll", "50ms"], &TOKENS);
     inlet.wait_healthy(WAIT).await;
     let api = Api { http: reqwest::Client::new(), base: inlet.base.clone() };

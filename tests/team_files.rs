@@ -2,14 +2,17 @@
 //! alone (reported in the log, a metric and `/api/routes`; `/readyz` stays ready), and brought up
 //! by the next reload once fixed, without a restart.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::{FakeCamunda, InletProcess, push_envelope, wait_for, wait_until};
 use inlet::app;
 use inlet::config::Config;
+use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::push_envelope;
+use inlet_testkit::wait::{wait_for, wait_until};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -65,18 +68,18 @@ async fn a_team_plugin_built_for_another_contract_refuses_only_its_route_until_i
     std::fs::create_dir(&routes).unwrap();
     // The platform's file holds the shared settings; each team has its own file. The
     // broken plugin is named relative to its team's file.
-    std::fs::copy(common::plugin_path("future_contract"), routes.join("billing.wasm")).unwrap();
+    std::fs::copy(plugin_path("future_contract"), routes.join("billing.wasm")).unwrap();
     std::fs::write(
         routes.join("00-platform.toml"),
         "[store]\nurl = \"sqlite://inbox.db\"\n\n[admin]\nauth = \"none-loopback\"\n",
     )
     .unwrap();
-    let good = common::plugin_path("work_order").display().to_string();
+    let good = plugin_path("work_order").display().to_string();
     std::fs::write(routes.join("orders.toml"), route("orders", &good, &http_target(&camunda))).unwrap();
     let billing_file = routes.join("billing.toml");
     std::fs::write(&billing_file, route("billing", "billing.wasm", &http_target(&camunda))).unwrap();
 
-    let listen = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
     let mut inlet = InletProcess::spawn_with_args(&routes, &["--listen", &listen, "--poll", "50ms"], &[]);
     inlet.wait_healthy(WAIT).await;
     let base = inlet.base.clone();
@@ -142,9 +145,9 @@ async fn a_team_plugin_built_for_another_contract_refuses_only_its_route_until_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_timer_retries_a_fixed_plugin_and_a_broken_team_file_keeps_its_last_good_version() {
     let dir = tempfile::tempdir().unwrap();
-    let good = common::plugin_path("work_order");
+    let good = plugin_path("work_order");
     let b_plugin = dir.path().join("b.wasm");
-    std::fs::copy(common::plugin_path("future_contract"), &b_plugin).unwrap();
+    std::fs::copy(plugin_path("future_contract"), &b_plugin).unwrap();
     std::fs::write(
         dir.path().join("platform.toml"),
         "[store]\nurl = \"sqlite://inbox.db\"\n\n[admin]\nauth = \"none-loopback\"\n",

@@ -2,12 +2,16 @@
 //! waiting for their poll interval: what one instance — or a CLI repair — makes
 //! claimable, every instance hears of at once.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{FakeCamunda, Reply, TestPg, plugin_path, push_envelope, wait_for, wait_until};
 use inlet::inbox::Status;
+use inlet_testkit::camunda::{FakeCamunda, Reply};
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::pg::TestPg;
+use inlet_testkit::ports::free_port;
+use inlet_testkit::process::InletProcess;
+use inlet_testkit::push::{post_push, push_envelope};
+use inlet_testkit::wait::{wait_for, wait_until};
 
 /// Long enough that a delivery within [`WITHIN`] can only come from a wake-up.
 const POLL: &str = "300s";
@@ -121,13 +125,13 @@ async fn a_requeue_from_the_cli_wakes_a_running_instance_at_once() {
         ),
     )
     .unwrap();
-    let listen = format!("127.0.0.1:{}", common::free_port());
-    let mut inlet = common::InletProcess::spawn_with_args(&config, &["--listen", &listen, "--poll", POLL], &[]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut inlet = InletProcess::spawn_with_args(&config, &["--listen", &listen, "--poll", POLL], &[]);
     inlet.wait_healthy(WITHIN).await;
 
     let http = reqwest::Client::new();
     let data = br#"{"workOrderId":"k","completedItems":1,"completionTimestamp":"t"}"#;
-    assert_eq!(common::post_push(&http, &inlet.base, "wo", &push_envelope(data, &[], "m-1")).await, 200);
+    assert_eq!(post_push(&http, &inlet.base, "wo", &push_envelope(data, &[], "m-1")).await, 200);
     let store = inlet::inbox::open(&pg.url, 2).await.unwrap();
     let id = wait_for("the entry to be parked (two executions match)", WITHIN, || async {
         let filter = inlet::inbox::ListFilter { status: Some(Status::Parked), limit: 10, ..Default::default() };

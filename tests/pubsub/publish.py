@@ -4,7 +4,7 @@ the messages the pull-source tests consume come from a client that is not Inlet'
     publish.py --topic projects/P/topics/T --count N --keys K [--start S] [--ordered]
                [--data-file PATH]
 
-Run by tests/common (publish_independent) with the python of scripts/ensure-py-pubsub.
+Run by tests/testkit (publish_independent) with the python of scripts/ensure-py-pubsub.
 The client talks to the emulator named by PUBSUB_EMULATOR_HOST by itself (no
 credentials needed). The topic must exist.
 
