@@ -501,7 +501,7 @@ fn seek_targets(config: &Config, routes: &[String], all: bool) -> anyhow::Result
             .ok_or_else(|| anyhow::anyhow!("no route {name} in {}", config.path.display()))?;
         match &route.source {
             SourceConfig::Pubsub(s) => names.push(s.subscription.clone()),
-            SourceConfig::Push => anyhow::bail!(
+            SourceConfig::Push(_) => anyhow::bail!(
                 "route {name} is a push route: its routing file does not name the subscription, so seek it with --subscription projects/P/subscriptions/S"
             ),
         }

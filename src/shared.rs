@@ -125,7 +125,7 @@ impl Shared {
                         metrics: Arc::clone(&self.metrics),
                         ack_journal: self.ack_journal.clone(),
                     }),
-                    SourceConfig::Push => None,
+                    SourceConfig::Push(_) => None,
                 };
                 // The route's relay and, for a pull source, its puller: one task, so
                 // stopping the route stops and awaits both.

@@ -648,6 +648,8 @@ fn known_field(field: &str) -> bool {
         "message.attributes",
         "message.publishTime",
         "message.publish_time",
+        "message.orderingKey",
+        "message.ordering_key",
         "subscription",
         "deliveryAttempt",
         "delivery_attempt",
@@ -675,9 +677,16 @@ fn envelope_contract(input: &[u8]) -> Result<Verdict, String> {
             if id != Some(incoming.message_id.as_str()) {
                 return Err(format!("message id {:?}, the body says {id:?}", incoming.message_id));
             }
-            let attributes = m["attributes"].as_object().map_or(0, |a| a.len());
+            // The ordering key is kept as one more attribute, `ordering_key`.
+            let ordering_key = m["orderingKey"].as_str().or(m["ordering_key"].as_str()).filter(|k| !k.is_empty());
+            let attributes = m["attributes"].as_object().map_or(0, |a| a.len()) + usize::from(ordering_key.is_some());
             if incoming.attributes.len() != attributes {
                 return Err(format!("{} attributes taken of {attributes}", incoming.attributes.len()));
+            }
+            if let Some(key) = ordering_key
+                && !incoming.attributes.iter().any(|(k, v)| k == "ordering_key" && v == key)
+            {
+                return Err(format!("the ordering key {key:?} was not kept as `ordering_key`"));
             }
             let data = m["data"].as_str().unwrap_or_default();
             if incoming.data.is_empty() != data.trim_end_matches('=').is_empty() {
@@ -713,6 +722,8 @@ const FIELD_NAMES: &[&str] = &[
     "message_id",
     "publishTime",
     "publish_time",
+    "orderingKey",
+    "ordering_key",
     "subscription",
     "deliveryAttempt",
     "delivery_attempt",

@@ -581,7 +581,7 @@ pub async fn resume_route(
 
 fn source_kind(source: &crate::config::SourceConfig) -> &'static str {
     match source {
-        crate::config::SourceConfig::Push => "push",
+        crate::config::SourceConfig::Push(_) => "push",
         crate::config::SourceConfig::Pubsub(_) => "pubsub",
     }
 }

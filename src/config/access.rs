@@ -164,7 +164,7 @@ impl super::Config {
         }
         if !self.server.listen.ip().is_loopback() {
             for r in &self.routes {
-                let push = matches!(r.source, super::SourceConfig::Push);
+                let push = matches!(r.source, super::SourceConfig::Push(_));
                 let how = match &r.push_auth {
                     Some(PushAuth::Oidc(_)) => continue,
                     Some(PushAuth::None) => "auth = \"none\"",

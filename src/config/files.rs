@@ -383,7 +383,7 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
     };
     let server = server.unwrap_or_default();
     // `[push] auth` is the default of every push route, whichever file declares it.
-    for route in routes.iter_mut().filter(|r| matches!(r.source, SourceConfig::Push) && r.push_auth.is_none()) {
+    for route in routes.iter_mut().filter(|r| matches!(r.source, SourceConfig::Push(_)) && r.push_auth.is_none()) {
         route.push_auth = push_default.clone();
     }
     for (r, default) in refused.iter_mut().zip(refused_default) {

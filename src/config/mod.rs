@@ -249,10 +249,24 @@ pub struct PluginFile {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceConfig {
-    /// `POST /push/<route>` accepts Pub/Sub push envelopes.
-    Push,
+    /// `POST /push/<route>` accepts Pub/Sub pushes.
+    Push(PushSource),
     /// Streaming pull from a subscription.
     Pubsub(PubsubSource),
+}
+
+/// How a push subscription sends its messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PushSource {
+    /// `None`: the JSON push envelope. `Some`: the message's data as the body
+    /// (`--push-no-wrapper`), with these headers taken as its attributes.
+    pub unwrapped: Option<Unwrapped>,
+}
+
+/// An unwrapped push route's attribute headers, as the routing file names them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unwrapped {
+    pub attributes: Vec<String>,
 }
 
 /// A Pub/Sub subscription Inlet pulls from.

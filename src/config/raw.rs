@@ -447,6 +447,17 @@ pub(super) struct RawSource {
     /// `"push"`: Pub/Sub push subscriptions POST to `/push/<route>`.
     /// `"pubsub"`: Inlet pulls from a subscription (streaming pull).
     pub kind: Spanned<SourceKind>,
+    /// push: `false` for a push subscription that sends the message's data as the
+    /// body (`--push-no-wrapper`) instead of the JSON envelope (default `true`). With
+    /// `--push-no-wrapper-write-metadata` the message id, publish time and ordering key
+    /// arrive as `x-goog-…` headers; without it the message is named by its body's
+    /// SHA-256, so two messages with the same data are one entry (docs/pubsub.md).
+    pub wrapper: Option<Spanned<bool>>,
+    /// push, `wrapper = false`: the request headers that are the message's attributes
+    /// (Pub/Sub writes each attribute as a header of its own name); others are not
+    /// stored. HTTP header names are case-insensitive: an attribute is stored under
+    /// the name as written here.
+    pub attributes: Option<Spanned<Vec<Spanned<String>>>>,
     /// pubsub: `projects/P/subscriptions/S`.
     pub subscription: Option<Spanned<String>>,
     /// pubsub: the topic the subscription listens to, `projects/P/topics/T`. Only

@@ -12,12 +12,13 @@ use toml::Spanned;
 use super::access::{AdminConfig, PushAuth};
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
 use super::raw::{
-    HumanDuration, RawConfig, RawGrant, RawLimits, RawPlugin, RawPlugins, RawRoute, RawServer, RawStore, SourceKind,
-    TargetKind,
+    HumanDuration, RawConfig, RawGrant, RawLimits, RawPlugin, RawPlugins, RawRoute, RawServer, RawSource, RawStore,
+    SourceKind, TargetKind,
 };
 use super::{
     HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginFile, PluginLimits, PluginsConfig, PubsubSource,
-    PubsubTarget, RetryPolicy, RouteConfig, RouteName, ServerConfig, SourceConfig, StoreConfig, TargetConfig,
+    PubsubTarget, PushSource, RetryPolicy, RouteConfig, RouteName, ServerConfig, SourceConfig, StoreConfig,
+    TargetConfig, Unwrapped,
 };
 
 /// Collects errors while a file is checked, so all of them are reported at once.
@@ -200,9 +201,14 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
     match s.kind.get_ref() {
         SourceKind::Push => {
             c.stray(&fields, &[], &at, "a push source");
-            Some(SourceConfig::Push)
+            Some(SourceConfig::Push(push_source(c, s, &at)))
         }
         SourceKind::Pubsub => {
+            let push_only = [
+                ("wrapper", s.wrapper.as_ref().map(|v| v.span())),
+                ("attributes", s.attributes.as_ref().map(|v| v.span())),
+            ];
+            c.stray(&push_only, &[], &at, "a pubsub source");
             let subscription =
                 c.resource(&s.subscription, &r.source, &at, "subscription", "subscriptions", "a pubsub source");
             let topic = s.topic.as_ref().and_then(|t| c.optional_resource(t, &format!("{at}.topic"), "topics"));
@@ -264,6 +270,62 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
             })
         }
     }
+}
+
+/// Headers an unwrapped push route may not take as attributes: HTTP's own, and the
+/// ones Pub/Sub writes its metadata to.
+const NOT_ATTRIBUTES: [&str; 12] = [
+    "accept",
+    "authorization",
+    "connection",
+    "content-encoding",
+    "content-length",
+    "content-type",
+    "host",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "user-agent",
+];
+
+/// A push source's `wrapper` and `attributes`.
+fn push_source(c: &mut Checker<'_>, s: &RawSource, at: &str) -> PushSource {
+    let wrapped = s.wrapper.as_ref().is_none_or(|w| *w.get_ref());
+    let Some(names) = &s.attributes else {
+        return PushSource { unwrapped: (!wrapped).then(Unwrapped::default) };
+    };
+    if wrapped {
+        let problem = "lists the headers of an unwrapped push: it needs `wrapper = false` (a wrapped push carries \
+                       its attributes in the envelope)";
+        c.error::<()>(names.span(), format!("{at}.attributes"), ConfigErrorKind::Invalid(problem.into()));
+        return PushSource::default();
+    }
+    let mut attributes: Vec<String> = Vec::new();
+    for (i, name) in names.get_ref().iter().enumerate() {
+        let field = format!("{at}.attributes[{i}]");
+        let text = name.get_ref();
+        let lower = text.to_ascii_lowercase();
+        let token = !text.is_empty()
+            && text.len() <= 256
+            && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        let problem = if !token {
+            Some(format!("`{}` is not an HTTP header name", text.escape_default()))
+        } else if lower.starts_with("x-goog-") || NOT_ATTRIBUTES.contains(&lower.as_str()) {
+            Some(format!("`{text}` is a header of HTTP or of Pub/Sub's metadata, not an attribute"))
+        } else if attributes.iter().any(|a| a.eq_ignore_ascii_case(text)) {
+            Some(format!("`{text}` is listed twice (header names are case-insensitive)"))
+        } else {
+            None
+        };
+        match problem {
+            Some(problem) => {
+                c.error::<()>(name.span(), field, ConfigErrorKind::Invalid(problem));
+            }
+            None => attributes.push(text.clone()),
+        }
+    }
+    PushSource { unwrapped: Some(Unwrapped { attributes }) }
 }
 
 /// The `[server]` table: the listener and the limits that protect it.

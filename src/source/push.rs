@@ -6,6 +6,10 @@
 //! route no routing file names; 415 for a body not sent as JSON; 400 for a body that
 //! is not a push envelope ([`PushEnvelope::parse`] names the field at fault).
 //!
+//! A route with `wrapper = false` takes unwrapped pushes (`--push-no-wrapper`): the
+//! body is the message's data, whatever its type, and the message's metadata and
+//! attributes come as headers ([`unwrapped_message`]).
+//!
 //! [`limit`] stands in front of the handler and protects the process: at most
 //! `max_concurrent_pushes` requests at once (one more is shed with 503 and
 //! `Retry-After` before its body is read), bodies up to `max_body_mib` (413), and one
@@ -47,8 +51,9 @@ const RETRY_AFTER_SECS: &str = "1";
 /// The push envelope Pub/Sub sends,
 /// `{"message": {"data", "attributes", "messageId", "publishTime"}, "subscription", "deliveryAttempt"}`.
 /// Google sends camelCase; the emulator sends both camelCase and snake_case twins and
-/// omits `deliveryAttempt`, so both spellings are accepted. Fields Inlet does not
-/// use (`orderingKey`, …) are ignored; a field it uses must have its type.
+/// omits `deliveryAttempt`, so both spellings are accepted. The ordering key becomes
+/// the attribute `ordering_key`, as the pull source stores it. Fields Inlet does not
+/// use are ignored; a field it uses must have its type.
 pub struct PushEnvelope;
 
 /// Why a push body is not a usable envelope: the field at fault (`body` for the
@@ -278,7 +283,7 @@ impl PushEnvelope {
                 engine.decode(b64).map_err(|e| EnvelopeError::new("message.data", format!("is not base64: {e}")))?
             }
         };
-        let attributes = match message.get("attributes") {
+        let mut attributes = match message.get("attributes") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Object(attrs)) => {
                 let mut out = Vec::with_capacity(attrs.len());
@@ -297,8 +302,61 @@ impl PushEnvelope {
             }
         };
         let publish_time = either_str(message, "publishTime", "publish_time", "message.")?.map(str::to_string);
+        if let Some(key) = either_str(message, "orderingKey", "ordering_key", "message.")?.filter(|k| !k.is_empty()) {
+            attributes.push(("ordering_key".into(), key.to_string()));
+        }
         Ok(Incoming { data, attributes, message_id, publish_time, delivery_attempt })
     }
+}
+
+/// Where an unwrapped push writes the message's id (with `write_metadata`).
+const MESSAGE_ID_HEADER: &str = "x-goog-pubsub-message-id";
+/// … its publish time.
+const PUBLISH_TIME_HEADER: &str = "x-goog-pubsub-publish-time";
+/// … its ordering key (without `pubsub` in the name, as the emulator writes it).
+const ORDERING_KEY_HEADER: &str = "x-goog-ordering-key";
+
+/// The message of an unwrapped push (`--push-no-wrapper`): the body is its data. With
+/// `--push-no-wrapper-write-metadata` its id, publish time and ordering key come as
+/// `x-goog-…` headers, and each attribute as a header of its own name, of which the
+/// route's `attributes` are kept (under the names the route writes). Without metadata
+/// the message is named by its body, `body-sha256:<hex>`: Pub/Sub's redelivery of it
+/// is a duplicate, and so is another message with the same data. A header Inlet reads
+/// that is sent twice, or is not UTF-8, refuses the request.
+pub fn unwrapped_message(headers: &HeaderMap, body: &[u8], attributes: &[String]) -> Result<Incoming, EnvelopeError> {
+    let one = |name: &str| -> Result<Option<String>, EnvelopeError> {
+        let mut values = headers.get_all(name).iter();
+        let Some(value) = values.next() else { return Ok(None) };
+        let field = format!("header {}", name.to_ascii_lowercase());
+        if values.next().is_some() {
+            return Err(EnvelopeError::new(field, "appears twice"));
+        }
+        let text = std::str::from_utf8(value.as_bytes()).map_err(|_| EnvelopeError::new(&field, "is not UTF-8"))?;
+        Ok(Some(text.to_string()))
+    };
+    let message_id = match one(MESSAGE_ID_HEADER)? {
+        Some(id) if id.trim().is_empty() => {
+            return Err(EnvelopeError::new("header x-goog-pubsub-message-id", "is empty"));
+        }
+        Some(id) => id,
+        None => format!("body-sha256:{}", crate::inbox::digest_hex(body)),
+    };
+    let mut kept = Vec::with_capacity(attributes.len() + 1);
+    for name in attributes {
+        if let Some(value) = one(name)? {
+            kept.push((name.clone(), value));
+        }
+    }
+    if let Some(key) = one(ORDERING_KEY_HEADER)?.filter(|k| !k.is_empty()) {
+        kept.push(("ordering_key".into(), key));
+    }
+    Ok(Incoming {
+        data: body.to_vec(),
+        attributes: kept,
+        message_id,
+        publish_time: one(PUBLISH_TIME_HEADER)?,
+        delivery_attempt: None,
+    })
 }
 
 /// The answer to an accepted push (200): the entry that holds the message and what
@@ -422,14 +480,18 @@ pub async fn handle(
         return Err(refused(&shared, &route, error));
     };
     // A pull route takes no pushes.
-    let Some(route) = Some(found).filter(|r| matches!(r.config.source, SourceConfig::Push)) else {
+    let Some(route) = Some(found).filter(|r| matches!(r.config.source, SourceConfig::Push(_))) else {
         let error = PushError::new(StatusCode::NOT_FOUND, "no_route", format!("no push route named `{route}`"));
         return Err(refused(&shared, &route, error));
     };
     if let Some(PushAuth::Oidc(rule)) = &route.config.push_auth {
         check_push_auth(&shared, route.name(), &headers, rule).await?;
     }
-    if !is_json(&headers) {
+    let unwrapped = match &route.config.source {
+        SourceConfig::Push(push) => push.unwrapped.as_ref(),
+        SourceConfig::Pubsub(_) => None,
+    };
+    if unwrapped.is_none() && !is_json(&headers) {
         let sent = headers.get(header::CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         let sent = sent.map_or("none".to_string(), |v| format!("`{}`", shown_key(&v)));
         tracing::warn!(route = route.name(), content_type = %sent, "rejected a push request that is not JSON");
@@ -440,7 +502,11 @@ pub async fn handle(
             PushError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "not_json", error),
         ));
     }
-    let incoming = match PushEnvelope::parse(&body) {
+    let parsed = match unwrapped {
+        Some(u) => unwrapped_message(&headers, &body, &u.attributes),
+        None => PushEnvelope::parse(&body),
+    };
+    let incoming = match parsed {
         Ok(i) => i,
         Err(error) => {
             tracing::warn!(route = route.name(), field = %error.field, %error, "rejected a push request");
