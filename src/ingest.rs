@@ -363,23 +363,25 @@ impl Ingest {
                 self.metrics.count_plugin_fault(route.name(), "decode", fault.kind());
                 return Err(IngestError::PluginBusy(fault));
             }
-            Ok(Ok(wit::Decoded::Event(ev))) if let Err(violation) = rules::check_event(&route.config, &ev) => {
-                tracing::warn!(route = route.name(), message_id = %entry.message_id, %violation, "decode answer broke an output rule; parking the message");
-                self.count_refused(route, "decode", &violation);
-                entry.last_error = Some(format!("decode output refused: {violation}"));
-            }
-            Ok(Ok(wit::Decoded::Event(ev))) => {
-                if let Some(key) = ev.dedup_key.filter(|k| !k.is_empty()) {
-                    entry.dedup_key = key;
+            Ok(Ok(wit::Decoded::Event(ev))) => match rules::accept_event(&route.config, ev, &entry.attributes) {
+                Err(violation) => {
+                    tracing::warn!(route = route.name(), message_id = %entry.message_id, %violation, "decode answer broke an output rule; parking the message");
+                    self.count_refused(route, "decode", &violation);
+                    entry.last_error = Some(format!("decode output refused: {violation}"));
                 }
-                entry.decoded = Some(Decoded {
-                    event_type: ev.event_type,
-                    correlation_key: ev.correlation_key,
-                    schema_version: ev.schema_version,
-                    body: ev.body,
-                });
-                entry.status = Status::Open;
-            }
+                Ok(ev) => {
+                    if let Some(key) = ev.dedup_key.filter(|k| !k.is_empty()) {
+                        entry.dedup_key = key;
+                    }
+                    entry.decoded = Some(Decoded {
+                        event_type: ev.event_type,
+                        correlation_key: ev.correlation_key,
+                        schema_version: ev.schema_version,
+                        body: ev.body,
+                    });
+                    entry.status = Status::Open;
+                }
+            },
             Ok(Ok(wit::Decoded::Ignore(reason))) => {
                 entry.status = Status::Ignored;
                 entry.last_error = Some(format!("ignored by the plugin: {reason}"));

@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 
 use axum::http::{HeaderName, HeaderValue};
 
-use crate::config::{Ordering, PluginLimits, RouteConfig, TargetConfig};
+use crate::config::{KeySource, Ordering, PluginLimits, RouteConfig, TargetConfig};
 use crate::plugin::wit;
 
 /// A plugin answer that breaks an output rule.
@@ -72,6 +72,37 @@ const DEDUP_KEY: Field = Field { max_bytes: "dedup-key.max-bytes", control_char:
 const EVENT_TYPE: Field = Field { max_bytes: "event-type.max-bytes", control_char: "event-type.control-char" };
 const SCHEMA_VERSION: Field =
     Field { max_bytes: "schema-version.max-bytes", control_char: "schema-version.control-char" };
+
+/// A decoded event as the route takes it: its correlation key from where the route
+/// says (`correlation_key = "ordering-key"`: the message's ordering key, kept by the
+/// sources as the attribute `ordering_key`), then checked by [`check_event`].
+pub fn accept_event(
+    route: &RouteConfig,
+    mut ev: wit::Event,
+    attributes: &[(String, String)],
+) -> Result<wit::Event, Violation> {
+    if route.key_source == KeySource::OrderingKey {
+        // The last one: a source appends it after the message's own attributes.
+        let ordering_key = attributes.iter().rev().find(|(k, _)| k == "ordering_key").map(|(_, v)| v.as_str());
+        match ordering_key {
+            Some(key) if ev.correlation_key.is_empty() => ev.correlation_key = key.to_string(),
+            Some(key) if ev.correlation_key != key => {
+                return Err(Violation::new(
+                    "correlation-key.not-ordering-key",
+                    format!(
+                        "the plugin's correlation key `{}` is not the message's ordering key `{}` \
+                         (correlation_key = \"ordering-key\")",
+                        storable(&ev.correlation_key, 200),
+                        storable(key, 200)
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    check_event(route, &ev)?;
+    Ok(ev)
+}
 
 /// Checks a decoded event against the route's rules: both keys and both labels.
 ///
@@ -351,6 +382,29 @@ mod tests {
 
     fn rule(r: Result<(), Violation>) -> &'static str {
         r.err().map_or("ok", |v| v.rule)
+    }
+
+    #[test]
+    fn a_route_keyed_by_the_ordering_key_takes_it_and_refuses_another() {
+        let mut keyed = route(Ordering::PerKey);
+        keyed.key_source = KeySource::OrderingKey;
+        let ordered = vec![("tenant".to_string(), "a".to_string()), ("ordering_key".to_string(), "k1".to_string())];
+        let key = |r: Result<wit::Event, Violation>| r.map(|ev| ev.correlation_key).map_err(|v| v.rule);
+        assert_eq!(key(accept_event(&keyed, event("", None), &ordered)), Ok("k1".into()), "an empty key is filled");
+        assert_eq!(key(accept_event(&keyed, event("k1", None), &ordered)), Ok("k1".into()), "the same key passes");
+        assert_eq!(key(accept_event(&keyed, event("k2", None), &ordered)), Err("correlation-key.not-ordering-key"));
+        // Without an ordering key the plugin's answer stands, and an empty one is refused as always.
+        assert_eq!(key(accept_event(&keyed, event("k2", None), &[])), Ok("k2".into()));
+        assert_eq!(key(accept_event(&keyed, event("", None), &[])), Err("correlation-key.empty"));
+        // The one a source appended (last) is the ordering key, not a publisher's attribute of that name.
+        let both =
+            vec![("ordering_key".to_string(), "spoof".to_string()), ("ordering_key".to_string(), "k1".to_string())];
+        assert_eq!(key(accept_event(&keyed, event("", None), &both)), Ok("k1".into()));
+        // A route keyed by its plugin ignores the ordering key.
+        let plain = route(Ordering::PerKey);
+        assert_eq!(key(accept_event(&plain, event("k2", None), &ordered)), Ok("k2".into()));
+        let refused = accept_event(&keyed, event("k2", None), &ordered).unwrap_err().to_string();
+        assert!(refused.contains("`k2` is not the message's ordering key `k1`"), "{refused}");
     }
 
     #[test]

@@ -220,6 +220,8 @@ pub struct RouteConfig {
     pub source: SourceConfig,
     pub target: TargetConfig,
     pub ordering: Ordering,
+    /// Where the correlation key comes from (`correlation_key = …`).
+    pub key_source: KeySource,
     pub parked: ParkedPolicy,
     /// Deliveries in flight at once for this route, across keys, per instance.
     pub concurrency: usize,
@@ -347,6 +349,17 @@ pub enum Ordering {
     PerKey,
     /// No ordering: any entry may be delivered at any time.
     None,
+}
+
+/// Where an entry's correlation key comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeySource {
+    /// The plugin's `decode` answer (the default).
+    #[default]
+    Plugin,
+    /// The message's Pub/Sub ordering key; the plugin may answer it or nothing.
+    OrderingKey,
 }
 
 /// What a parked entry does to later entries of its key.

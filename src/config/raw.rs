@@ -9,7 +9,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
-use super::{Ordering, ParkedPolicy, RouteName};
+use super::{KeySource, Ordering, ParkedPolicy, RouteName};
 
 pub(super) fn parse(path: &Path, text: &str) -> Result<RawConfig, ConfigErrors> {
     toml::from_str::<RawConfig>(text).map_err(|e| serde_error(path, text, &e))
@@ -366,6 +366,12 @@ pub(super) struct RawRoute {
     /// `"per-key"` (default): one entry per correlation key in flight, in inbox
     /// order. `"none"`: no ordering.
     pub ordering: Option<Ordering>,
+    /// Where an entry's correlation key comes from: `"plugin"` (default), what
+    /// `decode` answers; or `"ordering-key"`, the message's Pub/Sub ordering key, so
+    /// that the broker's order and Inlet's are one: `decode` may leave the key empty
+    /// (the ordering key is taken) or answer the ordering key itself; any other key
+    /// parks the entry, naming both.
+    pub correlation_key: Option<KeySource>,
     /// What a parked entry does to later entries of its key: `"block-key"`
     /// (default) or `"pass"`.
     pub parked: Option<ParkedPolicy>,

@@ -813,6 +813,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         source: source?,
         target: target?,
         ordering: r.ordering.unwrap_or(Ordering::PerKey),
+        key_source: r.correlation_key.unwrap_or_default(),
         parked: r.parked.unwrap_or(ParkedPolicy::BlockKey),
         concurrency: concurrency.max(1) as usize,
         lease,

@@ -558,18 +558,20 @@ impl Relay {
         let decoded = self.route.plugin().decode(msg).await;
         self.metrics.plugin_call(self.route.name(), "decode", started);
         Ok(match decoded {
-            Ok(Ok(wit::Decoded::Event(ev))) if let Err(violation) = rules::check_event(&self.route.config, &ev) => {
-                self.metrics.count_refused(self.route.name(), "decode", violation.rule);
-                Settlement::Parked { error: format!("decode output refused: {violation}") }
-            }
-            Ok(Ok(wit::Decoded::Event(ev))) => Settlement::Decoded {
-                // Only a key that differs from the one the entry has is written.
-                dedup_key: ev.dedup_key.filter(|k| !k.is_empty() && *k != c.entry.dedup_key),
-                decoded: Decoded {
-                    event_type: ev.event_type,
-                    correlation_key: ev.correlation_key,
-                    schema_version: ev.schema_version,
-                    body: ev.body,
+            Ok(Ok(wit::Decoded::Event(ev))) => match rules::accept_event(&self.route.config, ev, &c.entry.attributes) {
+                Err(violation) => {
+                    self.metrics.count_refused(self.route.name(), "decode", violation.rule);
+                    Settlement::Parked { error: format!("decode output refused: {violation}") }
+                }
+                Ok(ev) => Settlement::Decoded {
+                    // Only a key that differs from the one the entry has is written.
+                    dedup_key: ev.dedup_key.filter(|k| !k.is_empty() && *k != c.entry.dedup_key),
+                    decoded: Decoded {
+                        event_type: ev.event_type,
+                        correlation_key: ev.correlation_key,
+                        schema_version: ev.schema_version,
+                        body: ev.body,
+                    },
                 },
             },
             Ok(Ok(wit::Decoded::Ignore(reason))) => {
