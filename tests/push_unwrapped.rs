@@ -70,14 +70,17 @@ async fn the_emulator_pushes_unwrapped_messages_with_and_without_metadata() {
     let inlet = start_on_sqlite(&routes(), |_| {}).await;
     let http = reqwest::Client::new();
     emulator.create_topic("orders").await;
-    for (subscription, route, write_metadata) in [("sub-meta", "meta", true), ("sub-bare", "bare", false)] {
+    for (subscription, route, wrapper) in
+        [("sub-meta", "meta", Some(true)), ("sub-bare", "bare", Some(false)), ("sub-wrapped", "wrapped", None)]
+    {
+        let mut push_config = json!({ "pushEndpoint": format!("{}/push/{route}", inlet.base()) });
+        if let Some(write_metadata) = wrapper {
+            push_config["noWrapper"] = json!({ "writeMetadata": write_metadata });
+        }
         let body = json!({
             "topic": emulator.topic_path("orders"),
             "ackDeadlineSeconds": 10,
-            "pushConfig": {
-                "pushEndpoint": format!("{}/push/{route}", inlet.base()),
-                "noWrapper": { "writeMetadata": write_metadata },
-            },
+            "pushConfig": push_config,
         });
         let r = http
             .put(format!("{}/subscriptions/{subscription}", emulator.url()))
@@ -95,7 +98,7 @@ async fn the_emulator_pushes_unwrapped_messages_with_and_without_metadata() {
     for _ in 0..2 {
         let message = json!({
             "data": base64::engine::general_purpose::STANDARD.encode(&data),
-            "attributes": { "eventType": "wo.done", "Tenant": "acme", "unlisted": "x" },
+            "attributes": { "eventType": "wo.done", "Tenant": "acme", "origin": "billing" },
             "orderingKey": "wo-1",
         });
         let r = http
@@ -110,8 +113,27 @@ async fn the_emulator_pushes_unwrapped_messages_with_and_without_metadata() {
     }
 
     // With metadata: two messages, two entries, each with its id, publish time, the
-    // listed attributes under the names the route writes and the ordering key.
+    // listed attributes under the names the route writes and the ordering key — what
+    // the wrapped subscription of the same topic stores of the same messages.
     let meta = wait_entries(&inlet, "meta", 2).await;
+    let wrapped = wait_entries(&inlet, "wrapped", 2).await;
+    let sorted = |e: &Entry| {
+        let mut a = e.attributes.clone();
+        a.sort();
+        a
+    };
+    for e in &meta {
+        let twin = wrapped.iter().find(|w| w.message_id == e.message_id).expect("the wrapped twin of a message");
+        assert_eq!(e.raw_data, twin.raw_data, "same data as the wrapped form");
+        assert_eq!(e.publish_time, twin.publish_time, "same publish time as the wrapped form");
+        let mut listed = sorted(twin);
+        listed.retain(|(k, _)| k != "origin");
+        // The emulator's wrapped envelope leaves `orderingKey` out (Google's carries it);
+        // its unwrapped form sends it as `x-goog-ordering-key`.
+        let mut unwrapped = sorted(e);
+        unwrapped.retain(|(k, _)| k != "ordering_key");
+        assert_eq!(unwrapped, listed, "the listed attributes, as the wrapped form has them");
+    }
     let mut stored_ids: Vec<_> = meta.iter().map(|e| e.message_id.clone()).collect();
     stored_ids.sort();
     let mut sent_ids = ids.clone();
@@ -120,7 +142,11 @@ async fn the_emulator_pushes_unwrapped_messages_with_and_without_metadata() {
     for e in &meta {
         assert_eq!(e.raw_data, data, "the body is the message's data");
         let attributes: Vec<(&str, &str)> = e.attributes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        assert_eq!(attributes, vec![("eventType", "wo.done"), ("Tenant", "acme"), ("ordering_key", "wo-1")]);
+        assert_eq!(
+            attributes,
+            vec![("eventType", "wo.done"), ("Tenant", "acme"), ("ordering_key", "wo-1")],
+            "an attribute the route does not list (`origin`) is not stored"
+        );
         assert!(e.publish_time.as_deref().is_some_and(|t| t.starts_with("20")), "publish time: {:?}", e.publish_time);
         assert_eq!(e.correlation_key.as_deref(), Some("wo-1"), "the plugin decoded the raw body");
     }
