@@ -18,7 +18,7 @@ use google_cloud_pubsub::client::{Publisher, Subscriber, SubscriptionAdmin, Topi
 use google_cloud_pubsub::model::{DeadLetterPolicy, RetryPolicy as SubscriptionRetry, Subscription};
 use google_cloud_wkt::FieldMask;
 
-use crate::config::{Config, Ordering, SourceConfig, TargetConfig};
+use crate::config::{Config, Ordering, PubsubSource, RouteConfig, SourceConfig, TargetConfig};
 
 pub use google_cloud_pubsub::Error;
 
@@ -210,6 +210,14 @@ pub enum SetupStep {
         name: String,
         duration: Option<Duration>,
     },
+    /// An existing subscription differs from what its route asks in settings setup
+    /// does not change on a subscription it did not create (its topic and ordering
+    /// cannot be changed at all; its dead-letter policy is a team's decision): each
+    /// difference, what it is and what the routing file says.
+    Drift {
+        name: String,
+        differences: Vec<String>,
+    },
 }
 
 impl std::fmt::Display for SetupStep {
@@ -221,6 +229,12 @@ impl std::fmt::Display for SetupStep {
                 write!(f, "created subscription {name}, keeping acked messages for {}", short_duration(*retain_acked))
             }
             SetupStep::Updated { name, changes } => write!(f, "updated subscription {name}: {}", changes.join(", ")),
+            SetupStep::Drift { name, differences } => write!(
+                f,
+                "subscription {name} differs from its route, left as it is: {} (recreate it, or change the routing file, \
+                 to make them agree)",
+                differences.join("; ")
+            ),
             SetupStep::RetainsUnasked { name, duration } => write!(
                 f,
                 "subscription {name} exists and keeps acked messages for {}, which its route does not set \
@@ -238,7 +252,8 @@ impl std::fmt::Display for SetupStep {
 /// `retain_acked` is set). An existing subscription is left as it is, except its
 /// retention: set to the route's `retain_acked` where it differs (only those two
 /// fields, reported as `updated`), reported where the route sets none and the
-/// subscription keeps acked messages anyway.
+/// subscription keeps acked messages anyway; and where its topic, ordering or
+/// dead-letter policy differs from the route, reported as `Drift` and left as it is.
 pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<SetupStep>, String> {
     let topics = connection.topic_admin().await?;
     let subscriptions = connection.subscription_admin().await?;
@@ -261,7 +276,7 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
         let wanted = s.retain_acked.map(Retention::acked_for);
         let Some(topic) = &s.topic else {
             // Without a topic the subscription cannot be created; it must exist.
-            steps.push(reconcile(&subscriptions, route.name.as_str(), &s.subscription, wanted, false).await?);
+            steps.extend(reconcile(&subscriptions, route, s, wanted, false).await?);
             continue;
         };
         ensure_topic(topic, &mut steps).await?;
@@ -293,7 +308,7 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
                 steps.push(SetupStep::CreatedRetaining { name: s.subscription.clone(), retain_acked })
             }
             (Err(e), _) if is_code(&e, Code::AlreadyExists) => {
-                steps.push(reconcile(&subscriptions, route.name.as_str(), &s.subscription, wanted, true).await?)
+                steps.extend(reconcile(&subscriptions, route, s, wanted, true).await?)
             }
             (Err(e), _) => return Err(format!("cannot create subscription {}: {e}", s.subscription)),
         }
@@ -301,15 +316,17 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
     Ok(steps)
 }
 
-/// An existing subscription of route `route`: its retention set to `wanted` where it
-/// differs (an UpdateSubscription of just those two fields), else reported as it is.
+/// An existing subscription of `route`: its retention set to `wanted` where it
+/// differs (an UpdateSubscription of just those two fields), else reported as it is;
+/// and what else differs from the route, reported ([`drift`]).
 async fn reconcile(
     admin: &SubscriptionAdmin,
-    route: &str,
-    name: &str,
+    route_config: &RouteConfig,
+    source: &PubsubSource,
     wanted: Option<Retention>,
     has_topic: bool,
-) -> Result<SetupStep, String> {
+) -> Result<Vec<SetupStep>, String> {
+    let (route, name) = (route_config.name.as_str(), source.subscription.as_str());
     let exists = SetupStep::Exists { kind: "subscription", name: name.to_string() };
     let call = admin.get_subscription().set_subscription(name).with_retry_policy(NeverRetry).send();
     let current = match tokio::time::timeout(Duration::from_secs(30), call).await {
@@ -323,20 +340,23 @@ async fn reconcile(
         Ok(Err(e)) if e.status().is_none() => return Err(format!("Pub/Sub is unreachable: {e}")),
         // It exists (creating it said so, or the service answered); with nothing to
         // change, not being allowed to read it is no reason to fail.
-        Ok(Err(_)) if wanted.is_none() => return Ok(exists),
+        Ok(Err(_)) if wanted.is_none() => return Ok(vec![exists]),
         Ok(Err(e)) => return Err(format!("cannot read subscription {name}: {e}")),
     };
+    let differences = drift(&current, route_config, source);
+    let drifted = (!differences.is_empty()).then(|| SetupStep::Drift { name: name.to_string(), differences });
     let has = Retention::of(&current);
     let Some(wanted) = wanted else {
-        return Ok(if has.retain_acked {
+        let step = if has.retain_acked {
             SetupStep::RetainsUnasked { name: name.to_string(), duration: has.duration }
         } else {
             exists
-        });
+        };
+        return Ok(std::iter::once(step).chain(drifted).collect());
     };
     let changes = has.changes(&wanted);
     if changes.is_empty() {
-        return Ok(exists);
+        return Ok(std::iter::once(exists).chain(drifted).collect());
     }
     let mut update = Subscription::new().set_name(name).set_retain_acked_messages(wanted.retain_acked);
     if let Some(d) = wanted.duration {
@@ -349,7 +369,49 @@ async fn reconcile(
         .send()
         .await
         .map_err(|e| format!("cannot update subscription {name}: {e}"))?;
-    Ok(SetupStep::Updated { name: name.to_string(), changes })
+    Ok(std::iter::once(SetupStep::Updated { name: name.to_string(), changes }).chain(drifted).collect())
+}
+
+/// What an existing subscription has that its route asks otherwise, among the
+/// settings setup gives a subscription it creates: its topic, message ordering and
+/// dead-letter policy. Each as `field is X, the routing file wants Y`.
+fn drift(current: &Subscription, route: &RouteConfig, source: &PubsubSource) -> Vec<String> {
+    let mut differences = Vec::new();
+    if let Some(topic) = source.topic.as_deref().filter(|t| *t != current.topic) {
+        differences.push(format!("its topic is {}, the routing file's source.topic is {topic}", current.topic));
+    }
+    let ordered = route.ordering == Ordering::PerKey;
+    if current.enable_message_ordering != ordered {
+        differences.push(format!(
+            "message ordering is {}, the route's ordering is \"{}\"{}",
+            if current.enable_message_ordering { "on" } else { "off" },
+            if ordered { "per-key" } else { "none" },
+            if ordered {
+                " (Inlet still delivers in inbox order; Pub/Sub may hand it a key's messages out of order)"
+            } else {
+                ""
+            }
+        ));
+    }
+    let has = current.dead_letter_policy.as_ref().filter(|p| !p.dead_letter_topic.is_empty());
+    match (has, source.dead_letter_topic.as_deref()) {
+        (None, Some(topic)) => differences
+            .push(format!("it has no dead-letter policy, the routing file's source.dead_letter_topic is {topic}")),
+        (Some(p), None) => differences.push(format!(
+            "it sends to dead-letter topic {} after {} attempts, which the routing file does not set",
+            p.dead_letter_topic, p.max_delivery_attempts
+        )),
+        (Some(p), Some(topic))
+            if p.dead_letter_topic != topic || p.max_delivery_attempts != source.max_delivery_attempts as i32 =>
+        {
+            differences.push(format!(
+                "it sends to dead-letter topic {} after {} attempts, the routing file says {topic} after {}",
+                p.dead_letter_topic, p.max_delivery_attempts, source.max_delivery_attempts
+            ))
+        }
+        _ => {}
+    }
+    differences
 }
 
 fn wkt_duration(d: Duration) -> google_cloud_wkt::Duration {

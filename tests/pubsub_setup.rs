@@ -1,0 +1,80 @@
+//! `inlet pubsub setup` against the real emulator: what it creates is what the
+//! routing file asks for, and a subscription changed by hand is reported, field by
+//! field, instead of passed over.
+
+use inlet::config::Config;
+use inlet::pubsub_client::{Connection, SetupStep, setup};
+use inlet_testkit::emulator::PubSubEmulator;
+
+const PROJECT: &str = "setup";
+
+fn routing_file(dir: &std::path::Path, routes: &str) -> Config {
+    let path = dir.join("inlet.toml");
+    std::fs::write(&path, format!("[store]\nurl = \"sqlite://inbox.db\"\n\n{routes}")).expect("write the routing file");
+    std::fs::write(dir.join("plugin.wasm"), b"\0asm").expect("a plugin file");
+    Config::load(&path).unwrap_or_else(|e| panic!("routing file: {e}"))
+}
+
+fn route(name: &str, subscription: &str, extra: &str) -> String {
+    format!(
+        "[[route]]\nname = \"{name}\"\nplugin = \"plugin.wasm\"\ntarget = {{ kind = \"log\" }}\n\
+         source = {{ kind = \"pubsub\", subscription = \"projects/{PROJECT}/subscriptions/{subscription}\", \
+         topic = \"projects/{PROJECT}/topics/orders\", dead_letter_topic = \"projects/{PROJECT}/topics/dead\", \
+         max_delivery_attempts = 7 }}\n{extra}\n"
+    )
+}
+
+fn drift_of<'a>(steps: &'a [SetupStep], subscription: &str) -> Option<&'a Vec<String>> {
+    steps.iter().find_map(|s| match s {
+        SetupStep::Drift { name, differences } if name.ends_with(&format!("/{subscription}")) => Some(differences),
+        _ => None,
+    })
+}
+
+#[tokio::test]
+async fn setup_creates_what_the_file_asks_and_reports_a_subscription_changed_by_hand() {
+    let emulator = PubSubEmulator::start(PROJECT).await;
+    let connection = Connection::emulator(&emulator.host);
+    let dir = tempfile::tempdir().expect("a folder");
+    // Made by hand before setup ever ran: another topic, no ordering, no dead letters.
+    emulator.create_topic("other").await;
+    emulator.create_subscription("other", "by-hand", false).await;
+    let config =
+        routing_file(dir.path(), &format!("{}{}", route("made", "made-by-setup", ""), route("hand", "by-hand", "")));
+
+    let first = setup(&config, &connection).await.expect("setup");
+    let shown: Vec<String> = first.iter().map(ToString::to_string).collect();
+    assert!(
+        shown.contains(&format!("created subscription projects/{PROJECT}/subscriptions/made-by-setup")),
+        "{shown:#?}"
+    );
+    assert!(drift_of(&first, "made-by-setup").is_none(), "what setup made agrees with the file: {shown:#?}");
+    let differences = drift_of(&first, "by-hand").unwrap_or_else(|| panic!("no drift reported: {shown:#?}"));
+    let all = differences.join("\n");
+    assert!(all.contains(&format!("its topic is projects/{PROJECT}/topics/other")), "{all}");
+    assert!(all.contains("message ordering is off, the route's ordering is \"per-key\""), "{all}");
+    assert!(
+        all.contains(&format!(
+            "no dead-letter policy, the routing file's source.dead_letter_topic is projects/{PROJECT}/topics/dead"
+        )),
+        "{all}"
+    );
+    assert_eq!(differences.len(), 3, "{all}");
+
+    // The one setup made, read back: exactly what the file asks, so a second run only
+    // says it exists (and the hand-made one still differs).
+    let second = setup(&config, &connection).await.expect("setup again");
+    let shown: Vec<String> = second.iter().map(ToString::to_string).collect();
+    assert!(
+        shown.contains(&format!("subscription projects/{PROJECT}/subscriptions/made-by-setup exists")),
+        "{shown:#?}"
+    );
+    assert!(drift_of(&second, "made-by-setup").is_none(), "no drift on what setup made: {shown:#?}");
+    assert!(drift_of(&second, "by-hand").is_some(), "{shown:#?}");
+
+    // A route that does not order: a subscription with ordering is drift too.
+    let unordered = routing_file(dir.path(), &route("made", "made-by-setup", "ordering = \"none\""));
+    let third = setup(&unordered, &connection).await.expect("setup, unordered");
+    let differences = drift_of(&third, "made-by-setup").expect("ordering drift");
+    assert_eq!(differences, &vec!["message ordering is on, the route's ordering is \"none\"".to_string()]);
+}
