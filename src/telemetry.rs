@@ -194,6 +194,9 @@ pub struct Metrics {
     pub pubsub_received: Family<RouteLabel, Counter>,
     /// Pub/Sub messages acked (stored) and nacked (not stored), per route.
     pub pubsub_acks: Family<RouteOutcome, Counter>,
+    /// Acks an exactly-once subscription refused, by reason (`lease_expired`, `rpc`,
+    /// `shutdown_before_ack`, `shutdown`, `other`): those messages come again.
+    pub pubsub_acks_refused: Family<RouteReason, Counter>,
     /// Pub/Sub streams given up and opened again, by reason.
     pub pubsub_reconnects: Family<RouteOutcome, Counter>,
     /// 1 while a route's subscription stream is open and the broker answers.
@@ -303,6 +306,7 @@ impl Metrics {
             oldest_blocked_key_age_seconds: Family::default(),
             pubsub_received: Family::default(),
             pubsub_acks: Family::default(),
+            pubsub_acks_refused: Family::default(),
             pubsub_reconnects: Family::default(),
             pubsub_connected: Family::default(),
             pubsub_outstanding: Family::default(),
@@ -447,6 +451,11 @@ impl Metrics {
         );
         registry.register("pubsub_received", "Pub/Sub messages taken from the stream", m.pubsub_received.clone());
         registry.register("pubsub_messages", "Pub/Sub messages acked or nacked", m.pubsub_acks.clone());
+        registry.register(
+            "pubsub_acks_refused",
+            "Acks an exactly-once subscription refused, by reason; those messages come again",
+            m.pubsub_acks_refused.clone(),
+        );
         registry.register("pubsub_reconnects", "Pub/Sub streams reopened, by reason", m.pubsub_reconnects.clone());
         registry.register("pubsub_connected", "1 while the subscription stream is up", m.pubsub_connected.clone());
         registry.register(

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use google_cloud_pubsub::client::{Subscriber, SubscriptionAdmin};
+use google_cloud_pubsub::error::AckError;
 use google_cloud_pubsub::model::Message;
 use google_cloud_pubsub::subscriber::ShutdownBehavior;
 use google_cloud_pubsub::subscriber::handler::Handler;
@@ -40,7 +41,7 @@ use crate::config::PubsubSource;
 use crate::ingest::{Incoming, Ingest, IngestError};
 use crate::pubsub_client::{Connection, Probe, probe};
 use crate::routing::Route;
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, RouteReason};
 
 /// How often the broker is probed while a session runs.
 const PROBE_EVERY: Duration = Duration::from_secs(3);
@@ -393,8 +394,24 @@ async fn write(
                     continue;
                 }
                 acked.inc_by(handlers.len() as u64);
-                for (h, _permits) in handlers {
-                    h.ack();
+                for (h, permits) in handlers {
+                    match h {
+                        // An exactly-once subscription answers each ack, and may refuse
+                        // it (a lease that expired, an ack id that a redelivery replaced):
+                        // the message then comes again, and the inbox takes it as the
+                        // duplicate it is. The flow-control permits wait for the answer.
+                        Handler::ExactlyOnce(h) => {
+                            let (metrics, name) = (Arc::clone(&metrics), name.clone());
+                            tokio::spawn(async move {
+                                let answer = h.confirmed_ack().await;
+                                drop(permits);
+                                if let Err(error) = answer {
+                                    count_refused_ack(&metrics, &name, &error);
+                                }
+                            });
+                        }
+                        other => other.ack(),
+                    }
                 }
             }
             Err(error) => {
@@ -413,6 +430,24 @@ async fn write(
                 return Err(error);
             }
         }
+    }
+}
+
+/// Counts and logs an ack an exactly-once subscription refused, by reason.
+fn count_refused_ack(metrics: &Metrics, route: &str, error: &AckError) {
+    let reason = ack_refusal_reason(error);
+    metrics.pubsub_acks_refused.get_or_create(&RouteReason { route: route.to_string(), reason }).inc();
+    tracing::warn!(route, reason, %error, "the subscription refused an ack; the message will come again and be taken as a duplicate");
+}
+
+/// The label of a refused ack (`inlet_pubsub_acks_refused_total{reason}`).
+fn ack_refusal_reason(error: &AckError) -> &'static str {
+    match error {
+        AckError::LeaseExpired => "lease_expired",
+        AckError::Rpc { .. } => "rpc",
+        AckError::ShutdownBeforeAck => "shutdown_before_ack",
+        AckError::Shutdown(_) => "shutdown",
+        _ => "other",
     }
 }
 
@@ -457,6 +492,23 @@ async fn pause(d: Duration, stop: &mut watch::Receiver<bool>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_ack_is_counted_by_its_reason() {
+        let metrics = Metrics::new();
+        let shutdown = AckError::Shutdown(Box::new(std::io::Error::other("the stream closed")));
+        for error in [AckError::LeaseExpired, AckError::LeaseExpired, AckError::ShutdownBeforeAck, shutdown] {
+            count_refused_ack(&metrics, "orders", &error);
+        }
+        let count =
+            |reason| metrics.pubsub_acks_refused.get_or_create(&RouteReason { route: "orders".into(), reason }).get();
+        assert_eq!(count("lease_expired"), 2);
+        assert_eq!(count("shutdown_before_ack"), 1);
+        assert_eq!(count("shutdown"), 1);
+        assert_eq!(count("rpc"), 0);
+        let text = metrics.render();
+        assert!(text.contains(r#"inlet_pubsub_acks_refused_total{route="orders",reason="lease_expired"} 2"#), "{text}");
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {
