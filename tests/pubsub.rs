@@ -798,6 +798,16 @@ target = {{ kind = "log" }}
     };
     let sub = |name: &str| format!("projects/{PROJECT}/subscriptions/{name}");
     let topic = format!("projects/{PROJECT}/topics/{TOPIC}");
+    // The subscription made by hand is unordered, its route orders per key: reported
+    // every time, never changed (ordering cannot be changed on a subscription).
+    let unordered = |name: &str| {
+        format!(
+            "subscription {} differs from its route, left as it is: message ordering is off, the route's ordering \
+             is \"per-key\" (Inlet still delivers in inbox order; Pub/Sub may hand it a key's messages out of order) \
+             (recreate it, or change the routing file, to make them agree)",
+            sub(name)
+        )
+    };
 
     let config = write(r#", retain_acked = "1h""#);
     assert_eq!(
@@ -809,6 +819,7 @@ target = {{ kind = "log" }}
                 "updated subscription {}: retain_acked_messages false → true, message_retention_duration 7d → 30m",
                 sub("existing")
             ),
+            unordered("existing"),
         ]
     );
     assert_eq!(retention_of(&emulator, SUBSCRIPTION).await, (true, Some(3600)), "as created");
@@ -821,6 +832,7 @@ target = {{ kind = "log" }}
             format!("topic {topic} exists"),
             format!("updated subscription {}: message_retention_duration 1h → 2h", sub(SUBSCRIPTION)),
             format!("subscription {} exists", sub("existing")),
+            unordered("existing"),
         ]
     );
     assert_eq!(retention_of(&emulator, SUBSCRIPTION).await, (true, Some(7200)), "updated to the file's");
@@ -829,9 +841,10 @@ target = {{ kind = "log" }}
         [
             format!("topic {topic} exists"),
             format!("subscription {} exists", sub(SUBSCRIPTION)),
-            format!("subscription {} exists", sub("existing"))
+            format!("subscription {} exists", sub("existing")),
+            unordered("existing"),
         ],
-        "nothing left to change"
+        "nothing left to change, and the ordering made by hand still reported"
     );
 
     // Without `retain_acked` the route leaves the retention alone (turning it off is
