@@ -10,7 +10,7 @@
 //!   queue (bounded in jobs and in bytes) and goes on; when the candidate falls
 //!   behind, its work is dropped and counted, never queued in front of deliveries;
 //! - its calls run on a thread of their own (one current-thread runtime for every
-//!   candidate of the process, at a lower scheduling priority), under its own plugin
+//!   candidate of the process, in the idle scheduling class), under its own plugin
 //!   limits, with instances charged to their own memory budget
 //!   ([`crate::plugin::sandbox::SHADOW_BUDGET`]), and paced by the CPU it uses and
 //!   the memory it maps and unmaps ([`Pacing`]): a candidate that sleeps, traps or
@@ -621,13 +621,19 @@ fn runtime() -> &'static tokio::runtime::Handle {
     })
 }
 
-/// Nice 10 for the calling thread: when the cores are busy, the serving threads
-/// come first. Best effort (a failure leaves the thread at normal priority).
+/// The idle scheduling class for the calling thread (`SCHED_IDLE`), nice 10 where
+/// that is refused: when the cores are busy, the serving threads come first. At nice
+/// 10 alone a thread keeps a core it was given for the rest of its time slice, and a
+/// candidate faulting in fresh memory uses whole slices; a serving thread that wakes
+/// takes the core from an idle-class thread at once. Best effort (a failure leaves
+/// the thread at normal priority).
 fn lower_priority() {
-    // SAFETY: plain system calls on the calling thread; no memory is shared.
+    // SAFETY: plain system calls on the calling thread; `param` lives across the call.
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(tid as libc::pid_t, libc::SCHED_IDLE, &param);
     }
 }
 
