@@ -40,7 +40,9 @@
 //!   candidate plugin in shadow that sleeps (an hour per call, until its backstop),
 //!   traps, or hoards memory at every call (`plugins/work-order-next`, chosen by the
 //!   work order id's prefix). Runs alternate and each row is the median of the rounds;
-//!   the goal is a p99 within 10 % of the run without a candidate.
+//!   the goal is a p99 within 10 % of the run without a candidate. The candidate runs
+//!   under the default pacing unless `--shadow-cpu-percent` or
+//!   `--shadow-memory-churn-mib-per-s` set `[plugins]` otherwise.
 //! - `backlog`: one instance at 10k / 100k / 1M entries of backlog: its rate, its mean
 //!   claim time (`inlet_claim_duration_seconds`), its peak RSS (VmHWM); at the largest,
 //!   the rate in its first 5 s beside the rate after 60 s.
@@ -103,6 +105,9 @@ struct Args {
     shadow_rate: f64,
     /// `[plugins] shadow_cpu_percent` of the runs with a candidate (`None`: the default).
     shadow_cpu_percent: Option<usize>,
+    /// `[plugins] shadow_memory_churn_mib_per_s` of the runs with a candidate (`None`:
+    /// the default).
+    shadow_churn_mib_per_s: Option<usize>,
     /// The candidates the shadow section runs (prefixes of `CANDIDATES`, without `-`).
     shadow_candidates: Option<Vec<String>>,
     only: Option<Vec<String>>,
@@ -133,6 +138,7 @@ impl Args {
             latency_window: Duration::from_secs(10),
             shadow_rate: 200.0,
             shadow_cpu_percent: None,
+            shadow_churn_mib_per_s: None,
             shadow_candidates: None,
             only: None,
         }
@@ -162,7 +168,7 @@ impl Args {
 fn usage() -> &'static str {
     "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,shadow,backlog,instances] \
      [--clients N] [--messages N] [--keys N] [--relay-backlog N] [--peer-jobs N] [--peer-concurrency N] \
-     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--shadow-rate N] [--latency-seconds N] [--shadow-cpu-percent N] [--shadow-candidates sleep,trap,hoard]"
+     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--shadow-rate N] [--latency-seconds N] [--shadow-cpu-percent N] [--shadow-memory-churn-mib-per-s N] [--shadow-candidates sleep,trap,hoard]"
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -201,6 +207,7 @@ fn parse_args() -> Result<Args, String> {
             "--shadow-rate" => args.shadow_rate = number(flag, v)? as f64,
             "--latency-seconds" => args.latency_window = Duration::from_secs(number(flag, v)? as u64),
             "--shadow-cpu-percent" => args.shadow_cpu_percent = Some(number(flag, v)?),
+            "--shadow-memory-churn-mib-per-s" => args.shadow_churn_mib_per_s = Some(number(flag, v)?),
             "--shadow-candidates" => {
                 args.shadow_candidates = Some(v.split(',').map(|s| s.trim().to_string()).collect())
             }
@@ -1036,7 +1043,11 @@ async fn shadow_section(args: &Args, plugin: &Path, target: &Target, report: &mu
             }
             for shadowed in [false, true] {
                 let pg = TestPg::new().await;
-                let shadow = shadowed.then_some((candidate.as_path(), args.shadow_cpu_percent));
+                let shadow = shadowed.then_some(Shadow {
+                    candidate: candidate.as_path(),
+                    cpu_percent: args.shadow_cpu_percent,
+                    churn_mib_per_s: args.shadow_churn_mib_per_s,
+                });
                 let inlet = Instance::start_with(&pg.url, plugin, shadow, target, args.concurrency, "shadow").await;
                 let paced =
                     paced_latency(args, &inlet, target, prefixed_push_bodies(total, args.keys, prefix), per_s).await;
@@ -1092,8 +1103,9 @@ async fn shadow_section(args: &Args, plugin: &Path, target: &Target, report: &mu
         report.row(
             "shadow pg",
             &format!(
-                "the same with a candidate that {what}{}, p50 / p99",
-                args.shadow_cpu_percent.map_or(String::new(), |p| format!(" (shadow_cpu_percent {p})"))
+                "the same with a candidate that {what}{}{}, p50 / p99",
+                args.shadow_cpu_percent.map_or(String::new(), |p| format!(" (shadow_cpu_percent {p})")),
+                args.shadow_churn_mib_per_s.map_or(String::new(), |m| format!(" (shadow_memory_churn_mib_per_s {m})"))
             ),
             format!("{:.1} ms / {:.1} ms", ms(median_of(&with[c], |p| p.p50)), ms(p99)),
             format!("p99 without a candidate {:.1} ms", ms(base)),
@@ -1201,6 +1213,13 @@ async fn instances_section(args: &Args, plugin: &Path, target: &Target, report: 
 // Inlet processes
 // ---------------------------------------------------------------------------------------
 
+/// A candidate in shadow and the pacing it runs under (`None`: the default).
+struct Shadow<'a> {
+    candidate: &'a Path,
+    cpu_percent: Option<usize>,
+    churn_mib_per_s: Option<usize>,
+}
+
 struct Instance {
     process: InletProcess,
     _dir: tempfile::TempDir,
@@ -1213,20 +1232,26 @@ impl Instance {
     }
 
     /// [`Instance::start`], with a candidate plugin in shadow if one is given (and the
-    /// shadow's CPU share, if given).
+    /// shadow's pacing, if given).
     async fn start_with(
         url: &str,
         plugin: &Path,
-        candidate: Option<(&Path, Option<usize>)>,
+        shadow: Option<Shadow<'_>>,
         target: &Target,
         concurrency: usize,
         name: &str,
     ) -> Instance {
-        let plugins = match candidate {
-            Some((_, Some(percent))) => format!("[plugins]\nshadow_cpu_percent = {percent}\n\n"),
-            _ => String::new(),
-        };
-        let candidate = candidate.map(|(c, _)| format!("candidate = \"{}\"\n", c.display())).unwrap_or_default();
+        let mut plugins = String::new();
+        if let Some(percent) = shadow.as_ref().and_then(|s| s.cpu_percent) {
+            plugins.push_str(&format!("shadow_cpu_percent = {percent}\n"));
+        }
+        if let Some(mib) = shadow.as_ref().and_then(|s| s.churn_mib_per_s) {
+            plugins.push_str(&format!("shadow_memory_churn_mib_per_s = {mib}\n"));
+        }
+        if !plugins.is_empty() {
+            plugins = format!("[plugins]\n{plugins}\n");
+        }
+        let candidate = shadow.map(|s| format!("candidate = \"{}\"\n", s.candidate.display())).unwrap_or_default();
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let config = dir.path().join("inlet.toml");

@@ -10,9 +10,10 @@
 //!   queue (bounded in jobs and in bytes) and goes on; when the candidate falls
 //!   behind, its work is dropped and counted, never queued in front of deliveries;
 //! - its calls run on a thread of their own (one current-thread runtime for every
-//!   candidate of the process, at a lower scheduling priority), under its own plugin
+//!   candidate of the process, in the idle scheduling class), under its own plugin
 //!   limits, with instances charged to their own memory budget
-//!   ([`crate::plugin::sandbox::SHADOW_BUDGET`]): a candidate that sleeps, traps or
+//!   ([`crate::plugin::sandbox::SHADOW_BUDGET`]), and paced by the CPU it uses and
+//!   the memory it maps and unmaps ([`Pacing`]): a candidate that sleeps, traps or
 //!   hoards memory slows and fills only itself;
 //! - nothing it renders is sent: this module has no target.
 //!
@@ -620,13 +621,19 @@ fn runtime() -> &'static tokio::runtime::Handle {
     })
 }
 
-/// Nice 10 for the calling thread: when the cores are busy, the serving threads
-/// come first. Best effort (a failure leaves the thread at normal priority).
+/// The idle scheduling class for the calling thread (`SCHED_IDLE`), nice 10 where
+/// that is refused: when the cores are busy, the serving threads come first. At nice
+/// 10 alone a thread keeps a core it was given for the rest of its time slice, and a
+/// candidate faulting in fresh memory uses whole slices; a serving thread that wakes
+/// takes the core from an idle-class thread at once. Best effort (a failure leaves
+/// the thread at normal priority).
 fn lower_priority() {
-    // SAFETY: plain system calls on the calling thread; no memory is shared.
+    // SAFETY: plain system calls on the calling thread; `param` lives across the call.
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(tid as libc::pid_t, libc::SCHED_IDLE, &param);
     }
 }
 
@@ -636,9 +643,9 @@ async fn work(state: Arc<State>, mut rx: mpsc::Receiver<(Job, usize)>, queued: A
     let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     while let Some((job, bytes)) = rx.recv().await {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { break };
-        // Over its CPU share, the shadow waits here; meanwhile its queue fills and the
-        // serving path's offers are dropped and counted.
-        let pause = CPU.lock().expect("shadow cpu lock").pause();
+        // Over its CPU share or its memory churn, the shadow waits here; meanwhile its
+        // queue fills and the serving path's offers are dropped and counted.
+        let pause = PACING.lock().expect("shadow pacing lock").pause();
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
@@ -661,58 +668,104 @@ pub fn set_cpu_percent(percent: u32) {
     CPU_PERCENT.store(percent.clamp(1, 100) as usize, Ordering::Relaxed);
 }
 
-/// The shadow thread's CPU budget: a bucket of CPU time that fills at its share of
-/// the wall clock, up to [`CPU_BURST`], and empties by the CPU the thread used (its
-/// own clock, `CLOCK_THREAD_CPUTIME_ID`: every candidate runs on that one thread, and
-/// the kernel's time for its page faults counts too). Lowering the thread's priority
-/// alone is not enough: a candidate that maps and touches memory at every call slows
-/// the serving threads through the process's shared memory map, however low its
-/// priority, so how much it may do at all is bounded.
-static CPU: Mutex<CpuBudget> = Mutex::new(CpuBudget { last: None, tokens: CPU_BURST, not_before: None });
+/// The memory candidates may take and give back, in MiB per second (`[plugins]
+/// shadow_memory_churn_mib_per_s`).
+static CHURN_MIB_PER_S: AtomicUsize = AtomicUsize::new(crate::config::DEFAULT_SHADOW_MEMORY_CHURN_MIB_PER_S as usize);
+
+/// Sets how much memory candidates may take and give back, in MiB per second (at
+/// least 1).
+pub fn set_memory_churn_mib_per_s(mib: u32) {
+    CHURN_MIB_PER_S.store(mib.max(1) as usize, Ordering::Relaxed);
+}
 
 /// CPU time the shadow may use at once after a quiet spell.
 const CPU_BURST: std::time::Duration = std::time::Duration::from_millis(50);
+/// Memory churn the shadow may cause at once after a quiet spell: a few fresh
+/// instances of an ordinary plugin, so starting a candidate is not paced.
+const CHURN_BURST: u64 = 64 << 20;
 
-struct CpuBudget {
-    /// Wall clock and the thread's CPU clock when last looked at.
-    last: Option<(std::time::Instant, std::time::Duration)>,
-    /// CPU time left to spend.
-    tokens: std::time::Duration,
+/// What the shadow thread may spend, each a [`Bucket`] of its own:
+/// - CPU time, by the thread's own clock (`CLOCK_THREAD_CPUTIME_ID`: every candidate
+///   runs on that one thread, and the kernel's time for its page faults counts too).
+///   Lowering the thread's priority alone is not enough: when the cores are busy, a
+///   tenth of one is still a tenth taken from the serving threads.
+/// - memory churn: the bytes candidate instances take and give back
+///   ([`crate::plugin::sandbox::SHADOW_BUDGET`]). Mapping, first-touching and
+///   unmapping linear memory costs more than the shadow thread's own CPU: every
+///   unmap interrupts the other cores running the process to flush their TLBs, and
+///   changing the memory map takes the process's map lock for writing, which stalls
+///   the serving threads' own page faults and allocations. The CPU bucket cannot
+///   see that cost, so it is bounded apart, by the bytes that cause it.
+static PACING: Mutex<Pacing> =
+    Mutex::new(Pacing { cpu: Bucket::full(CPU_BURST.as_nanos() as u64), churn: Bucket::full(CHURN_BURST) });
+
+struct Pacing {
+    /// In nanoseconds of the shadow thread's CPU time.
+    cpu: Bucket,
+    /// In bytes taken plus bytes given back.
+    churn: Bucket,
+}
+
+impl Pacing {
+    /// How long to wait before the next job: until both buckets have paid what was
+    /// spent past them. Called on the shadow thread (its CPU clock is read).
+    fn pause(&mut self) -> std::time::Duration {
+        let now = std::time::Instant::now();
+        let cpu_per_s = CPU_PERCENT.load(Ordering::Relaxed) as u64 * (1_000_000_000 / 100);
+        let churn_per_s = CHURN_MIB_PER_S.load(Ordering::Relaxed) as u64 * (1 << 20);
+        let cpu = self.cpu.pause_at(now, thread_cpu().as_nanos() as u64, cpu_per_s);
+        let churn = self.churn.pause_at(now, crate::plugin::sandbox::SHADOW_BUDGET.churned(), churn_per_s);
+        cpu.max(churn)
+    }
+}
+
+/// A token bucket over something the shadow spends, counted by an ever-growing total
+/// (CPU nanoseconds, bytes churned): it fills at a rate per second of wall clock, up
+/// to its burst, and empties by what the total grew since the last look. A job may
+/// overspend; the debt is then waited out before the next job starts.
+struct Bucket {
+    burst: u64,
+    /// Wall clock and the total spent when last looked at.
+    last: Option<(std::time::Instant, u64)>,
+    /// What is left to spend.
+    tokens: u64,
     /// No job starts before this (a debt being waited out), whichever route's.
     not_before: Option<std::time::Instant>,
 }
 
-impl CpuBudget {
-    /// How long to wait before the next job. Called on the shadow thread.
-    fn pause(&mut self) -> std::time::Duration {
-        let share = CPU_PERCENT.load(Ordering::Relaxed) as f64 / 100.0;
-        self.pause_at((std::time::Instant::now(), thread_cpu()), share)
+impl Bucket {
+    const fn full(burst: u64) -> Bucket {
+        Bucket { burst, last: None, tokens: burst, not_before: None }
     }
 
-    /// [`CpuBudget::pause`] as of `now` (wall clock, the thread's CPU clock) at
-    /// `share` of a core: charges the CPU used since the last look, credits the wall
-    /// time passed at the share, and when that leaves a debt, waits it out.
-    fn pause_at(&mut self, now: (std::time::Instant, std::time::Duration), share: f64) -> std::time::Duration {
-        if let Some(wait) = self.not_before.and_then(|t| t.checked_duration_since(now.0)) {
+    /// How long to wait before the next job, as of `now` with `spent` spent in all,
+    /// filling at `per_s` a second: charges what was spent since the last look,
+    /// credits the wall time passed, and when that leaves a debt, waits it out.
+    fn pause_at(&mut self, now: std::time::Instant, spent: u64, per_s: u64) -> std::time::Duration {
+        if let Some(wait) = self.not_before.and_then(|t| t.checked_duration_since(now)).filter(|w| !w.is_zero()) {
             return wait;
         }
-        let (credit, used) = match self.last.replace(now) {
-            Some((wall, cpu)) => (now.0.saturating_duration_since(wall).mul_f64(share), now.1.saturating_sub(cpu)),
-            None => (std::time::Duration::ZERO, std::time::Duration::ZERO),
+        let per_s = per_s.max(1) as u128;
+        let (credit, used) = match self.last.replace((now, spent)) {
+            Some((wall, before)) => {
+                (now.saturating_duration_since(wall).as_nanos() * per_s / 1_000_000_000, spent.saturating_sub(before))
+            }
+            None => (0, 0),
         };
-        // Tokens as signed nanoseconds: a job may overspend, and the debt is waited out.
-        let tokens = (self.tokens.as_nanos() as i128 + credit.as_nanos() as i128 - used.as_nanos() as i128)
-            .min(CPU_BURST.as_nanos() as i128);
+        // Signed: a job may overspend, and the debt is waited out.
+        let tokens =
+            (self.tokens as i128 + credit.min(u64::MAX as u128) as i128 - used as i128).min(self.burst as i128);
         if tokens >= 0 {
-            self.tokens = std::time::Duration::from_nanos(tokens as u64);
+            self.tokens = tokens as u64;
             return std::time::Duration::ZERO;
         }
-        // Owed: wait until the share has paid it back; the wait's credit is that
+        // Owed: wait until the rate has paid it back; the wait's credit is that
         // payment, so the next look counts from its end.
-        let wait = std::time::Duration::from_nanos((-tokens) as u64).div_f64(share);
-        self.tokens = std::time::Duration::ZERO;
-        self.not_before = Some(now.0 + wait);
-        self.last = Some((now.0 + wait, now.1));
+        let wait_ns = ((-tokens) as u128 * 1_000_000_000).div_ceil(per_s);
+        let wait = std::time::Duration::from_nanos(wait_ns.min(u64::MAX as u128) as u64);
+        self.tokens = 0;
+        self.not_before = Some(now + wait);
+        self.last = Some((now + wait, spent));
         wait
     }
 }
@@ -859,21 +912,52 @@ mod tests {
     fn the_cpu_budget_waits_out_what_was_spent_past_the_share() {
         use std::time::{Duration, Instant};
         let ms = Duration::from_millis;
+        let cpu = |d: Duration| d.as_nanos() as u64;
+        // A tenth of a core: 100 ms of CPU per second.
+        let tenth = 100_000_000;
         let t0 = Instant::now();
-        let mut b = CpuBudget { last: None, tokens: CPU_BURST, not_before: None };
-        assert_eq!(b.pause_at((t0, ms(0)), 0.1), Duration::ZERO, "the first look starts the clocks");
+        let mut b = Bucket::full(cpu(CPU_BURST));
+        assert_eq!(b.pause_at(t0, cpu(ms(0)), tenth), Duration::ZERO, "the first look starts the clocks");
         // 20 ms of CPU in 10 ms: paid from the burst (50 + 1 - 20 = 31 ms left).
-        assert_eq!(b.pause_at((t0 + ms(10), ms(20)), 0.1), Duration::ZERO);
+        assert_eq!(b.pause_at(t0 + ms(10), cpu(ms(20)), tenth), Duration::ZERO);
         // 100 ms more in 10 ms: 31 + 1 - 100 = 68 ms owed, 680 ms at a tenth of a core.
-        assert_eq!(b.pause_at((t0 + ms(20), ms(120)), 0.1), ms(680));
+        assert_eq!(b.pause_at(t0 + ms(20), cpu(ms(120)), tenth), ms(680));
         // Anyone looking meanwhile waits for the rest of it.
-        assert_eq!(b.pause_at((t0 + ms(120), ms(120)), 0.1), ms(580));
+        assert_eq!(b.pause_at(t0 + ms(120), cpu(ms(120)), tenth), ms(580));
         // Paid: the next job goes, and the credit starts again from the wait's end.
-        assert_eq!(b.pause_at((t0 + ms(700), ms(120)), 0.1), Duration::ZERO);
-        assert_eq!(b.tokens, Duration::ZERO);
+        assert_eq!(b.pause_at(t0 + ms(700), cpu(ms(120)), tenth), Duration::ZERO);
+        assert_eq!(b.tokens, 0);
         // A long quiet spell refills only up to the burst.
-        assert_eq!(b.pause_at((t0 + ms(60_000), ms(120)), 0.1), Duration::ZERO);
-        assert_eq!(b.tokens, CPU_BURST);
+        assert_eq!(b.pause_at(t0 + ms(60_000), cpu(ms(120)), tenth), Duration::ZERO);
+        assert_eq!(b.tokens, cpu(CPU_BURST));
+    }
+
+    #[test]
+    fn the_churn_budget_waits_out_memory_taken_and_given_back_past_its_rate() {
+        use std::time::{Duration, Instant};
+        const MIB: u64 = 1 << 20;
+        let ms = Duration::from_millis;
+        // 32 MiB a second, what a hoarding candidate is paced to by default.
+        let rate = 32 * MIB;
+        let t0 = Instant::now();
+        let mut b = Bucket::full(CHURN_BURST);
+        assert_eq!(b.pause_at(t0, 0, rate), Duration::ZERO, "the first look starts the clocks");
+        // Fresh instances of an ordinary plugin, 8 MiB in 125 ms: paid from the burst
+        // (64 + 4 - 8 = 60 MiB left).
+        assert_eq!(b.pause_at(t0 + ms(125), 8 * MIB, rate), Duration::ZERO);
+        // Calls that grew 40 MiB and instances of 48 MiB dropped, 250 ms later:
+        // 60 + 8 - 88 = 20 MiB owed, 625 ms at 32 MiB/s.
+        assert_eq!(b.pause_at(t0 + ms(375), 96 * MIB, rate), ms(625));
+        // Anyone looking meanwhile waits for the rest of it, whatever else was freed.
+        assert_eq!(b.pause_at(t0 + ms(500), 100 * MIB, rate), ms(500));
+        // Paid; what was given back during the wait is charged at the next look
+        // (4 MiB from an empty bucket: an eighth of a second).
+        assert_eq!(b.pause_at(t0 + ms(1000), 100 * MIB, rate), ms(125));
+        assert_eq!(b.pause_at(t0 + ms(1125), 100 * MIB, rate), Duration::ZERO);
+        assert_eq!(b.tokens, 0);
+        // Sitting still costs nothing: a long quiet spell refills only up to the burst.
+        assert_eq!(b.pause_at(t0 + ms(60_000), 100 * MIB, rate), Duration::ZERO);
+        assert_eq!(b.tokens, CHURN_BURST);
     }
 
     #[test]

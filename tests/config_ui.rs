@@ -227,6 +227,14 @@ fn server_limits_are_read_and_default_to_a_ten_megabyte_pubsub_message() {
 }
 
 #[test]
+fn the_shadows_pacing_is_read_and_defaults_to_a_tenth_of_a_core_and_32_mib_of_churn_a_second() {
+    let config = load(Path::new("tests/ui/shadow-pacing-valid.toml")).expect("valid");
+    assert_eq!((config.plugins.shadow_cpu_percent, config.plugins.shadow_memory_churn_mib_per_s), (25, 128));
+    let defaults = valid().plugins;
+    assert_eq!((defaults.shadow_cpu_percent, defaults.shadow_memory_churn_mib_per_s), (10, 32));
+}
+
+#[test]
 fn valid_file_resolves_plugin_against_its_folder() {
     let config = valid();
     for route in &config.routes {

@@ -66,11 +66,23 @@ pub struct PluginsConfig {
     pub shadow_memory_budget_bytes: usize,
     /// CPU all shadow candidates may use together, in percent of one core.
     pub shadow_cpu_percent: u32,
+    /// Memory all shadow candidates may take plus give back, in MiB per second.
+    pub shadow_memory_churn_mib_per_s: u32,
 }
+
+/// `[plugins] shadow_memory_churn_mib_per_s` when not set: an ordinary candidate
+/// stays warm and churns almost nothing; one that takes fresh memory at every call is
+/// held to a few calls a second.
+pub const DEFAULT_SHADOW_MEMORY_CHURN_MIB_PER_S: u32 = 32;
 
 impl Default for PluginsConfig {
     fn default() -> Self {
-        PluginsConfig { memory_budget_bytes: 2048 << 20, shadow_memory_budget_bytes: 256 << 20, shadow_cpu_percent: 10 }
+        PluginsConfig {
+            memory_budget_bytes: 2048 << 20,
+            shadow_memory_budget_bytes: 256 << 20,
+            shadow_cpu_percent: 10,
+            shadow_memory_churn_mib_per_s: DEFAULT_SHADOW_MEMORY_CHURN_MIB_PER_S,
+        }
     }
 }
 

@@ -332,6 +332,13 @@ pub(super) struct RawPlugins {
     /// 10, at most 100): past it their work waits and new work is dropped (counted),
     /// so however much a candidate computes or maps, the serving path keeps the rest.
     pub shadow_cpu_percent: Option<Spanned<u32>>,
+    /// Memory all shadow candidates may take and give back together, in MiB per
+    /// second (default 32, 1 to 65536): an instance's growth and what a dropped
+    /// instance frees both count. Mapping and unmapping memory slows every thread of
+    /// the process, the serving ones too, so past this rate the candidates' work
+    /// waits and new work is dropped (counted), as past `shadow_cpu_percent`. A
+    /// candidate kept warm churns almost nothing.
+    pub shadow_memory_churn_mib_per_s: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -514,7 +514,8 @@ fn grants(c: &mut Checker<'_>, raw: &[RawGrant]) -> BTreeMap<String, BTreeSet<St
     out
 }
 
-/// `[plugins]`: the process-wide plugin memory budgets (serving, shadow).
+/// `[plugins]`: the process-wide plugin memory budgets (serving, shadow) and the
+/// shadow's pacing.
 fn plugins_section(c: &mut Checker<'_>, p: &RawPlugins) -> PluginsConfig {
     let mut plugins = PluginsConfig::default();
     let mut budget = |mib: &Option<Spanned<u32>>, field: &str, bytes: &mut usize| {
@@ -532,6 +533,13 @@ fn plugins_section(c: &mut Checker<'_>, p: &RawPlugins) -> PluginsConfig {
             c.error::<()>(percent.span(), "plugins.shadow_cpu_percent", problem);
         }
         plugins.shadow_cpu_percent = *percent.get_ref();
+    }
+    if let Some(mib) = &p.shadow_memory_churn_mib_per_s {
+        if !(1..=65536).contains(mib.get_ref()) {
+            let problem = ConfigErrorKind::Invalid("must be between 1 and 65536 (MiB per second)".into());
+            c.error::<()>(mib.span(), "plugins.shadow_memory_churn_mib_per_s", problem);
+        }
+        plugins.shadow_memory_churn_mib_per_s = *mib.get_ref();
     }
     plugins
 }

@@ -184,17 +184,23 @@ impl tokio::io::AsyncWrite for StderrCapture {
 pub struct MemoryBudget {
     limit: AtomicUsize,
     used: AtomicUsize,
+    /// Bytes ever taken plus bytes ever given back: what instances made the process
+    /// map and unmap, which costs every thread of the process, not only the caller.
+    churned: AtomicU64,
 }
 
 /// The process's plugin memory budget.
-pub static BUDGET: MemoryBudget = MemoryBudget { limit: AtomicUsize::new(usize::MAX), used: AtomicUsize::new(0) };
+pub static BUDGET: MemoryBudget = MemoryBudget::unlimited();
 
 /// The budget of shadow candidates (`crate::shadow`), apart from [`BUDGET`]: a
 /// candidate that hoards memory runs out of its own, never the serving plugins'.
-pub static SHADOW_BUDGET: MemoryBudget =
-    MemoryBudget { limit: AtomicUsize::new(usize::MAX), used: AtomicUsize::new(0) };
+pub static SHADOW_BUDGET: MemoryBudget = MemoryBudget::unlimited();
 
 impl MemoryBudget {
+    const fn unlimited() -> MemoryBudget {
+        MemoryBudget { limit: AtomicUsize::new(usize::MAX), used: AtomicUsize::new(0), churned: AtomicU64::new(0) }
+    }
+
     /// Sets the limit; instances already over it keep what they have.
     pub fn set_limit(&self, bytes: usize) {
         self.limit.store(bytes, Ordering::Relaxed);
@@ -205,17 +211,28 @@ impl MemoryBudget {
         self.used.load(Ordering::Relaxed)
     }
 
+    /// Bytes taken and given back since the process started, growing only.
+    pub fn churned(&self) -> u64 {
+        self.churned.load(Ordering::Relaxed)
+    }
+
     fn try_take(&self, bytes: usize) -> bool {
         let limit = self.limit.load(Ordering::Relaxed);
-        self.used
+        let taken = self
+            .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(bytes).filter(|&total| total <= limit)
             })
-            .is_ok()
+            .is_ok();
+        if taken {
+            self.churned.fetch_add(bytes as u64, Ordering::Relaxed);
+        }
+        taken
     }
 
     fn give_back(&self, bytes: usize) {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
+        self.churned.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 }
 
@@ -331,7 +348,8 @@ mod tests {
 
     #[test]
     fn the_process_budget_refuses_growth_past_it_and_gets_memory_back() {
-        static LOCAL: MemoryBudget = MemoryBudget { limit: AtomicUsize::new(8192), used: AtomicUsize::new(0) };
+        static LOCAL: MemoryBudget =
+            MemoryBudget { limit: AtomicUsize::new(8192), used: AtomicUsize::new(0), churned: AtomicU64::new(0) };
         {
             let mut one = Limiter::charging(1 << 20, &LOCAL);
             assert!(one.grow(4096).unwrap());
@@ -341,6 +359,7 @@ mod tests {
             assert_eq!(LOCAL.used(), 4096);
         }
         assert_eq!(LOCAL.used(), 0, "dropped instances give their memory back");
+        assert_eq!(LOCAL.churned(), 2 * 4096, "the taking and the giving back are churn, the refusal is not");
     }
 
     #[test]
