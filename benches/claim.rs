@@ -14,8 +14,8 @@
 //!
 //! - **locked**: Inlet's ordered claim — a transaction that try-locks the candidates'
 //!   keys (`pg_try_advisory_xact_lock`) and then claims, in a new snapshot, only
-//!   entries of keys it holds. Safe with many instances (issue 10).
-//! - **snapshot**: the ordered claim before issue 10 — one statement whose "no older
+//!   entries of keys it holds. Safe with many instances.
+//! - **snapshot**: the ordered claim the locks replaced — one statement whose "no older
 //!   unresolved entry of this key" check reads a snapshot it does not lock. The same
 //!   work, without the lock; unsafe with concurrent inserts, requeues or re-decodes.
 //! - **unordered**: the claim of a route without per-key order, the floor.

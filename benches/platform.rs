@@ -1,4 +1,4 @@
-//! The one benchmark of issue 12: Inlet beside raw PostgreSQL, a plain SQLite loop and
+//! The platform benchmark: Inlet beside raw PostgreSQL, a plain SQLite loop and
 //! a peer job queue (graphile-worker), on one machine in one run, printed as one table.
 //!
 //! ```text

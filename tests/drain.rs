@@ -136,8 +136,7 @@ async fn sigterm_drains_pushes_then_finishes_the_attempts_in_flight() {
         assert_eq!((status, &body["status"]), (503, &Value::from("draining")), "/readyz during the drain");
         let (status, _, routes) = get(&http, &base, "/api/routes").await;
         assert_eq!(status, 200, "an admin request during the drain: {routes}");
-        // Paces the pushes through the drain window: the window is what is tested.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await; // paces pushes through the drain window under test
     }
     assert!(drained.len() >= 3, "only {} pushes fitted in the drain window", drained.len());
 

@@ -24,15 +24,8 @@ async fn an_exactly_once_subscription_is_stored_once_per_message_and_drained() {
     let http = reqwest::Client::new();
     let body =
         json!({ "topic": emulator.topic_path("orders"), "ackDeadlineSeconds": 10, "enableExactlyOnceDelivery": true });
-    let r = http
-        .put(format!("{}/subscriptions/orders-eo", emulator.url()))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("create the subscription");
-    let created = r.text().await.unwrap();
-    assert!(created.contains("\"enableExactlyOnceDelivery\": true"), "the emulator keeps exactly-once: {created}");
+    let created = emulator.put_subscription("orders-eo", &body).await;
+    assert_eq!(created["enableExactlyOnceDelivery"], true, "the emulator keeps exactly-once: {created}");
 
     let dir = tempfile::tempdir().expect("a folder");
     let config = dir.path().join("inlet.toml");

@@ -82,14 +82,7 @@ async fn the_emulator_pushes_unwrapped_messages_with_and_without_metadata() {
             "ackDeadlineSeconds": 10,
             "pushConfig": push_config,
         });
-        let r = http
-            .put(format!("{}/subscriptions/{subscription}", emulator.url()))
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .expect("create a push subscription");
-        assert!(r.status().is_success(), "create {subscription}: {}", r.text().await.unwrap());
+        emulator.put_subscription(subscription, &body).await;
     }
 
     // The same data published twice, as two messages.
@@ -195,6 +188,19 @@ async fn an_unwrapped_route_takes_any_body_and_refuses_a_header_sent_twice() {
     let answer: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
     assert_eq!(answer["reason"], "bad_envelope");
     assert!(answer["error"].as_str().unwrap().contains("header tenant` appears twice"), "{answer}");
+
+    let latin1 = reqwest::header::HeaderValue::from_bytes(b"caf\xe9").expect("obs-text is a legal header value");
+    let r = http
+        .post(format!("{}/push/meta", inlet.base()))
+        .header("x-goog-pubsub-message-id", "m-9")
+        .header("tenant", latin1)
+        .body(work_order("wo-3"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "an attribute header that is not UTF-8 is refused, not mangled");
+    let answer: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    assert!(answer["error"].as_str().unwrap().contains("header tenant` is not UTF-8"), "{answer}");
 
     let r = push("meta", &[("x-goog-pubsub-message-id", " ")]).await.unwrap();
     assert_eq!(r.status(), 400, "an empty message id is refused, not stored");

@@ -172,6 +172,13 @@ impl PubSubEmulator {
             "ackDeadlineSeconds": ack_deadline_seconds,
             "enableMessageOrdering": ordered,
         });
+        self.put_subscription(subscription, &body).await;
+    }
+
+    /// Creates `subscription` with the REST body given (any setting the emulator
+    /// takes: push config, exactly-once, …); panics if it is refused. Returns the
+    /// subscription as the emulator answers it.
+    pub async fn put_subscription(&self, subscription: &str, body: &serde_json::Value) -> serde_json::Value {
         let r = self
             .http
             .put(format!("{}/subscriptions/{subscription}", self.url()))
@@ -179,8 +186,11 @@ impl PubSubEmulator {
             .body(body.to_string())
             .send()
             .await
-            .unwrap();
-        assert!(r.status().is_success(), "create subscription {subscription}: {}", r.text().await.unwrap());
+            .unwrap_or_else(|e| panic!("create subscription {subscription}: {e}"));
+        let ok = r.status().is_success();
+        let text = r.text().await.unwrap_or_default();
+        assert!(ok, "create subscription {subscription}: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("create subscription {subscription}: {e}: {text}"))
     }
 
     /// Pulls what is there now (up to 1,000) and acks it.
