@@ -78,6 +78,7 @@ conformance!(
     a_batch_insert_answers_and_orders_as_one_by_one,
     a_settle_batch_writes_what_settles_one_by_one_write,
     heads_behind_a_long_backlog_of_one_key_are_claimed,
+    a_route_of_few_keys_gives_each_claim_every_free_head_and_the_entries_without_a_key,
 );
 
 fn entry(route: &str, key: &str, dedup: &str, payload: &str) -> NewEntry {
@@ -309,6 +310,35 @@ async fn heads_behind_a_long_backlog_of_one_key_are_claimed(store: Arc<dyn Store
     assert_eq!(ids(&store.claim(&pass(T0 + 1_000)).await.unwrap()), vec![d1], "d due again");
     store.settle(a[0], &first[0].lease, T0, &Settlement::Done).await.unwrap();
     assert_eq!(ids(&store.claim(&pass(T0 + 1_000)).await.unwrap()), vec![a[1]], "a's next, in order");
+}
+
+/// Round after round on a route of few keys (on PostgreSQL the first claim finds
+/// them few and the later ones start from the heads): each claim takes the next entry
+/// of every key and every entry without a key that waits, entries without a key added
+/// between claims included.
+async fn a_route_of_few_keys_gives_each_claim_every_free_head_and_the_entries_without_a_key(store: Arc<dyn Store>) {
+    let unkeyed = |dedup: &str| NewEntry { decoded: None, ..entry("r", "", dedup, "raw") };
+    let mut by_round: Vec<Vec<i64>> = vec![Vec::new(); 4];
+    for (round, ids) in by_round.iter_mut().enumerate() {
+        for key in ["a", "b", "c"] {
+            ids.push(insert(&store, entry("r", key, &format!("{key}{round}"), key)).await);
+        }
+    }
+    let mut loose = vec![insert(&store, unkeyed("u0")).await, insert(&store, unkeyed("u1")).await];
+    for (round, want) in by_round.iter().enumerate() {
+        let now = T0 + round as i64;
+        let claimed = store.claim(&req("r", "w", now, 100)).await.unwrap();
+        let mut got = ids(&claimed);
+        got.sort_unstable();
+        let mut expected = want.clone();
+        expected.append(&mut loose);
+        expected.sort_unstable();
+        assert_eq!(got, expected, "round {round}: the next entry of each key, and those without a key");
+        for c in &claimed {
+            store.settle(c.entry.id, &c.lease, now, &Settlement::Done).await.unwrap();
+        }
+        loose.push(insert(&store, unkeyed(&format!("u{}", round + 2))).await);
+    }
 }
 
 async fn unordered_route_claims_every_due_entry(store: Arc<dyn Store>) {

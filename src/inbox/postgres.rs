@@ -61,6 +61,9 @@ pub struct PgStore {
     /// The connection the gauge lease is tried and held on (outside the pool, so
     /// the lock lives exactly as long as it), and whether it holds the lock.
     gauge_lease: tokio::sync::Mutex<Option<(PgConnection, bool)>>,
+    /// Routes whose last walk of the heads met few keys ([`HEADS_FIRST_KEYS`]): their
+    /// claims start from the heads.
+    few_keys: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl PgStore {
@@ -85,7 +88,7 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(3))
             .connect_with(options)
             .await?;
-        Ok(PgStore { pool, migrations, gauge_lease: tokio::sync::Mutex::new(None) })
+        Ok(PgStore { pool, migrations, gauge_lease: tokio::sync::Mutex::new(None), few_keys: Default::default() })
     }
 
     /// A migration outside a transaction runs statement by statement, each committed
@@ -212,7 +215,8 @@ pub const CLAIM_KEYS_SQL: &str = concat!(
 /// with the keys, not the backlog. The oldest `$4` heads that are OPEN, due, not
 /// blocked by a PARKED entry where `$3` says parked blocks, of a key with nothing in
 /// flight and not among step one's keys (`$5`), each try-locked as in
-/// [`CLAIM_KEYS_SQL`]. Entries without a key are left to the window, which reaches
+/// [`CLAIM_KEYS_SQL`]. Each row also says how many keys the walk met; when it takes
+/// none, one row without an id says so. Entries without a key are left to the window, which reaches
 /// them as the entries ahead of them are delivered.
 #[doc(hidden)]
 pub const CLAIM_HEADS_SQL: &str = concat!(
@@ -243,9 +247,29 @@ pub const CLAIM_HEADS_SQL: &str = concat!(
     "), held AS (\n",
     "    SELECT c.correlation_key FROM candidate c WHERE pg_try_advisory_xact_lock(",
     key_lock!("c.correlation_key"),
-    "))\n",
-    "SELECT id, correlation_key FROM candidate WHERE correlation_key IN (SELECT correlation_key FROM held)"
+    ")), walked AS (\n",
+    "    SELECT count(*) AS keys FROM k WHERE k.key IS NOT NULL\n",
+    ")\n",
+    "SELECT c.id, c.correlation_key, walked.keys FROM walked\n",
+    "LEFT JOIN candidate c ON c.correlation_key IN (SELECT correlation_key FROM held)"
 );
+
+/// A route whose keys with waiting entries are few is claimed from their heads (found
+/// key by key, [`CLAIM_HEADS_SQL`]) rather than from its window of oldest entries:
+/// when keys are few, nearly all of the window's 4,096 entries stand behind a head,
+/// and a claim read and checked every one of them to take a handful. Whether the last
+/// walk of the heads met at most this many keys decides; a walk that meets more sends
+/// the route back to the window.
+const HEADS_FIRST_KEYS: i64 = 256;
+
+/// In heads-first mode, the entries without a key, which the walk of the heads does
+/// not reach: the oldest `$3` due OPEN ones (from `inbox_entry_unresolved_key`, where
+/// they sort last), unless the route is paused. They are anyone's to claim.
+const CLAIM_UNKEYED_SQL: &str = "\
+SELECT e.id, NULL::text AS correlation_key FROM inbox_entry e
+WHERE e.route = $1 AND e.correlation_key IS NULL AND e.status = 'OPEN' AND e.next_attempt_at <= $2
+  AND NOT EXISTS (SELECT 1 FROM inbox_route_pause p WHERE p.route = $1)
+ORDER BY e.id LIMIT $3";
 
 /// Entries the window of [`CLAIM_KEYS_SQL`] reads for a claim of `limit`: enough to
 /// find the heads of the keys free for it when keys interleave, few enough that a
@@ -572,6 +596,17 @@ impl PgStore {
         Ok(held)
     }
 
+    /// Whether `route`'s claims start from its heads, after a walk of them that met
+    /// `walked` keys.
+    fn remember_keys(&self, route: &str, walked: i64) {
+        let mut few = self.few_keys.lock().expect("few-keys lock");
+        if walked > HEADS_FIRST_KEYS {
+            few.remove(route);
+        } else if !few.contains(route) {
+            few.insert(route.to_string());
+        }
+    }
+
     async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<PgRow>, StoreError> {
         // `$1`–`$5` of every claim statement (the `claim_where!` parameters).
         macro_rules! candidates {
@@ -595,12 +630,16 @@ impl PgStore {
         // at least once, as after any crash, and never ahead of an older entry of its
         // key. Settles and inserts keep waiting for the disk.
         sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await?;
-        let mut candidates: Vec<(i64, Option<String>)> =
-            candidates!(sqlx::query_as(CLAIM_KEYS_SQL)).bind(claim_window(req.limit)).fetch_all(&mut *tx).await?;
+        let heads_first = self.few_keys.lock().expect("few-keys lock").contains(req.route);
+        let mut candidates: Vec<(i64, Option<String>)> = if heads_first {
+            Vec::new()
+        } else {
+            candidates!(sqlx::query_as(CLAIM_KEYS_SQL)).bind(claim_window(req.limit)).fetch_all(&mut *tx).await?
+        };
         let short = i64::from(req.limit) - candidates.len() as i64;
         if short > 0 {
             let taken: Vec<&str> = candidates.iter().filter_map(|(_, k)| k.as_deref()).collect();
-            let heads: Vec<(i64, Option<String>)> = sqlx::query_as(CLAIM_HEADS_SQL)
+            let heads: Vec<(Option<i64>, Option<String>, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
                 .bind(req.route)
                 .bind(req.now)
                 .bind(req.parked_blocks)
@@ -608,7 +647,14 @@ impl PgStore {
                 .bind(&taken)
                 .fetch_all(&mut *tx)
                 .await?;
-            candidates.extend(heads);
+            self.remember_keys(req.route, heads.first().map_or(0, |h| h.2));
+            candidates.extend(heads.into_iter().filter_map(|(id, key, _)| Some((id?, key))));
+        }
+        let short = i64::from(req.limit) - candidates.len() as i64;
+        if heads_first && short > 0 {
+            let unkeyed: Vec<(i64, Option<String>)> =
+                sqlx::query_as(CLAIM_UNKEYED_SQL).bind(req.route).bind(req.now).bind(short).fetch_all(&mut *tx).await?;
+            candidates.extend(unkeyed);
         }
         if candidates.is_empty() {
             tx.commit().await?;
