@@ -16,7 +16,7 @@ use inlet_testkit::paths::plugin_path;
 use inlet_testkit::pg::TestPg;
 use inlet_testkit::ports::free_port;
 use inlet_testkit::process::InletProcess;
-use inlet_testkit::push::push_envelope;
+use inlet_testkit::push::{post_push, push_envelope};
 use inlet_testkit::wait::wait_until;
 
 const KEYS: usize = 100;
@@ -113,25 +113,14 @@ lease       = "5s"
         let (http, bases) = (http.clone(), bases.clone());
         pushers.spawn(async move {
             for seq in 1..=PER_KEY {
-                let payload = serde_json::json!({
-                    "workOrderId": key(k),
-                    "completedItems": seq,
-                    "completionTimestamp": "2026-08-01T10:00:00Z",
-                });
-                let envelope = push_envelope(
-                    payload.to_string().as_bytes(),
-                    &[("eventId", &format!("evt-{}-{seq:02}", key(k)))],
-                    &format!("msg-{}-{seq:02}", key(k)),
+                let data = format!(
+                    r#"{{"workOrderId":"{}","completedItems":{seq},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#,
+                    key(k)
                 );
-                let base = &bases[(k + seq as usize) % bases.len()];
-                let response = http
-                    .post(format!("{base}/push/{ROUTE}"))
-                    .header("content-type", "application/json")
-                    .body(serde_json::to_string(&envelope).expect("envelope serializes"))
-                    .send()
-                    .await
-                    .unwrap_or_else(|e| panic!("push {} seq {seq}: {e}", key(k)));
-                assert_eq!(response.status().as_u16(), 200, "push {} seq {seq}", key(k));
+                let event = format!("evt-{}-{seq:02}", key(k));
+                let envelope = push_envelope(data.as_bytes(), &[("eventId", &event)], &format!("msg-{event}"));
+                let status = post_push(&http, &bases[(k + seq as usize) % bases.len()], ROUTE, &envelope).await;
+                assert_eq!(status, 200, "push {event}");
             }
         });
     }
