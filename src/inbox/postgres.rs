@@ -216,8 +216,9 @@ pub const CLAIM_KEYS_SQL: &str = concat!(
 /// blocked by a PARKED entry where `$3` says parked blocks, of a key with nothing in
 /// flight and not among step one's keys (`$5`), each try-locked as in
 /// [`CLAIM_KEYS_SQL`]. Each row also says how many keys the walk met; when it takes
-/// none, one row without an id says so. Entries without a key are left to the window, which reaches
-/// them as the entries ahead of them are delivered.
+/// none, one row without an id says so. Entries without a key are left to the window,
+/// which reaches them as the entries ahead of them are delivered, or, on a route
+/// claimed heads first, to [`CLAIM_UNKEYED_SQL`].
 #[doc(hidden)]
 pub const CLAIM_HEADS_SQL: &str = concat!(
     "WITH RECURSIVE k(key) AS (\n",
