@@ -329,6 +329,40 @@ pub enum RouteCommand {
         /// The route's name.
         name: String,
     },
+    /// Open a replay window: until it closes, a redelivery of a message published
+    /// from --from to --to whose entry is already in the inbox is stored once more as
+    /// a new entry (and delivered again) instead of dropped as a duplicate. Then seek
+    /// the subscription back (`inlet pubsub seek --to FROM`). docs/pubsub.md, "Replay".
+    Replay {
+        /// The route's name.
+        name: String,
+        /// Publish times from this one (inclusive), RFC 3339.
+        #[arg(long, value_name = "TIME", value_parser = crate::pubsub_client::parse_time)]
+        from: std::time::SystemTime,
+        /// Publish times up to this one (exclusive), RFC 3339.
+        #[arg(long, value_name = "TIME", value_parser = crate::pubsub_client::parse_time)]
+        to: std::time::SystemTime,
+        /// How long redeliveries are taken (at most 7 days); after that they are
+        /// duplicates again.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        open_for: Duration,
+        /// Why (kept with the window and in the audit log).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Replay windows, oldest first, with the entries each has stored; with
+    /// --window, that window's entries and the entries they were made from.
+    Replays {
+        /// Only this route's windows.
+        name: Option<String>,
+        #[arg(long, value_name = "ID")]
+        window: Option<i64>,
+    },
+    /// Close a replay window before its time: redeliveries are duplicates again.
+    ReplayClose {
+        /// The window's id.
+        id: i64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -1108,6 +1142,74 @@ async fn route_command(
             )?;
             Ok(ExitCode::SUCCESS)
         }
+        RouteCommand::Replay { name, from, to, open_for, reason } => {
+            if !declared.contains(&name) {
+                return Err(unknown(&name));
+            }
+            let reason = Reason::new(&reason, Inputs::Flags)?;
+            let published = millis(from)..millis(to);
+            let window = operator(store.as_ref(), &clock).open_replay(&name, published, open_for, reason).await?;
+            out.show_line(
+                &window,
+                &format!(
+                    "opened replay window {id} on {name}: a message published from {from} to {to} that comes again \
+                     before {until} is stored as a new entry, once; now bring the messages back with \
+                     `inlet pubsub seek --route {name} --to {from}` (or the push subscription's seek)",
+                    id = window.id,
+                    from = view::date_millis(window.published_from),
+                    to = view::date_millis(window.published_to),
+                    until = view::date_millis(window.closes_at),
+                ),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        RouteCommand::Replays { name, window: Some(id) } => {
+            let Some(window) = store.replay_windows(name.as_deref(), None).await?.into_iter().find(|w| w.id == id)
+            else {
+                anyhow::bail!("no replay window {id}{}", name.map(|n| format!(" on route {n}")).unwrap_or_default());
+            };
+            let entries = store.replay_entries(id).await?;
+            #[derive(serde::Serialize)]
+            struct Made {
+                entry: i64,
+                original: i64,
+            }
+            #[derive(serde::Serialize)]
+            struct WindowEntries {
+                window: crate::inbox::ReplayWindow,
+                entries: Vec<Made>,
+            }
+            let answer = WindowEntries {
+                window,
+                entries: entries.into_iter().map(|(entry, original)| Made { entry, original }).collect(),
+            };
+            out.show(&answer, || {
+                println!("{}", view::replay_line(&answer.window, clock.now()));
+                println!("{:>10}  {:>10}", "ENTRY", "FROM");
+                for m in &answer.entries {
+                    println!("{:>10}  {:>10}", m.entry, m.original);
+                }
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        RouteCommand::Replays { name, window: None } => {
+            let windows = store.replay_windows(name.as_deref(), None).await?;
+            let now = clock.now();
+            out.show(&windows, || {
+                for w in &windows {
+                    println!("{}", view::replay_line(w, now));
+                }
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        RouteCommand::ReplayClose { id } => {
+            let window = operator(store.as_ref(), &clock).close_replay(id).await?;
+            out.show_line(
+                &window,
+                &format!("closed replay window {id} on {}: it stored {} entries", window.route, window.taken),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
         RouteCommand::Resume { name } => {
             // A route no longer in the routing files may still be paused in the inbox
             // (`route list` shows it): it is resumed all the same.
@@ -1268,6 +1370,11 @@ fn print_listing(listing: &Listing) {
 }
 
 /// The command line's operator actions: as `cli:<user>`, from outside any instance.
+/// A time as the inbox keeps it: milliseconds since the Unix epoch.
+fn millis(at: std::time::SystemTime) -> crate::clock::Millis {
+    at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 fn operator<'a>(store: &'a dyn Store, clock: &'a DbClock) -> Operator<'a> {
     Operator::new(store, clock, Relays::Elsewhere, cli_actor())
 }

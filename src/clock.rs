@@ -26,6 +26,12 @@ pub fn ago(now: Millis, age: Duration) -> Millis {
     now.saturating_sub(Millis::try_from(age.as_millis()).unwrap_or(Millis::MAX))
 }
 
+/// A time to the millisecond as RFC 3339, `2026-08-01T10:00:00.123Z` (UTC): what
+/// `inlet pubsub seek --to` and `gcloud pubsub subscriptions seek --time` take.
+pub fn rfc3339_millis(at: Millis) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at.max(0) as u64)).to_string()
+}
+
 /// A clock that moves only when told to.
 pub struct ManualClock {
     now: AtomicI64,

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::clock::{Clock, Millis};
 use crate::inbox::group::{Committed, GroupCommit, Grouped, Inserts};
-use crate::inbox::{Decoded, InsertOutcome, NewEntry, Status, Store, StoreError};
+use crate::inbox::{Decoded, InsertOutcome, NewEntry, ReplayWindow, Status, Store, StoreError};
 use crate::plugin::{PluginFault, wit};
 use crate::routing::Route;
 use crate::rules;
@@ -60,6 +60,8 @@ pub enum Stored {
     Duplicate,
     /// A different payload under a known dedup key: stored PARKED as its own entry.
     Conflict,
+    /// A redelivery that a replay window took: stored again as a new entry.
+    Replayed,
 }
 
 impl Stored {
@@ -84,6 +86,7 @@ impl Stored {
             Stored::Ignored => "ignored",
             Stored::Duplicate => "duplicate",
             Stored::Conflict => "conflict",
+            Stored::Replayed => "replayed",
         }
     }
 }
@@ -193,6 +196,12 @@ impl Ingest {
                 }
             },
         };
+        if let Ok(InsertOutcome::Duplicate { id }) = result {
+            let replayed = self.replays(route, &[(&entry, id)]).await;
+            if let Some(replayed) = replayed?.pop().flatten() {
+                return Ok(Accepted { outcome: replayed, stored: Stored::Replayed });
+            }
+        }
         self.record(route, &entry, &result);
         if matches!(result, Ok(InsertOutcome::Inserted { .. })) && entry.status == Status::Open {
             route.stored.notify_one();
@@ -219,14 +228,37 @@ impl Ingest {
     }
 
     async fn store_batch(&self, route: &Route, mut entries: Vec<NewEntry>) -> Result<Vec<InsertOutcome>, IngestError> {
-        let result = self.insert_isolating(route, &mut entries, self.clock.now()).await;
+        let mut result = self.insert_isolating(route, &mut entries, self.clock.now()).await;
+        // Which outcomes a replay window turned from duplicates into new entries
+        // (counted by `replays`).
+        let mut replayed = vec![false; entries.len()];
+        if let Ok(outcomes) = &mut result {
+            let duplicates: Vec<(usize, (&NewEntry, i64))> = entries
+                .iter()
+                .zip(outcomes.iter())
+                .enumerate()
+                .filter_map(|(i, (entry, outcome))| match outcome {
+                    InsertOutcome::Duplicate { id } => Some((i, (entry, *id))),
+                    _ => None,
+                })
+                .collect();
+            if !duplicates.is_empty() {
+                let (at, found): (Vec<usize>, Vec<(&NewEntry, i64)>) = duplicates.into_iter().unzip();
+                for (i, taken) in at.into_iter().zip(self.replays(route, &found).await?) {
+                    if let Some(taken) = taken {
+                        outcomes[i] = taken;
+                        replayed[i] = true;
+                    }
+                }
+            }
+        }
         match &result {
             Ok(outcomes) => {
-                for (entry, outcome) in entries.iter().zip(outcomes) {
+                for ((entry, outcome), _) in entries.iter().zip(outcomes).zip(&replayed).filter(|(_, r)| !**r) {
                     self.record(route, entry, &Ok(*outcome));
                 }
-                let opened = entries.iter().zip(outcomes).any(|(entry, outcome)| {
-                    matches!(outcome, InsertOutcome::Inserted { .. }) && entry.status == Status::Open
+                let opened = entries.iter().zip(outcomes).zip(&replayed).any(|((entry, outcome), replayed)| {
+                    !replayed && matches!(outcome, InsertOutcome::Inserted { .. }) && entry.status == Status::Open
                 });
                 if opened {
                     route.stored.notify_one();
@@ -239,6 +271,60 @@ impl Ingest {
             }
         }
         Ok(result?)
+    }
+
+    /// Redeliveries a replay window takes as new deliveries: for each duplicate
+    /// `(entry, id of the entry it duplicates)`, the new entry stored for it, or
+    /// `None` where it stays a duplicate. A window takes a message published inside
+    /// it whose first entry arrived before the window opened (so a message first seen
+    /// while the window is open is not stored twice), once: stored again under
+    /// [`crate::inbox::replay_dedup_key`], a later redelivery is a duplicate of that.
+    /// The windows are read only when a batch holds duplicates. An error means nack,
+    /// as for any insert (what was stored absorbs the redelivery).
+    async fn replays(
+        &self,
+        route: &Route,
+        found: &[(&NewEntry, i64)],
+    ) -> Result<Vec<Option<InsertOutcome>>, StoreError> {
+        let now = self.clock.now();
+        let windows = self.store.replay_windows(Some(route.name()), Some(now)).await?;
+        let mut taken = Vec::with_capacity(found.len());
+        for (entry, original) in found {
+            taken.push(match replay_window(&windows, entry) {
+                Some(window) => self.replay(route, window, entry, *original, now).await?,
+                None => None,
+            });
+        }
+        if taken.iter().flatten().next().is_some() {
+            route.stored.notify_one();
+            self.announce(route.name());
+        }
+        Ok(taken)
+    }
+
+    /// Stores `entry` again for `window`, unless entry `original` arrived after the
+    /// window opened or the window already stored it.
+    async fn replay(
+        &self,
+        route: &Route,
+        window: &ReplayWindow,
+        entry: &NewEntry,
+        original: i64,
+        now: Millis,
+    ) -> Result<Option<InsertOutcome>, StoreError> {
+        let Some(first) = self.store.get(original).await? else { return Ok(None) };
+        if first.received_at >= window.opened_at {
+            return Ok(None);
+        }
+        let again =
+            NewEntry { dedup_key: crate::inbox::replay_dedup_key(&entry.dedup_key, window.id), ..entry.clone() };
+        let outcome = self.store.insert_replay(&again, window.id, original, now).await?;
+        if !matches!(outcome, InsertOutcome::Inserted { .. }) {
+            return Ok(None);
+        }
+        tracing::info!(route = route.name(), message_id = %rules::storable(&entry.message_id, 200), window = window.id, original, entry = outcome.id(), "a redelivery inside a replay window was stored as a new entry");
+        self.metrics.ingested.get_or_create(&Metrics::outcome(route.name(), Stored::Replayed.as_str())).inc();
+        Ok(Some(outcome))
     }
 
     async fn insert_alone(
@@ -445,6 +531,15 @@ impl Ingest {
         let label = Stored::of(outcome, entry.status).as_str();
         self.metrics.ingested.get_or_create(&Metrics::outcome(route.name(), label)).inc();
     }
+}
+
+/// The open window, of `windows`, that a redelivery of `entry` falls in: by its publish
+/// time (a message without one is never replayed), the oldest window first.
+fn replay_window<'w>(windows: &'w [ReplayWindow], entry: &NewEntry) -> Option<&'w ReplayWindow> {
+    let published = crate::pubsub_client::parse_time(entry.publish_time.as_deref()?).ok()?;
+    let millis = published.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
+    let millis = i64::try_from(millis).ok()?;
+    windows.iter().find(|w| w.covers(millis))
 }
 
 /// The span a message's decode and insert run in.

@@ -79,6 +79,7 @@ conformance!(
     a_settle_batch_writes_what_settles_one_by_one_write,
     heads_behind_a_long_backlog_of_one_key_are_claimed,
     a_route_of_few_keys_gives_each_claim_every_free_head_and_the_entries_without_a_key,
+    replay_windows_record_what_they_stored_and_are_listed_open_or_all,
 );
 
 fn entry(route: &str, key: &str, dedup: &str, payload: &str) -> NewEntry {
@@ -1074,4 +1075,67 @@ async fn a_settle_batch_commits_each_settle_and_fences_a_lost_lease_alone(store:
     assert_eq!(store.attempts(a).await.unwrap().len(), 1);
     assert_eq!(store.attempts(c).await.unwrap().len(), 1);
     assert!(store.attempts(b).await.unwrap().is_empty(), "no record of a settle whose lease was lost");
+}
+
+/// A replay window's record: listed with the entries it stored, among the open ones
+/// until it ends or is closed; its entry is an ordinary new entry (a second insert of
+/// it is a duplicate, and records nothing twice); what it made goes with the entry
+/// when retention purges it.
+async fn replay_windows_record_what_they_stored_and_are_listed_open_or_all(store: Arc<dyn Store>) {
+    let window = |route: &str, closes_at: Millis| inbox::NewReplayWindow {
+        route: route.into(),
+        published_from: T0 - 60_000,
+        published_to: T0,
+        opened_at: T0,
+        closes_at,
+        opened_by: "cli:ops".into(),
+        reason: "redo".into(),
+    };
+    let first = store.open_replay_window(&window("r", T0 + 3_600_000)).await.unwrap();
+    let other = store.open_replay_window(&window("s", T0 + 1_000)).await.unwrap();
+    assert_ne!(first, other);
+    let original = insert(&store, entry("r", "k", "evt-1", "p")).await;
+    let again = NewEntry { dedup_key: inbox::replay_dedup_key("evt-1", first), ..entry("r", "k", "evt-1", "p") };
+    assert_eq!(again.dedup_key, format!("evt-1#replay-{first}"));
+    let made = match store.insert_replay(&again, first, original, T0 + 10).await.unwrap() {
+        InsertOutcome::Inserted { id } => id,
+        other => panic!("a replay is a new entry, got {other:?}"),
+    };
+    assert!(made > original);
+    assert_eq!(store.get(made).await.unwrap().unwrap().status, Status::Open);
+    assert_eq!(
+        store.insert_replay(&again, first, original, T0 + 20).await.unwrap(),
+        InsertOutcome::Duplicate { id: made },
+        "the window's second redelivery is a duplicate"
+    );
+    assert_eq!(store.replay_entries(first).await.unwrap(), [(made, original)]);
+    assert!(store.replay_entries(other).await.unwrap().is_empty());
+
+    let listed = store.replay_windows(Some("r"), None).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    let w = &listed[0];
+    assert_eq!((w.id, w.route.as_str(), w.taken, w.closed_at), (first, "r", 1, None));
+    assert_eq!((w.published_from, w.published_to, w.opened_by.as_str()), (T0 - 60_000, T0, "cli:ops"));
+    assert!(w.is_open(T0 + 10) && w.covers(T0 - 1) && !w.covers(T0));
+    let open_later: Vec<i64> =
+        store.replay_windows(None, Some(T0 + 2_000)).await.unwrap().iter().map(|w| w.id).collect();
+    assert_eq!(open_later, [first], "the other window has ended by then");
+    assert_eq!(store.replay_windows(None, None).await.unwrap().len(), 2);
+
+    assert!(!store.close_replay_window(other, T0 + 2_000).await.unwrap(), "an ended window cannot be closed");
+    assert!(store.close_replay_window(first, T0 + 2_000).await.unwrap());
+    assert!(!store.close_replay_window(first, T0 + 3_000).await.unwrap(), "closed once");
+    assert!(store.replay_windows(None, Some(T0 + 2_500)).await.unwrap().is_empty());
+    assert_eq!(store.replay_windows(Some("r"), None).await.unwrap()[0].closed_at, Some(T0 + 2_000));
+
+    // Retention: the entry the window made goes, and its record with it.
+    for c in store.claim(&req("r", "w", T0 + 10, 10)).await.unwrap() {
+        store.settle(c.entry.id, &c.lease, T0 + 20, &Settlement::Done).await.unwrap();
+    }
+    for c in store.claim(&req("r", "w", T0 + 30, 10)).await.unwrap() {
+        store.settle(c.entry.id, &c.lease, T0 + 40, &Settlement::Done).await.unwrap();
+    }
+    assert_eq!(store.purge_finished(T0 + 1_000, 100).await.unwrap(), 2);
+    assert!(store.replay_entries(first).await.unwrap().is_empty());
+    assert_eq!(store.replay_windows(Some("r"), None).await.unwrap()[0].taken, 0);
 }

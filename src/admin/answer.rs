@@ -106,9 +106,13 @@ impl From<Refusal> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, error).entry(entry).status(now)
             }
             Refusal::Unexplained { entry, .. } => ApiError::new(StatusCode::CONFLICT, error).entry(entry),
-            Refusal::EmptyReason { .. } | Refusal::NeedsReason { .. } | Refusal::Rate { .. } => {
-                ApiError::bad_request(error)
-            }
+            Refusal::EmptyReason { .. }
+            | Refusal::NeedsReason { .. }
+            | Refusal::Rate { .. }
+            | Refusal::EmptyReplay { .. }
+            | Refusal::ReplayOpenFor => ApiError::bad_request(error),
+            Refusal::ReplayOverlaps { route, .. } => ApiError::new(StatusCode::CONFLICT, error).route(route),
+            Refusal::NoOpenReplay(_) => ApiError::new(StatusCode::NOT_FOUND, error),
             Refusal::AlreadyPaused { route, .. } | Refusal::NotPaused(route) => {
                 ApiError::new(StatusCode::CONFLICT, error).route(route)
             }

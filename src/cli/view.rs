@@ -16,7 +16,28 @@ pub fn date(ms: Millis) -> String {
 /// A time as a date to the millisecond, `2026-08-01T10:00:00.123Z` (UTC): what
 /// `gcloud pubsub subscriptions seek --time` takes.
 pub fn date_millis(ms: Millis) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)).to_string()
+    crate::clock::rfc3339_millis(ms)
+}
+
+/// A replay window on one line: id, route, publish times, state, who and why, and
+/// how many entries it stored.
+pub fn replay_line(w: &crate::inbox::ReplayWindow, now: Millis) -> String {
+    let state = match w.closed_at {
+        Some(at) => format!("closed at {}", date(at)),
+        None if w.is_open(now) => format!("open until {}", date(w.closes_at)),
+        None => format!("ended at {}", date(w.closes_at)),
+    };
+    format!(
+        "window {} on {}: published from {} to {}, {state}, {} entries stored; opened by {} at {}: {}",
+        w.id,
+        w.route,
+        date_millis(w.published_from),
+        date_millis(w.published_to),
+        w.taken,
+        w.opened_by,
+        date(w.opened_at),
+        w.reason
+    )
 }
 
 /// A file size for people: `512 B`, `4.0 KiB`, `12.3 MiB`, `2.1 GiB`.

@@ -434,6 +434,57 @@ pub struct Pause {
     pub reason: String,
 }
 
+/// A replay window to open ([`Store::open_replay_window`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewReplayWindow {
+    pub route: String,
+    /// Publish times taken: from (inclusive) to (exclusive).
+    pub published_from: Millis,
+    pub published_to: Millis,
+    pub opened_at: Millis,
+    pub closes_at: Millis,
+    /// A token name, `loopback`, or `cli:<user>`.
+    pub opened_by: String,
+    pub reason: String,
+}
+
+/// A replay window: while it is open, a redelivery of a message published inside it,
+/// whose entry arrived before the window opened, is stored once more as a new entry
+/// (dedup key [`replay_dedup_key`]); every other redelivery stays a duplicate.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ReplayWindow {
+    pub id: i64,
+    pub route: String,
+    pub published_from: Millis,
+    pub published_to: Millis,
+    pub opened_at: Millis,
+    pub closes_at: Millis,
+    /// When it was closed by hand, before `closes_at`.
+    pub closed_at: Option<Millis>,
+    pub opened_by: String,
+    pub reason: String,
+    /// The entries it has stored so far.
+    pub taken: i64,
+}
+
+impl ReplayWindow {
+    /// Whether redeliveries are still taken at `now`.
+    pub fn is_open(&self, now: Millis) -> bool {
+        self.closed_at.is_none() && now < self.closes_at
+    }
+
+    /// Whether a message published at `published` (milliseconds) is inside.
+    pub fn covers(&self, published: Millis) -> bool {
+        (self.published_from..self.published_to).contains(&published)
+    }
+}
+
+/// The dedup key a replay window stores a message again under: one entry per message
+/// and window, so a second redelivery inside the window is a duplicate of the first.
+pub fn replay_dedup_key(dedup_key: &str, window: i64) -> String {
+    format!("{dedup_key}#replay-{window}")
+}
+
 /// A repair action as the audit log records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewAudit {
@@ -463,6 +514,8 @@ pub enum AuditAction {
     Promote,
     Rollback,
     Reload,
+    ReplayOpen,
+    ReplayClose,
 }
 
 impl AuditAction {
@@ -481,6 +534,8 @@ impl AuditAction {
             AuditAction::Promote => "promote",
             AuditAction::Rollback => "rollback",
             AuditAction::Reload => "reload",
+            AuditAction::ReplayOpen => "replay-open",
+            AuditAction::ReplayClose => "replay-close",
         }
     }
 }
@@ -828,6 +883,35 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes DONE and IGNORED entries finished before `before`; never PARKED ones.
     async fn purge_finished(&self, before: Millis, limit: u32) -> Result<u64, StoreError>;
+
+    /// Opens a replay window; returns its id.
+    async fn open_replay_window(&self, window: &NewReplayWindow) -> Result<i64, StoreError>;
+
+    /// Closes replay window `id` at `now`. Returns false when it is not open.
+    async fn close_replay_window(&self, id: i64, now: Millis) -> Result<bool, StoreError>;
+
+    /// The replay windows of `route` (or of every route), oldest first; with `open_at`,
+    /// only those open then.
+    async fn replay_windows(
+        &self,
+        route: Option<&str>,
+        open_at: Option<Millis>,
+    ) -> Result<Vec<ReplayWindow>, StoreError>;
+
+    /// Stores `entry` (its dedup key already [`replay_dedup_key`]) as what replay
+    /// window `window` made of entry `original`, in one transaction: the entry and
+    /// the record of where it came from.
+    async fn insert_replay(
+        &self,
+        entry: &NewEntry,
+        window: i64,
+        original: i64,
+        now: Millis,
+    ) -> Result<InsertOutcome, StoreError>;
+
+    /// The entries replay window `window` made, each with the entry it was made
+    /// from: `(entry, original)`, in entry order.
+    async fn replay_entries(&self, window: i64) -> Result<Vec<(i64, i64)>, StoreError>;
 
     async fn counts(&self) -> Result<Vec<RouteStatusCount>, StoreError>;
 

@@ -41,6 +41,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration::new(7, "key_in_progress", include_str!("sql/postgres_0007_key_in_progress.sql")),
     Migration::new(8, "statistics", include_str!("sql/postgres_0008_statistics.sql")),
     Migration::new(9, "hot_path_indexes", include_str!("sql/postgres_0009_hot_path_indexes.sql")),
+    Migration::new(10, "replay_windows", include_str!("sql/postgres_0010_replay_windows.sql")).compatible_from(9),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII). Taken for

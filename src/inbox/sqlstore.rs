@@ -756,6 +756,87 @@ macro_rules! store_impl {
                     .collect()
             }
 
+            async fn open_replay_window(&self, w: &$crate::inbox::NewReplayWindow) -> Result<i64, $crate::inbox::StoreError> {
+                Ok(sqlx::query_scalar(include_str!("sql/replay_window_insert.sql"))
+                    .bind(&w.route)
+                    .bind(w.published_from)
+                    .bind(w.published_to)
+                    .bind(w.opened_at)
+                    .bind(w.closes_at)
+                    .bind(&w.opened_by)
+                    .bind(&w.reason)
+                    .fetch_one(&self.pool)
+                    .await?)
+            }
+
+            async fn close_replay_window(&self, id: i64, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
+                let r = sqlx::query(
+                    "UPDATE inbox_replay_window SET closed_at = $2 WHERE id = $1 AND closed_at IS NULL AND closes_at > $2",
+                )
+                .bind(id)
+                .bind(now)
+                .execute(&self.pool)
+                .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn replay_windows(&self, route: Option<&str>, open_at: Option<$crate::clock::Millis>)
+                -> Result<Vec<$crate::inbox::ReplayWindow>, $crate::inbox::StoreError>
+            {
+                use sqlx::Row as _;
+                let rows = sqlx::query(include_str!("sql/replay_window_list.sql"))
+                    .bind(route)
+                    .bind(open_at)
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter()
+                    .map(|r| {
+                        Ok($crate::inbox::ReplayWindow {
+                            id: r.try_get("id")?,
+                            route: r.try_get("route")?,
+                            published_from: r.try_get("published_from")?,
+                            published_to: r.try_get("published_to")?,
+                            opened_at: r.try_get("opened_at")?,
+                            closes_at: r.try_get("closes_at")?,
+                            closed_at: r.try_get("closed_at")?,
+                            opened_by: r.try_get("opened_by")?,
+                            reason: r.try_get("reason")?,
+                            taken: r.try_get("taken")?,
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn insert_replay(
+                &self,
+                e: &$crate::inbox::NewEntry,
+                window: i64,
+                original: i64,
+                now: $crate::clock::Millis,
+            ) -> Result<$crate::inbox::InsertOutcome, $crate::inbox::StoreError> {
+                let mut tx = self.pool.begin().await?;
+                let outcome = Self::insert_one(&mut tx, e, now).await?;
+                if let $crate::inbox::InsertOutcome::Inserted { id } = outcome {
+                    sqlx::query("INSERT INTO inbox_replay_entry (entry_id, window_id, original_id) VALUES ($1, $2, $3)")
+                        .bind(id)
+                        .bind(window)
+                        .bind(original)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(outcome)
+            }
+
+            async fn replay_entries(&self, window: i64) -> Result<Vec<(i64, i64)>, $crate::inbox::StoreError> {
+                Ok(sqlx::query_as(
+                    "SELECT entry_id, original_id FROM inbox_replay_entry WHERE window_id = $1 ORDER BY entry_id",
+                )
+                .bind(window)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
             async fn purge_finished(&self, before: $crate::clock::Millis, limit: u32) -> Result<u64, $crate::inbox::StoreError> {
                 let r = sqlx::query(include_str!("sql/purge.sql")).bind(before).bind(i64::from(limit)).execute(&self.pool).await?;
                 Ok(r.rows_affected())

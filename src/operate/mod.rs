@@ -21,11 +21,13 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::clock::{Clock, Millis};
+use crate::clock::{Clock, Millis, rfc3339_millis};
 use crate::config::edit::Step;
 pub use crate::inbox::repair::RepairAction;
 use crate::inbox::repair::{RepairFilter, RepairJob};
-use crate::inbox::{AuditAction, AuditOutcome, NewAudit, Pause, Status, Store, StoreError};
+use crate::inbox::{
+    AuditAction, AuditOutcome, NewAudit, NewReplayWindow, Pause, ReplayWindow, Status, Store, StoreError,
+};
 use crate::rollout::{RolloutError, Stepped};
 use jobs::Matches;
 
@@ -199,6 +201,11 @@ impl JobPlan {
     }
 }
 
+/// The longest a replay window stays open: long enough for a seek of a week's
+/// retention to be delivered, short enough that a forgotten window does not turn an
+/// ordinary redelivery of next month into a new entry.
+pub const MAX_REPLAY_OPEN: Duration = Duration::from_secs(7 * 86_400);
+
 /// Why an operator action did not happen (or did not finish).
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
@@ -224,6 +231,19 @@ pub enum Refusal {
     AlreadyPaused { route: String, since: Option<PauseView> },
     #[error("route `{0}` is not paused")]
     NotPaused(String),
+    /// A replay window's publish times: `from` must come before `to`.
+    #[error("a replay window's start ({from}) must come before its end ({to})")]
+    EmptyReplay { from: String, to: String },
+    #[error("a replay window must stay open for at least a second and at most {} days", MAX_REPLAY_OPEN.as_secs() / 86_400)]
+    ReplayOpenFor,
+    /// Two open windows of one route may not share publish times: which one a
+    /// redelivery belongs to would depend on the order they were opened in.
+    #[error(
+        "route `{route}` already has replay window {window} open over part of those publish times (close it first: `inlet route replay-close {window}`)"
+    )]
+    ReplayOverlaps { route: String, window: i64 },
+    #[error("no open replay window {0}")]
+    NoOpenReplay(i64),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -303,6 +323,96 @@ impl<'a> Operator<'a> {
         }
         self.wake(route).await;
         Ok(RoutePaused { route: route.to_string(), paused: None })
+    }
+
+    /// Opens a replay window on `route` over the publish times `published` (from
+    /// inclusive, to exclusive), for `open_for`: until then, a redelivery of a
+    /// message published inside it whose entry arrived before now is stored once more
+    /// as a new entry (see [`crate::inbox::ReplayWindow`]). The seek that brings the
+    /// messages back is the caller's next step (`inlet pubsub seek`).
+    pub async fn open_replay(
+        &self,
+        route: &str,
+        published: std::ops::Range<Millis>,
+        open_for: Duration,
+        reason: Reason,
+    ) -> Result<ReplayWindow, Refusal> {
+        if published.is_empty() {
+            return Err(Refusal::EmptyReplay {
+                from: rfc3339_millis(published.start),
+                to: rfc3339_millis(published.end),
+            });
+        }
+        if open_for < Duration::from_secs(1) || open_for > MAX_REPLAY_OPEN {
+            return Err(Refusal::ReplayOpenFor);
+        }
+        let now = self.clock.now();
+        let open = self.store.replay_windows(Some(route), Some(now)).await?;
+        let subject = format!(
+            "route {route}, published from {} to {}",
+            rfc3339_millis(published.start),
+            rfc3339_millis(published.end)
+        );
+        if let Some(other) = open.iter().find(|w| w.published_from < published.end && published.start < w.published_to)
+        {
+            let refusal = Refusal::ReplayOverlaps { route: route.to_string(), window: other.id };
+            self.audit(
+                AuditAction::ReplayOpen,
+                Some(route.into()),
+                subject,
+                AuditOutcome::Conflict,
+                Some(refusal.to_string()),
+            )
+            .await;
+            return Err(refusal);
+        }
+        let window = NewReplayWindow {
+            route: route.to_string(),
+            published_from: published.start,
+            published_to: published.end,
+            opened_at: now,
+            closes_at: now.saturating_add(i64::try_from(open_for.as_millis()).unwrap_or(i64::MAX)),
+            opened_by: self.actor.clone(),
+            reason: reason.0,
+        };
+        let opened = self.store.open_replay_window(&window).await;
+        let (outcome, detail) = match &opened {
+            Ok(id) => (
+                AuditOutcome::Ok,
+                format!("window {id}, open until {}: {}", rfc3339_millis(window.closes_at), window.reason),
+            ),
+            Err(_) => (AuditOutcome::Failed, window.reason.clone()),
+        };
+        self.audit(AuditAction::ReplayOpen, Some(route.into()), subject, outcome, Some(detail)).await;
+        let NewReplayWindow { route, published_from, published_to, opened_at, closes_at, opened_by, reason } = window;
+        Ok(ReplayWindow {
+            id: opened?,
+            route,
+            published_from,
+            published_to,
+            opened_at,
+            closes_at,
+            closed_at: None,
+            opened_by,
+            reason,
+            taken: 0,
+        })
+    }
+
+    /// Closes replay window `id` before its time: redeliveries are duplicates again.
+    /// What it stored stays.
+    pub async fn close_replay(&self, id: i64) -> Result<ReplayWindow, Refusal> {
+        let window = self.store.replay_windows(None, None).await?.into_iter().find(|w| w.id == id);
+        let result = self.store.close_replay_window(id, self.clock.now()).await;
+        let route = window.as_ref().map(|w| w.route.clone());
+        self.audit(AuditAction::ReplayClose, route, format!("replay window {id}"), outcome_of(&result), None).await;
+        match (result?, window) {
+            (true, Some(window)) => {
+                let closed = self.store.replay_windows(Some(&window.route), None).await?;
+                Ok(closed.into_iter().find(|w| w.id == id).unwrap_or(window))
+            }
+            _ => Err(Refusal::NoOpenReplay(id)),
+        }
     }
 
     /// Deletes DONE and IGNORED entries finished more than `older_than` ago (never
