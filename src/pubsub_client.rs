@@ -218,6 +218,35 @@ pub enum SetupStep {
         name: String,
         differences: Vec<String>,
     },
+    /// A subscription whose dead-letter policy, with its redelivery backoff, gives up
+    /// on a message after less than [`RIDE_OUT`] of nacks: an inbox outage that long
+    /// sends messages Inlet never looked at to the dead-letter topic.
+    DeadLettersSoon {
+        name: String,
+        attempts: u32,
+        backoff: (Duration, Duration),
+        after: Duration,
+    },
+}
+
+/// The inbox outage a subscription with a dead-letter policy should ride out before
+/// Pub/Sub gives up on messages: while Inlet cannot store, it nacks every message, and
+/// each nack is a delivery attempt.
+pub const RIDE_OUT: Duration = Duration::from_secs(3600);
+
+/// About how long Pub/Sub keeps redelivering a message that is nacked at once every
+/// time before its dead-letter policy gives up: the waits between `attempts` deliveries
+/// under an exponential `backoff` (least, doubling up to most). Pub/Sub adds jitter
+/// and Inlet's own time per try; this is the floor an operator plans with.
+pub fn dead_letter_after(backoff: (Duration, Duration), attempts: u32) -> Duration {
+    let (least, most) = backoff;
+    let mut wait = least;
+    let mut total = Duration::ZERO;
+    for _ in 1..attempts {
+        total = total.saturating_add(wait.min(most));
+        wait = wait.saturating_mul(2);
+    }
+    total
 }
 
 impl std::fmt::Display for SetupStep {
@@ -234,6 +263,17 @@ impl std::fmt::Display for SetupStep {
                 "subscription {name} differs from its route, left as it is: {} (recreate it, or change the routing file, \
                  to make them agree)",
                 differences.join("; ")
+            ),
+            SetupStep::DeadLettersSoon { name, attempts, backoff, after } => write!(
+                f,
+                "warning: subscription {name} dead-letters a message after {attempts} delivery attempts, which with a \
+                 redelivery backoff of {} to {} is about {} of nacks: an inbox outage that long sends messages Inlet \
+                 never stored to the dead-letter topic (raise max_delivery_attempts or redelivery_backoff to ride out \
+                 {}; docs/pubsub.md, \"Dead-letter policy\")",
+                short_duration(backoff.0),
+                short_duration(backoff.1),
+                short_duration(*after),
+                short_duration(RIDE_OUT)
             ),
             SetupStep::RetainsUnasked { name, duration } => write!(
                 f,
@@ -277,6 +317,7 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
         let Some(topic) = &s.topic else {
             // Without a topic the subscription cannot be created; it must exist.
             steps.extend(reconcile(&subscriptions, route, s, wanted, false).await?);
+            steps.extend(dead_letters_soon(s));
             continue;
         };
         ensure_topic(topic, &mut steps).await?;
@@ -286,11 +327,15 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
             .set_topic(topic)
             .set_ack_deadline_seconds(s.lease_extension.as_secs().clamp(10, 600) as i32)
             .set_enable_message_ordering(route.ordering == Ordering::PerKey)
+            .set_enable_exactly_once_delivery(s.exactly_once)
             .set_retry_policy(
                 SubscriptionRetry::new()
-                    .set_minimum_backoff(google_cloud_wkt::Duration::clamp(1, 0))
-                    .set_maximum_backoff(google_cloud_wkt::Duration::clamp(60, 0)),
+                    .set_minimum_backoff(wkt_duration(s.redelivery_backoff.0))
+                    .set_maximum_backoff(wkt_duration(s.redelivery_backoff.1)),
             );
+        if let Some(filter) = &s.filter {
+            create = create.set_filter(filter);
+        }
         if let Some(retain) = s.retain_acked {
             create = create.set_retain_acked_messages(true).set_message_retention_duration(wkt_duration(retain));
         }
@@ -312,6 +357,7 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
             }
             (Err(e), _) => return Err(format!("cannot create subscription {}: {e}", s.subscription)),
         }
+        steps.extend(dead_letters_soon(s));
     }
     Ok(steps)
 }
@@ -372,6 +418,18 @@ async fn reconcile(
     Ok(std::iter::once(SetupStep::Updated { name: name.to_string(), changes }).chain(drifted).collect())
 }
 
+/// The warning for a route whose dead-letter policy gives up within [`RIDE_OUT`].
+fn dead_letters_soon(source: &PubsubSource) -> Option<SetupStep> {
+    source.dead_letter_topic.as_ref()?;
+    let after = dead_letter_after(source.redelivery_backoff, source.max_delivery_attempts);
+    (after < RIDE_OUT).then(|| SetupStep::DeadLettersSoon {
+        name: source.subscription.clone(),
+        attempts: source.max_delivery_attempts,
+        backoff: source.redelivery_backoff,
+        after,
+    })
+}
+
 /// What an existing subscription has that its route asks otherwise, among the
 /// settings setup gives a subscription it creates: its topic, message ordering and
 /// dead-letter policy. Each as `field is X, the routing file wants Y`.
@@ -410,6 +468,53 @@ fn drift(current: &Subscription, route: &RouteConfig, source: &PubsubSource) -> 
             ))
         }
         _ => {}
+    }
+    if let Some(filter) = source.filter.as_deref().filter(|f| *f != current.filter) {
+        let has = if current.filter.is_empty() {
+            "it has no filter".to_string()
+        } else {
+            format!("its filter is {}", current.filter)
+        };
+        differences.push(format!("{has}, the routing file's source.filter is {filter}"));
+    } else if source.filter.is_none() && !current.filter.is_empty() {
+        differences.push(format!(
+            "its filter is {}, which the routing file does not set (messages it does not match never reach Inlet)",
+            current.filter
+        ));
+    }
+    if current.enable_exactly_once_delivery != source.exactly_once {
+        differences.push(format!(
+            "exactly-once delivery is {}, the routing file's source.exactly_once is {}",
+            if current.enable_exactly_once_delivery { "on" } else { "off" },
+            source.exactly_once
+        ));
+    }
+    let backoff = current.retry_policy.as_ref().map(|p| {
+        let get = |d: Option<&google_cloud_wkt::Duration>, default: Duration| {
+            d.and_then(|d| Duration::try_from(*d).ok()).unwrap_or(default)
+        };
+        // Pub/Sub's defaults for a policy that leaves one out: 10s and 600s.
+        (
+            get(p.minimum_backoff.as_ref(), Duration::from_secs(10)),
+            get(p.maximum_backoff.as_ref(), Duration::from_secs(600)),
+        )
+    });
+    let wanted = source.redelivery_backoff;
+    match backoff {
+        None => differences.push(format!(
+            "it has no retry policy (Pub/Sub redelivers a nacked message at once), the routing file's \
+             source.redelivery_backoff is {} to {}",
+            short_duration(wanted.0),
+            short_duration(wanted.1)
+        )),
+        Some(has) if has != wanted => differences.push(format!(
+            "its redelivery backoff is {} to {}, the routing file's source.redelivery_backoff is {} to {}",
+            short_duration(has.0),
+            short_duration(has.1),
+            short_duration(wanted.0),
+            short_duration(wanted.1)
+        )),
+        Some(_) => {}
     }
     differences
 }
@@ -520,6 +625,18 @@ mod tests {
             ["retain_acked_messages false → true"]
         );
         assert!(hour.changes(&hour).is_empty());
+    }
+
+    /// The figures docs/pubsub.md quotes for the outage a dead-letter policy rides out.
+    #[test]
+    fn a_dead_letter_policy_gives_up_after_the_waits_between_its_attempts() {
+        let s = Duration::from_secs;
+        assert_eq!(dead_letter_after((s(1), s(60)), 5), s(15), "1 + 2 + 4 + 8");
+        assert_eq!(dead_letter_after((s(1), s(60)), 10), s(243), "1 + … + 32 + 3 × 60");
+        assert_eq!(dead_letter_after((s(10), s(600)), 20), s(8_430), "10 + … + 320 + 13 × 600");
+        assert_eq!(dead_letter_after((s(10), s(600)), 100), s(56_430));
+        assert_eq!(dead_letter_after((s(0), s(600)), 100), s(0), "no backoff: redelivered at once");
+        assert_eq!(dead_letter_after((s(600), s(600)), 1), s(0), "one attempt: no wait");
     }
 
     #[test]

@@ -197,6 +197,10 @@ pub struct Metrics {
     /// Acks an exactly-once subscription refused, by reason (`lease_expired`, `rpc`,
     /// `shutdown_before_ack`, `shutdown`, `other`): those messages come again.
     pub pubsub_acks_refused: Family<RouteReason, Counter>,
+    /// Messages that arrived having used at least half of the delivery attempts their
+    /// subscription's dead-letter policy allows: Pub/Sub dead-letters them if Inlet
+    /// keeps failing to store them.
+    pub pubsub_near_dead_letter: Family<RouteLabel, Counter>,
     /// Pub/Sub streams given up and opened again, by reason.
     pub pubsub_reconnects: Family<RouteOutcome, Counter>,
     /// 1 while a route's subscription stream is open and the broker answers.
@@ -307,6 +311,7 @@ impl Metrics {
             pubsub_received: Family::default(),
             pubsub_acks: Family::default(),
             pubsub_acks_refused: Family::default(),
+            pubsub_near_dead_letter: Family::default(),
             pubsub_reconnects: Family::default(),
             pubsub_connected: Family::default(),
             pubsub_outstanding: Family::default(),
@@ -455,6 +460,11 @@ impl Metrics {
             "pubsub_acks_refused",
             "Acks an exactly-once subscription refused, by reason; those messages come again",
             m.pubsub_acks_refused.clone(),
+        );
+        registry.register(
+            "pubsub_near_dead_letter",
+            "Messages that arrived with half or more of their dead-letter policy's delivery attempts used",
+            m.pubsub_near_dead_letter.clone(),
         );
         registry.register("pubsub_reconnects", "Pub/Sub streams reopened, by reason", m.pubsub_reconnects.clone());
         registry.register("pubsub_connected", "1 while the subscription stream is up", m.pubsub_connected.clone());

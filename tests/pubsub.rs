@@ -418,17 +418,26 @@ async fn setup_creates_a_dead_letter_subscription_and_rows_record_the_delivery_a
         assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
         stdout.lines().skip(1).map(str::to_string).collect::<Vec<_>>()
     };
+    // Five attempts 1s, 2s, 4s and 8s apart: 15s of nacks, far less than an outage
+    // the route should ride out.
+    let dead_letters_soon = format!(
+        "warning: subscription projects/{PROJECT}/subscriptions/{SUBSCRIPTION} dead-letters a message after 5 \
+         delivery attempts, which with a redelivery backoff of 1s to 1m is about 15s of nacks: an inbox outage that \
+         long sends messages Inlet never stored to the dead-letter topic (raise max_delivery_attempts or \
+         redelivery_backoff to ride out 1h; docs/pubsub.md, \"Dead-letter policy\")"
+    );
     assert_eq!(
         setup(),
         [
             format!("created topic projects/{PROJECT}/topics/{TOPIC}"),
             format!("created topic projects/{PROJECT}/topics/{TOPIC}-dlq"),
             format!("created subscription projects/{PROJECT}/subscriptions/{SUBSCRIPTION}"),
+            dead_letters_soon.clone(),
         ]
     );
     let again = setup();
     assert!(
-        again.len() == 3 && again.iter().all(|s| s.ends_with(" exists")),
+        again.len() == 4 && again[..3].iter().all(|s| s.ends_with(" exists")) && again[3] == dead_letters_soon,
         "a second setup changes nothing: {again:?}"
     );
 
@@ -439,6 +448,50 @@ async fn setup_creates_a_dead_letter_subscription_and_rows_record_the_delivery_a
     assert_eq!(rows.without_delivery_attempt().await, 0, "the broker's delivery attempt is on every row");
     running.stop().await;
     assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+}
+
+/// A message that comes having used half or more of its dead-letter policy's attempts
+/// (nacked twice by a consumer that could not store it; the third of five attempts) is
+/// counted in `inlet_pubsub_near_dead_letter_total`, which `InletNearDeadLetter`
+/// watches; one with attempts to spare is not. (Unordered: see the test above.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_near_its_dead_letter_limit_is_counted() {
+    let emulator = PubSubEmulator::start(PROJECT).await;
+    let camunda = FakeCamunda::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    let dead_letter = format!(
+        r#"{}, dead_letter_topic = "projects/{PROJECT}/topics/{TOPIC}-dlq", max_delivery_attempts = 5"#,
+        setup_fields()
+    );
+    let routes = format!("{}ordering = \"none\"\n", pull_route(&camunda.url(), &dead_letter));
+    let config = dir.path().join("inlet.toml");
+    std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
+    inlet::pubsub_client::setup(&Config::load(&config).unwrap(), &Connection::emulator(&emulator.host))
+        .await
+        .expect("setup");
+    publish_independent(&emulator, TOPIC, 1, 1, 0, false).await;
+    let mut attempts = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while attempts.len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "nacked twice within 60 s: {attempts:?}");
+        let nacked = emulator.pull_and_nack(SUBSCRIPTION).await;
+        if nacked.is_empty() {
+            tokio::time::sleep(Duration::from_millis(200)).await; // poll interval: the redelivery waits for its backoff
+        }
+        attempts.extend(nacked);
+    }
+    assert_eq!(attempts, [1, 2], "the emulator counts each delivery");
+    let running = start_in_process(dir.path(), &url, &routes, &emulator).await;
+    let rows = Rows::open(&url).await;
+    wait_all_done(&rows, 1, Duration::from_secs(60)).await;
+    assert_eq!(rows.scalar("SELECT delivery_attempt FROM inbox_entry").await, 3);
+    assert_eq!(metric(&running, "inlet_pubsub_near_dead_letter_total", "orders"), 1.0);
+    // A second message, on its first attempt, is not near anything.
+    publish_independent(&emulator, TOPIC, 1, 1, 1, false).await;
+    wait_all_done(&rows, 2, Duration::from_secs(60)).await;
+    assert_eq!(metric(&running, "inlet_pubsub_near_dead_letter_total", "orders"), 1.0);
+    running.stop().await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -803,8 +856,9 @@ target = {{ kind = "log" }}
     let unordered = |name: &str| {
         format!(
             "subscription {} differs from its route, left as it is: message ordering is off, the route's ordering \
-             is \"per-key\" (Inlet still delivers in inbox order; Pub/Sub may hand it a key's messages out of order) \
-             (recreate it, or change the routing file, to make them agree)",
+             is \"per-key\" (Inlet still delivers in inbox order; Pub/Sub may hand it a key's messages out of order); \
+             it has no retry policy (Pub/Sub redelivers a nacked message at once), the routing file's \
+             source.redelivery_backoff is 1s to 1m (recreate it, or change the routing file, to make them agree)",
             sub(name)
         )
     };
@@ -1025,4 +1079,173 @@ async fn seek_after_a_restore_brings_back_what_was_acked_since_the_backup_withou
         seqs.dedup();
         assert_eq!(seqs, (0..(2 * HALF / KEYS) as i64).collect::<Vec<_>>(), "deliveries of key-{k}");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Replay windows: a seek on purpose, taken as new deliveries
+// ---------------------------------------------------------------------------------------
+
+/// A team seeks back on purpose after a bug and opens a replay window over the middle
+/// of three batches: after the seek, each message of that batch is stored once more
+/// as a new entry and delivered again, while the batches before and after it stay
+/// duplicates; when the same messages come a third time, nothing more is stored.
+///
+/// As in [`seek_after_a_restore_brings_back_what_was_acked_since_the_backup_without_duplicating_entries`],
+/// the first run streams from a second subscription of the topic while the test acks
+/// the route's own with unary pulls, so the run after the seek is the first to stream
+/// from it (the emulator sends what a seek brings back to a stopped stream). The third
+/// delivery comes from a third subscription made before anything was published: to
+/// Inlet a redelivery is the same message id again, whichever subscription brings it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_window_takes_the_messages_published_inside_it_as_new_deliveries_once() {
+    const BATCH: usize = 20;
+    const KEYS: usize = 4;
+    let emulator = PubSubEmulator::start(PROJECT).await;
+    let camunda = FakeCamunda::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    let routes = format!(
+        "{}ordering = \"none\"\n",
+        pull_route(&camunda.url(), &format!(r#"{}, retain_acked = "1h""#, setup_fields()))
+    );
+    let config = dir.path().join("inlet.toml");
+    std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
+    inlet::pubsub_client::setup(&Config::load(&config).unwrap(), &Connection::emulator(&emulator.host))
+        .await
+        .expect("setup");
+    emulator.create_subscription(TOPIC, "first-run", false).await;
+    emulator.create_subscription(TOPIC, "third-run", false).await;
+    let on = |subscription: &str| {
+        routes.replace(&format!("subscriptions/{SUBSCRIPTION}\""), &format!("subscriptions/{subscription}\""))
+    };
+
+    // Three batches, the middle one alone inside [before, after).
+    publish_independent(&emulator, TOPIC, BATCH, KEYS, 0, false).await;
+    // Publish times are the emulator's clock in milliseconds: a step apart from the batch before.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = std::time::SystemTime::now();
+    publish_independent(&emulator, TOPIC, BATCH, KEYS, BATCH, false).await;
+    let after = std::time::SystemTime::now();
+    // The same, towards the batch after.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    publish_independent(&emulator, TOPIC, BATCH, KEYS, 2 * BATCH, false).await;
+
+    // The first run: every message stored and delivered once.
+    let running = start_in_process(dir.path(), &url, &on("first-run"), &emulator).await;
+    let rows = Rows::open(&url).await;
+    wait_all_done(&rows, 3 * BATCH as i64, Duration::from_secs(120)).await;
+    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
+    running.stop().await;
+    let mut acked = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while acked < 3 * BATCH {
+        assert!(tokio::time::Instant::now() < deadline, "{acked} acked on the route's subscription in 60 s");
+        let pulled = emulator.pull(SUBSCRIPTION).await.len();
+        acked += pulled;
+        if pulled == 0 {
+            tokio::time::sleep(Duration::from_millis(200)).await; // poll interval: nothing there yet
+        }
+    }
+
+    // The window, opened from the command line, then the seek back; the routing file
+    // as the next run has it (the run above wrote its own).
+    std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
+    let config_arg = config.display().to_string();
+    let (from, to) = (humantime::format_rfc3339_millis(before), humantime::format_rfc3339_millis(after));
+    let (stdout, stderr, ok) = inlet_cli(
+        &emulator,
+        &[
+            "--config",
+            &config_arg,
+            "route",
+            "replay",
+            "orders",
+            "--from",
+            &from.to_string(),
+            "--to",
+            &to.to_string(),
+            "--reason",
+            "redo the middle batch after the fix",
+        ],
+    );
+    assert!(ok, "inlet route replay failed:\n{stdout}{stderr}");
+    assert!(stdout.starts_with("opened replay window 1 on orders"), "{stdout}");
+    let (stdout, stderr, ok) = inlet_cli(
+        &emulator,
+        &[
+            "--config",
+            &config_arg,
+            "route",
+            "replay",
+            "orders",
+            "--from",
+            &from.to_string(),
+            "--to",
+            &to.to_string(),
+            "--reason",
+            "again",
+        ],
+    );
+    assert!(
+        !ok && stderr.contains("already has replay window 1 open"),
+        "an overlapping window is refused:\n{stdout}{stderr}"
+    );
+    let start = humantime::format_rfc3339_millis(before - Duration::from_secs(60)).to_string();
+    let (stdout, stderr, ok) =
+        inlet_cli(&emulator, &["--config", &config_arg, "pubsub", "seek", "--route", "orders", "--to", &start]);
+    assert!(ok, "inlet pubsub seek failed:\n{stdout}{stderr}");
+
+    // The second run: all 60 come again; the middle batch is stored anew.
+    let running = start_in_process(dir.path(), &url, &on(SUBSCRIPTION), &emulator).await;
+    wait_until("the middle batch replayed and the rest seen as duplicates", Duration::from_secs(180), || async {
+        rows.rows().await >= 4 * BATCH as i64
+            && metric(&running, "inlet_ingested_total", "outcome=\"duplicate\"") >= 2.0 * BATCH as f64
+    })
+    .await;
+    wait_all_done(&rows, 4 * BATCH as i64, Duration::from_secs(120)).await;
+    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
+    assert_eq!(metric(&running, "inlet_ingested_total", "outcome=\"replayed\""), BATCH as f64);
+    running.stop().await;
+    assert_eq!(rows.rows().await, 4 * BATCH as i64, "one new entry per message of the window");
+    assert_eq!(
+        rows.scalar("SELECT COUNT(DISTINCT message_id) FROM inbox_entry WHERE dedup_key LIKE '%#replay-1'").await,
+        BATCH as i64
+    );
+
+    // The third time: the window is still open, and everything is a duplicate.
+    let running = start_in_process(dir.path(), &url, &on("third-run"), &emulator).await;
+    wait_until("the third delivery seen", Duration::from_secs(180), || async {
+        metric(&running, "inlet_ingested_total", "outcome=\"duplicate\"") >= 3.0 * BATCH as f64
+    })
+    .await;
+    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
+    assert_eq!(metric(&running, "inlet_ingested_total", "outcome=\"replayed\""), 0.0);
+    running.stop().await;
+    assert_eq!(rows.rows().await, 4 * BATCH as i64, "nothing stored the third time");
+
+    // The target saw the middle batch twice and the others once. A message's `seq` is
+    // its place among its key's messages: message n is key n % KEYS, seq n / KEYS.
+    let mut delivered = std::collections::BTreeMap::<(usize, i64), usize>::new();
+    for k in 0..KEYS {
+        for seq in camunda.correlated_seqs(&format!("key-{k}")) {
+            *delivered.entry((k, seq)).or_default() += 1;
+        }
+    }
+    let per_key = (BATCH / KEYS) as i64;
+    let expected: std::collections::BTreeMap<(usize, i64), usize> = (0..KEYS)
+        .flat_map(|k| {
+            (0..3 * per_key).map(move |seq| ((k, seq), if (per_key..2 * per_key).contains(&seq) { 2 } else { 1 }))
+        })
+        .collect();
+    assert_eq!(delivered, expected, "deliveries per message (key, seq)");
+
+    // Which entries the replay made, and from which.
+    let (stdout, stderr, ok) =
+        inlet_cli(&emulator, &["--config", &config_arg, "--json", "route", "replays", "orders", "--window", "1"]);
+    assert!(ok, "inlet route replays failed:\n{stdout}{stderr}");
+    let answer: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(answer["window"]["taken"], BATCH, "{answer}");
+    let made = answer["entries"].as_array().expect("entries");
+    assert_eq!(made.len(), BATCH, "{answer}");
+    assert!(made.iter().all(|m| m["original"].as_i64() < m["entry"].as_i64()), "{answer}");
 }

@@ -308,6 +308,18 @@ pub struct PubsubSource {
     /// `message_retention_duration`, with `retain_acked_messages`); `None` leaves the
     /// subscription's retention alone.
     pub retain_acked: Option<Duration>,
+    /// For `inlet pubsub setup`: Pub/Sub's filter on attributes, set when it creates
+    /// the subscription.
+    pub filter: Option<String>,
+    /// For `inlet pubsub setup`: exactly-once delivery.
+    pub exactly_once: bool,
+    /// For `inlet pubsub setup`: Pub/Sub's redelivery backoff after a nack, least and most.
+    pub redelivery_backoff: (Duration, Duration),
+}
+
+impl PubsubSource {
+    /// The redelivery backoff a route gets when it sets none.
+    pub const DEFAULT_REDELIVERY_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

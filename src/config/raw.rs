@@ -502,6 +502,22 @@ pub(super) struct RawSource {
     /// shortens how long a backlog survives an outage. Retained messages are billed
     /// as storage. Not set: setup leaves the subscription's retention as it is.
     pub retain_acked: Option<Spanned<HumanDuration>>,
+    /// pubsub (setup): Pub/Sub's filter on the messages' attributes, e.g.
+    /// `'attributes.type = "order"'` (at most 256 bytes): the subscription gets only the
+    /// messages that match, and Pub/Sub acks the others itself, so they never reach
+    /// Inlet. Routing by content at the broker instead of every route decoding and
+    /// ignoring most of a topic. Set when setup creates the subscription; Pub/Sub
+    /// cannot change it afterwards (setup reports a difference).
+    pub filter: Option<Spanned<String>>,
+    /// pubsub (setup): exactly-once delivery (default `false`): Pub/Sub redelivers
+    /// nothing Inlet acked in time, and says which acks it refused (docs/pubsub.md).
+    pub exactly_once: Option<Spanned<bool>>,
+    /// pubsub (setup): how long Pub/Sub waits before redelivering a message Inlet
+    /// nacked (it could not store it): `["least", "most"]`, growing exponentially from
+    /// one to the other, each `0s` to `600s` (default `["1s", "60s"]`). With a
+    /// dead-letter topic it also decides how long an inbox outage Inlet rides out before
+    /// Pub/Sub dead-letters messages (`inlet pubsub setup` says how long).
+    pub redelivery_backoff: Option<Spanned<Vec<Spanned<HumanDuration>>>>,
     /// push: how a request proves it comes from the subscription.
     /// `{ audience = "…", service_account = "…" }` requires Pub/Sub's OIDC token
     /// (`Authorization: Bearer`, RS256, checked against Google's keys or

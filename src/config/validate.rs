@@ -190,6 +190,9 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
         ("dead_letter_topic", s.dead_letter_topic.as_ref().map(|v| v.span())),
         ("max_delivery_attempts", s.max_delivery_attempts.as_ref().map(|v| v.span())),
         ("retain_acked", s.retain_acked.as_ref().map(|v| v.span())),
+        ("filter", s.filter.as_ref().map(|v| v.span())),
+        ("exactly_once", s.exactly_once.as_ref().map(|v| v.span())),
+        ("redelivery_backoff", s.redelivery_backoff.as_ref().map(|v| v.span())),
     ];
     if let (SourceKind::Pubsub, Some(a)) = (s.kind.get_ref(), &s.auth) {
         c.error::<()>(
@@ -252,6 +255,15 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
                     ConfigErrorKind::Invalid("must be between 10m and 31d (Pub/Sub's message retention range)".into()),
                 );
             }
+            let filter = s.filter.as_ref().and_then(|f| {
+                let text = f.get_ref();
+                if text.trim().is_empty() || text.len() > 256 {
+                    let problem = "must be a Pub/Sub filter of 1 to 256 bytes, e.g. 'attributes.type = \"order\"'";
+                    return c.error(f.span(), format!("{at}.filter"), ConfigErrorKind::Invalid(problem.into()));
+                }
+                Some(text.clone())
+            });
+            let redelivery_backoff = redelivery_backoff(c, s.redelivery_backoff.as_ref(), &at);
             let max_outstanding_messages = max_outstanding_messages.unwrap_or(1000) as usize;
             let batch_size = (batch_size.unwrap_or(500) as usize).min(max_outstanding_messages);
             subscription.map(|subscription| {
@@ -266,10 +278,37 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
                     dead_letter_topic,
                     max_delivery_attempts: max_delivery_attempts.unwrap_or(10),
                     retain_acked,
+                    filter,
+                    exactly_once: s.exactly_once.as_ref().is_some_and(|e| *e.get_ref()),
+                    redelivery_backoff,
                 })
             })
         }
     }
+}
+
+/// `redelivery_backoff = ["least", "most"]`: two durations of Pub/Sub's range (0s to
+/// 600s), the least first; the default when not set (and after an error, which is
+/// reported).
+fn redelivery_backoff(
+    c: &mut Checker<'_>,
+    given: Option<&Spanned<Vec<Spanned<HumanDuration>>>>,
+    at: &str,
+) -> (Duration, Duration) {
+    let default = PubsubSource::DEFAULT_REDELIVERY_BACKOFF;
+    let Some(given) = given else { return default };
+    let field = format!("{at}.redelivery_backoff");
+    let most = Duration::from_secs(600);
+    let problem = match given.get_ref().as_slice() {
+        [least, longest] if least.get_ref().0 > most || longest.get_ref().0 > most => {
+            "each must be at most 600s (Pub/Sub's range)"
+        }
+        [least, longest] if least.get_ref().0 > longest.get_ref().0 => "the least must come first",
+        [least, longest] => return (least.get_ref().0, longest.get_ref().0),
+        _ => "must be two durations, the least and the most, e.g. [\"1s\", \"60s\"]",
+    };
+    c.error::<()>(given.span(), field, ConfigErrorKind::Invalid(problem.into()));
+    default
 }
 
 /// Headers an unwrapped push route may not take as attributes: HTTP's own, and the

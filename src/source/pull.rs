@@ -228,6 +228,9 @@ impl Puller {
         let connected = self.metrics.pubsub_connected.get_or_create(&Metrics::route(route)).clone();
         let outstanding = self.metrics.pubsub_outstanding.get_or_create(&Metrics::route(route)).clone();
         let received = self.metrics.pubsub_received.get_or_create(&Metrics::route(route)).clone();
+        // With a dead-letter policy, the attempt from which a message counts as near it.
+        let near_dead_letter = self.metrics.pubsub_near_dead_letter.get_or_create(&Metrics::route(route)).clone();
+        let near_from = cfg.dead_letter_topic.as_ref().map(|_| cfg.max_delivery_attempts.div_ceil(2) as i32);
         let mut probe_tick = tokio::time::interval(PROBE_EVERY);
         probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut writer_joined = false;
@@ -280,6 +283,9 @@ impl Puller {
             };
             connected.set(1);
             received.inc();
+            if near_from.is_some_and(|from| handler.delivery_attempt().is_some_and(|a| a >= from)) {
+                near_dead_letter.inc();
+            }
             delivered_since_tick = true;
             // A message larger than the whole byte budget takes all of it.
             let size = message.data.len().clamp(1, cfg.max_outstanding_bytes.min(u32::MAX as usize)) as u32;

@@ -193,6 +193,32 @@ impl PubSubEmulator {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("create subscription {subscription}: {e}: {text}"))
     }
 
+    /// `subscription` as the emulator reports it (REST's JSON: `filter`,
+    /// `retryPolicy`, `enableExactlyOnceDelivery`, …).
+    pub async fn subscription(&self, subscription: &str) -> serde_json::Value {
+        let r = self.http.get(format!("{}/subscriptions/{subscription}", self.url())).send().await.unwrap();
+        let ok = r.status().is_success();
+        let text = r.text().await.unwrap_or_default();
+        assert!(ok, "get subscription {subscription}: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("get subscription {subscription}: {e}: {text}"))
+    }
+
+    /// Changes `subscription` by hand, as a person would in the console: the fields of
+    /// `changes` named in `mask` (REST's `updateMask`, e.g. `retryPolicy`).
+    pub async fn update_subscription(&self, subscription: &str, changes: serde_json::Value, mask: &str) {
+        let body = serde_json::json!({ "subscription": changes, "updateMask": mask });
+        let r = self
+            .http
+            .patch(format!("{}/subscriptions/{subscription}", self.url()))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let ok = r.status().is_success();
+        assert!(ok, "update subscription {subscription} ({mask}): {}", r.text().await.unwrap_or_default());
+    }
+
     /// Pulls what is there now (up to 1,000) and acks it.
     pub async fn pull(&self, subscription: &str) -> Vec<serde_json::Value> {
         let received = self.pull_now(subscription).await;
@@ -210,6 +236,27 @@ impl PubSubEmulator {
             assert!(r.status().is_success(), "acknowledge on {subscription}: {}", r.text().await.unwrap());
         }
         received.into_iter().map(|m| m["message"].clone()).collect()
+    }
+
+    /// Pulls what is there now (up to 1,000) and nacks it, as a consumer that cannot
+    /// store it would: each such delivery counts as an attempt where the subscription
+    /// has a dead-letter policy. Returns the messages' `deliveryAttempt`s.
+    pub async fn pull_and_nack(&self, subscription: &str) -> Vec<i64> {
+        let received = self.pull_now(subscription).await;
+        if !received.is_empty() {
+            let ack_ids: Vec<_> = received.iter().map(|m| m["ackId"].clone()).collect();
+            let body = serde_json::json!({ "ackIds": ack_ids, "ackDeadlineSeconds": 0 }).to_string();
+            let r = self
+                .http
+                .post(format!("{}/subscriptions/{subscription}:modifyAckDeadline", self.url()))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "nack on {subscription}: {}", r.text().await.unwrap());
+        }
+        received.iter().map(|m| m["deliveryAttempt"].as_i64().unwrap_or(0)).collect()
     }
 
     /// One pull with `returnImmediately` (up to 1,000), not acked: the received
