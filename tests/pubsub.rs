@@ -494,6 +494,107 @@ async fn a_message_near_its_dead_letter_limit_is_counted() {
     running.stop().await;
 }
 
+/// The ack journal as a FIFO the test reads: while the test holds no read end, every
+/// journal write fails (EPIPE) and Inlet nacks the batch it has just stored, keeping
+/// its stream open — a nack of stored messages without a reconnect, which the
+/// emulator redelivers on the same live stream.
+struct JournalPipe {
+    path: PathBuf,
+    reader: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl JournalPipe {
+    fn create(dir: &Path) -> JournalPipe {
+        let path = journal(dir);
+        let made = std::process::Command::new("mkfifo").arg(&path).status().expect("run mkfifo");
+        assert!(made.success(), "mkfifo {}", path.display());
+        let mut pipe = JournalPipe { path, reader: None };
+        pipe.open();
+        pipe
+    }
+
+    /// Attaches a reader that drains the pipe: journal writes succeed again.
+    fn open(&mut self) {
+        let mut rx = tokio::net::unix::pipe::OpenOptions::new().open_receiver(&self.path).expect("open the FIFO");
+        self.reader = Some(tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            while tokio::io::AsyncReadExt::read(&mut rx, &mut buf).await.is_ok_and(|n| n > 0) {}
+        }));
+    }
+
+    /// Closes the read end: journal writes fail until [`JournalPipe::open`].
+    async fn close(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            reader.abort();
+            let _ = reader.await;
+        }
+    }
+}
+
+/// The redelivery cascade of an ordered subscription, absorbed. On Google's service a
+/// nack (or an expired lease) of a key's message brings back that message and every
+/// later one of its key, acked or not. Here the consumer nacks messages it has already
+/// stored (the journal cannot be written), on its live stream: the emulator redelivers
+/// exactly the nacked ones, in order, and each is a duplicate. The emulator does not
+/// bring back the acked messages after them (measured: 145 nacked, 55 acked after
+/// them on the same keys, 145 redelivered), so that half of the cascade is published
+/// again as the events it would bring back, with the same event ids — the route's
+/// dedup key — in order on the same ordering keys. Per key the target sees every
+/// message once, in publish order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ordered_redelivery_cascade_after_a_nack_is_absorbed_in_publish_order() {
+    const N: usize = 200;
+    const KEYS: usize = 10;
+    let emulator = emulator().await;
+    let camunda = FakeCamunda::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    let mut pipe = JournalPipe::create(dir.path());
+    let running = start_in_process(dir.path(), &url, &pull_route(&camunda.url(), ""), &emulator).await;
+    let rows = Rows::open(&url).await;
+    let count = |outcome: &'static str| {
+        let running = &running;
+        move || metric(running, "inlet_pubsub_messages_total", &format!("outcome=\"{outcome}\""))
+    };
+    let (acked, nacked) = (count("acked"), count("nacked"));
+    let duplicates = || metric(&running, "inlet_ingested_total", "outcome=\"duplicate\"");
+    publish_independent(&emulator, TOPIC, N, KEYS, 0, true).await;
+    wait_all_done(&rows, N as i64, Duration::from_secs(120)).await;
+
+    // The second half: stored, and nacked while the journal cannot be written.
+    pipe.close().await;
+    publish_independent(&emulator, TOPIC, N, KEYS, N, true).await;
+    wait_until("the second half stored and nacked", Duration::from_secs(120), || async {
+        rows.rows().await >= 2 * N as i64 && nacked() >= N as f64
+    })
+    .await;
+    pipe.open();
+    wait_until("every message acked once the journal takes writes again", Duration::from_secs(180), || async {
+        acked() >= 2.0 * N as f64
+    })
+    .await;
+    let redelivered = duplicates();
+    println!("{:.0} nacked, {redelivered:.0} redeliveries taken as duplicates", nacked());
+    assert!(redelivered >= N as f64, "every nacked message came again and was a duplicate");
+
+    // The rest of the cascade: the events after each key's first nacked message, again.
+    publish_independent(&emulator, TOPIC, N / 2, KEYS, N + N / 2, true).await;
+    wait_until("the cascade's acked messages taken as duplicates", Duration::from_secs(120), || async {
+        duplicates() >= redelivered + (N / 2) as f64
+    })
+    .await;
+    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
+    wait_all_done(&rows, 2 * N as i64, Duration::from_secs(120)).await;
+    running.stop().await;
+    rows.assert_once_each(2 * N, "one entry per message after the redeliveries").await;
+    for k in 0..KEYS {
+        let seqs = camunda.correlated_seqs(&format!("key-{k}"));
+        let expected: Vec<i64> = (0..(2 * N / KEYS) as i64).collect();
+        assert_eq!(seqs, expected, "key-{k}: each message once, in publish order");
+    }
+    assert_eq!(camunda.max_in_flight_per_key(), 1, "two deliveries of one key overlapped");
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. and 6. A real process killed or stopped mid-run
 // ---------------------------------------------------------------------------------------
