@@ -15,10 +15,11 @@ use google_cloud_gax::error::rpc::Code;
 use google_cloud_gax::options::RequestOptionsBuilder as _;
 use google_cloud_gax::retry_policy::NeverRetry;
 use google_cloud_pubsub::client::{Publisher, Subscriber, SubscriptionAdmin, TopicAdmin};
-use google_cloud_pubsub::model::{DeadLetterPolicy, RetryPolicy as SubscriptionRetry, Subscription};
+use google_cloud_pubsub::model::push_config::{NoWrapper, OidcToken};
+use google_cloud_pubsub::model::{DeadLetterPolicy, PushConfig, RetryPolicy as SubscriptionRetry, Subscription};
 use google_cloud_wkt::FieldMask;
 
-use crate::config::{Config, Ordering, PubsubSource, RouteConfig, SourceConfig, TargetConfig};
+use crate::config::{Config, Ordering, RouteConfig, SourceConfig, SubscriptionSetup, TargetConfig};
 
 pub use google_cloud_pubsub::Error;
 
@@ -285,15 +286,86 @@ impl std::fmt::Display for SetupStep {
     }
 }
 
+/// What a route asks of its subscription, pull or push: the settings setup creates it
+/// with and checks an existing one against.
+struct Wanted<'a> {
+    route: &'a RouteConfig,
+    name: &'a str,
+    setup: &'a SubscriptionSetup,
+    exactly_once: bool,
+    ack_deadline: Duration,
+    /// A push route's: where Pub/Sub sends, with which token, in which format.
+    push: Option<PushWanted<'a>>,
+}
+
+/// The push half of [`Wanted`].
+struct PushWanted<'a> {
+    endpoint: &'a str,
+    /// The service account and audience of the route's OIDC token check.
+    oidc: Option<(&'a str, &'a str)>,
+    /// `--push-no-wrapper` (with `write_metadata`: Inlet takes the id, publish time and
+    /// ordering key from its headers).
+    unwrapped: bool,
+}
+
+/// How long Pub/Sub waits for a push request's answer: Inlet answers once the row is
+/// committed, well within it.
+const PUSH_ACK_DEADLINE: Duration = Duration::from_secs(60);
+
+impl<'a> Wanted<'a> {
+    /// The subscription `route` asks for, if it names one.
+    fn of(route: &'a RouteConfig) -> Option<Wanted<'a>> {
+        match &route.source {
+            SourceConfig::Pubsub(s) => Some(Wanted {
+                route,
+                name: &s.subscription,
+                setup: &s.setup,
+                exactly_once: s.exactly_once,
+                ack_deadline: s.lease_extension,
+                push: None,
+            }),
+            SourceConfig::Push(p) => {
+                let sub = p.subscription.as_ref()?;
+                let oidc = match &route.push_auth {
+                    Some(crate::config::PushAuth::Oidc(o)) => Some((o.service_account.as_str(), o.audience.as_str())),
+                    _ => None,
+                };
+                Some(Wanted {
+                    route,
+                    name: &sub.name,
+                    setup: &sub.setup,
+                    exactly_once: false,
+                    ack_deadline: PUSH_ACK_DEADLINE,
+                    push: Some(PushWanted { endpoint: &sub.endpoint, oidc, unwrapped: p.unwrapped.is_some() }),
+                })
+            }
+        }
+    }
+
+    fn push_config(&self) -> Option<PushConfig> {
+        let push = self.push.as_ref()?;
+        let mut config = PushConfig::new().set_push_endpoint(push.endpoint);
+        if let Some((account, audience)) = push.oidc {
+            config = config.set_oidc_token(OidcToken::new().set_service_account_email(account).set_audience(audience));
+        }
+        if push.unwrapped {
+            config = config.set_no_wrapper(NoWrapper::new().set_write_metadata(true));
+        }
+        Some(config)
+    }
+}
+
 /// Creates the topics and subscriptions a routing file names, where missing:
-/// every pubsub target's topic; for every pubsub source its topic, dead-letter
-/// topic and subscription (ordered when the route is, with a retry policy, the
-/// dead-letter policy when one is configured, and the acked-message retention when
-/// `retain_acked` is set). An existing subscription is left as it is, except its
+/// every pubsub target's topic; for every route's subscription (a pull source's, and a
+/// push source's where it names one) its topic, dead-letter topic and subscription with
+/// every setting the route asks for: ordering, filter, exactly-once (pull), redelivery
+/// backoff, dead-letter policy, acked-message retention, and for push the endpoint,
+/// OIDC token and wrapper. An existing subscription is left as it is, except its
 /// retention: set to the route's `retain_acked` where it differs (only those two
 /// fields, reported as `updated`), reported where the route sets none and the
-/// subscription keeps acked messages anyway; and where its topic, ordering or
-/// dead-letter policy differs from the route, reported as `Drift` and left as it is.
+/// subscription keeps acked messages anyway; every other setting that differs from the
+/// route is reported as `Drift` and left as it is. A dead-letter policy that gives up
+/// within [`RIDE_OUT`] of nacks is warned about.
 pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<SetupStep>, String> {
     let topics = connection.topic_admin().await?;
     let subscriptions = connection.subscription_admin().await?;
@@ -312,22 +384,23 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
         if let TargetConfig::Pubsub(t) = &route.target {
             ensure_topic(&t.topic, &mut steps).await?;
         }
-        let SourceConfig::Pubsub(s) = &route.source else { continue };
-        let wanted = s.retain_acked.map(Retention::acked_for);
+        let Some(w) = Wanted::of(route) else { continue };
+        let s = w.setup;
+        let retention = s.retain_acked.map(Retention::acked_for);
         let Some(topic) = &s.topic else {
             // Without a topic the subscription cannot be created; it must exist.
-            steps.extend(reconcile(&subscriptions, route, s, wanted, false).await?);
-            steps.extend(dead_letters_soon(s));
+            steps.extend(reconcile(&subscriptions, &w, retention, false).await?);
+            steps.extend(dead_letters_soon(&w));
             continue;
         };
         ensure_topic(topic, &mut steps).await?;
         let mut create = subscriptions
             .create_subscription()
-            .set_name(&s.subscription)
+            .set_name(w.name)
             .set_topic(topic)
-            .set_ack_deadline_seconds(s.lease_extension.as_secs().clamp(10, 600) as i32)
+            .set_ack_deadline_seconds(w.ack_deadline.as_secs().clamp(10, 600) as i32)
             .set_enable_message_ordering(route.ordering == Ordering::PerKey)
-            .set_enable_exactly_once_delivery(s.exactly_once)
+            .set_enable_exactly_once_delivery(w.exactly_once)
             .set_retry_policy(
                 SubscriptionRetry::new()
                     .set_minimum_backoff(wkt_duration(s.redelivery_backoff.0))
@@ -335,6 +408,9 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
             );
         if let Some(filter) = &s.filter {
             create = create.set_filter(filter);
+        }
+        if let Some(push) = w.push_config() {
+            create = create.set_push_config(push);
         }
         if let Some(retain) = s.retain_acked {
             create = create.set_retain_acked_messages(true).set_message_retention_duration(wkt_duration(retain));
@@ -348,31 +424,30 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
             );
         }
         match (create.send().await, s.retain_acked) {
-            (Ok(_), None) => steps.push(SetupStep::Created { kind: "subscription", name: s.subscription.clone() }),
+            (Ok(_), None) => steps.push(SetupStep::Created { kind: "subscription", name: w.name.to_string() }),
             (Ok(_), Some(retain_acked)) => {
-                steps.push(SetupStep::CreatedRetaining { name: s.subscription.clone(), retain_acked })
+                steps.push(SetupStep::CreatedRetaining { name: w.name.to_string(), retain_acked })
             }
             (Err(e), _) if is_code(&e, Code::AlreadyExists) => {
-                steps.extend(reconcile(&subscriptions, route, s, wanted, true).await?)
+                steps.extend(reconcile(&subscriptions, &w, retention, true).await?)
             }
-            (Err(e), _) => return Err(format!("cannot create subscription {}: {e}", s.subscription)),
+            (Err(e), _) => return Err(format!("cannot create subscription {}: {e}", w.name)),
         }
-        steps.extend(dead_letters_soon(s));
+        steps.extend(dead_letters_soon(&w));
     }
     Ok(steps)
 }
 
-/// An existing subscription of `route`: its retention set to `wanted` where it
+/// An existing subscription of a route: its retention set to `wanted` where it
 /// differs (an UpdateSubscription of just those two fields), else reported as it is;
 /// and what else differs from the route, reported ([`drift`]).
 async fn reconcile(
     admin: &SubscriptionAdmin,
-    route_config: &RouteConfig,
-    source: &PubsubSource,
+    w: &Wanted<'_>,
     wanted: Option<Retention>,
     has_topic: bool,
 ) -> Result<Vec<SetupStep>, String> {
-    let (route, name) = (route_config.name.as_str(), source.subscription.as_str());
+    let (route, name) = (w.route.name.as_str(), w.name);
     let exists = SetupStep::Exists { kind: "subscription", name: name.to_string() };
     let call = admin.get_subscription().set_subscription(name).with_retry_policy(NeverRetry).send();
     let current = match tokio::time::timeout(Duration::from_secs(30), call).await {
@@ -389,7 +464,7 @@ async fn reconcile(
         Ok(Err(_)) if wanted.is_none() => return Ok(vec![exists]),
         Ok(Err(e)) => return Err(format!("cannot read subscription {name}: {e}")),
     };
-    let differences = drift(&current, route_config, source);
+    let differences = drift(&current, w);
     let drifted = (!differences.is_empty()).then(|| SetupStep::Drift { name: name.to_string(), differences });
     let has = Retention::of(&current);
     let Some(wanted) = wanted else {
@@ -419,21 +494,25 @@ async fn reconcile(
 }
 
 /// The warning for a route whose dead-letter policy gives up within [`RIDE_OUT`].
-fn dead_letters_soon(source: &PubsubSource) -> Option<SetupStep> {
-    source.dead_letter_topic.as_ref()?;
-    let after = dead_letter_after(source.redelivery_backoff, source.max_delivery_attempts);
+fn dead_letters_soon(w: &Wanted<'_>) -> Option<SetupStep> {
+    let s = w.setup;
+    s.dead_letter_topic.as_ref()?;
+    let after = dead_letter_after(s.redelivery_backoff, s.max_delivery_attempts);
     (after < RIDE_OUT).then(|| SetupStep::DeadLettersSoon {
-        name: source.subscription.clone(),
-        attempts: source.max_delivery_attempts,
-        backoff: source.redelivery_backoff,
+        name: w.name.to_string(),
+        attempts: s.max_delivery_attempts,
+        backoff: s.redelivery_backoff,
         after,
     })
 }
 
 /// What an existing subscription has that its route asks otherwise, among the
-/// settings setup gives a subscription it creates: its topic, message ordering and
-/// dead-letter policy. Each as `field is X, the routing file wants Y`.
-fn drift(current: &Subscription, route: &RouteConfig, source: &PubsubSource) -> Vec<String> {
+/// settings setup gives a subscription it creates: its topic, message ordering,
+/// dead-letter policy, filter, exactly-once delivery, redelivery backoff, and how it
+/// delivers (pull, or push to which endpoint, with which token, in which format). Each
+/// as `field is X, the routing file wants Y`.
+fn drift(current: &Subscription, w: &Wanted<'_>) -> Vec<String> {
+    let (route, source) = (w.route, w.setup);
     let mut differences = Vec::new();
     if let Some(topic) = source.topic.as_deref().filter(|t| *t != current.topic) {
         differences.push(format!("its topic is {}, the routing file's source.topic is {topic}", current.topic));
@@ -482,11 +561,11 @@ fn drift(current: &Subscription, route: &RouteConfig, source: &PubsubSource) -> 
             current.filter
         ));
     }
-    if current.enable_exactly_once_delivery != source.exactly_once {
+    if current.enable_exactly_once_delivery != w.exactly_once {
         differences.push(format!(
             "exactly-once delivery is {}, the routing file's source.exactly_once is {}",
             if current.enable_exactly_once_delivery { "on" } else { "off" },
-            source.exactly_once
+            w.exactly_once
         ));
     }
     let backoff = current.retry_policy.as_ref().map(|p| {
@@ -515,6 +594,51 @@ fn drift(current: &Subscription, route: &RouteConfig, source: &PubsubSource) -> 
             short_duration(wanted.1)
         )),
         Some(_) => {}
+    }
+    differences.extend(push_drift(current.push_config.as_ref(), w.push.as_ref()));
+    differences
+}
+
+/// How an existing subscription delivers, against how its route takes messages: pull
+/// or push, and for push the endpoint, the OIDC token and the wrapper.
+fn push_drift(current: Option<&PushConfig>, wanted: Option<&PushWanted<'_>>) -> Vec<String> {
+    let current = current.filter(|c| !c.push_endpoint.is_empty());
+    let Some(wanted) = wanted else {
+        return current
+            .map(|c| format!("it pushes to {}, the route pulls (a pull source)", c.push_endpoint))
+            .into_iter()
+            .collect();
+    };
+    let Some(current) = current else {
+        return vec![format!("it is a pull subscription, the route's source.endpoint is {}", wanted.endpoint)];
+    };
+    let mut differences = Vec::new();
+    if current.push_endpoint != wanted.endpoint {
+        differences.push(format!(
+            "it pushes to {}, the routing file's source.endpoint is {}",
+            current.push_endpoint, wanted.endpoint
+        ));
+    }
+    let token = current.oidc_token().map(|t| (t.service_account_email.as_str(), t.audience.as_str()));
+    let show = |t: Option<(&str, &str)>| match t {
+        Some((account, audience)) => format!("an OIDC token of {account} for audience {audience}"),
+        None => "no token".to_string(),
+    };
+    if token != wanted.oidc {
+        differences.push(format!("it sends {}, the route's auth expects {}", show(token), show(wanted.oidc)));
+    }
+    let format = |unwrapped: bool, metadata: bool| match (unwrapped, metadata) {
+        (false, _) => "the JSON envelope (wrapped)",
+        (true, true) => "the data unwrapped, with metadata headers",
+        (true, false) => "the data unwrapped, without metadata headers",
+    };
+    let has = current.no_wrapper().map(|n| n.write_metadata);
+    if (has.is_some(), has.unwrap_or(false)) != (wanted.unwrapped, wanted.unwrapped) {
+        differences.push(format!(
+            "it sends {}, the route takes {}",
+            format(has.is_some(), has.unwrap_or(false)),
+            format(wanted.unwrapped, wanted.unwrapped)
+        ));
     }
     differences
 }

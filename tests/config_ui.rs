@@ -310,13 +310,13 @@ fn pubsub_source_and_target_values_and_defaults() {
     let route = &config.routes[0];
     let SourceConfig::Pubsub(s) = &route.source else { panic!("expected a pubsub source") };
     assert_eq!(s.subscription, "projects/p/subscriptions/orders");
-    assert_eq!(s.topic.as_deref(), Some("projects/p/topics/orders"));
+    assert_eq!(s.setup.topic.as_deref(), Some("projects/p/topics/orders"));
     assert_eq!((s.max_outstanding_messages, s.max_outstanding_bytes), (2000, 50 << 20));
     assert_eq!((s.batch_size, s.batch_wait), (250, Duration::from_millis(2)));
     assert_eq!(s.lease_extension, Duration::from_secs(30));
-    assert_eq!(s.dead_letter_topic.as_deref(), Some("projects/p/topics/orders-dlq"));
-    assert_eq!(s.max_delivery_attempts, 7);
-    assert_eq!(s.retain_acked, Some(Duration::from_secs(7 * 24 * 3600)));
+    assert_eq!(s.setup.dead_letter_topic.as_deref(), Some("projects/p/topics/orders-dlq"));
+    assert_eq!(s.setup.max_delivery_attempts, 7);
+    assert_eq!(s.setup.retain_acked, Some(Duration::from_secs(7 * 24 * 3600)));
     let TargetConfig::Pubsub(t) = &route.target else { panic!("expected a pubsub target") };
     assert_eq!(t.topic, "projects/p/topics/out");
     assert!(t.ordering_key);
@@ -333,8 +333,11 @@ fn pubsub_source_and_target_values_and_defaults() {
         (s.batch_size, s.batch_wait, s.lease_extension),
         (500, Duration::from_millis(5), Duration::from_secs(60))
     );
-    assert_eq!((s.topic.as_ref(), s.dead_letter_topic.as_ref(), s.max_delivery_attempts), (None, None, 10));
-    assert_eq!(s.retain_acked, None, "no retention is asked for unless the file says so");
+    assert_eq!(
+        (s.setup.topic.as_ref(), s.setup.dead_letter_topic.as_ref(), s.setup.max_delivery_attempts),
+        (None, None, 10)
+    );
+    assert_eq!(s.setup.retain_acked, None, "no retention is asked for unless the file says so");
     let TargetConfig::Pubsub(t) = &config.routes[0].target else { panic!("expected a pubsub target") };
     assert!(!t.ordering_key && t.attributes.is_empty());
     assert_eq!(t.timeout, Duration::from_secs(10));

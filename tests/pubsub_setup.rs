@@ -171,3 +171,90 @@ retain_acked = "1h"
     let kept = emulator.subscription("full").await;
     assert_ne!(kept["enableExactlyOnceDelivery"], true, "left as it is: {kept}");
 }
+
+/// A push route that names its subscription: setup creates it pushing to the route's
+/// endpoint, with the OIDC token the route's auth checks and, for an unwrapped route,
+/// no wrapper with metadata headers; read back from the emulator. A push subscription
+/// made by hand is reported for its endpoint, token and format, and a pull route on a
+/// push subscription for pushing.
+#[tokio::test]
+async fn setup_creates_a_push_subscription_as_its_route_takes_pushes_and_reports_one_made_otherwise() {
+    let emulator = PubSubEmulator::start(PROJECT).await;
+    let connection = Connection::emulator(&emulator.host);
+    let dir = tempfile::tempdir().expect("a folder");
+    emulator.create_topic("orders").await;
+    let topic = format!("projects/{PROJECT}/topics/orders");
+    emulator
+        .put_subscription(
+            "pushed-by-hand",
+            &serde_json::json!({
+                "topic": topic,
+                "pushConfig": { "pushEndpoint": "http://127.0.0.1:9/somewhere-else" },
+                "retryPolicy": { "minimumBackoff": "1s", "maximumBackoff": "60s" },
+            }),
+        )
+        .await;
+    let push = |name: &str, subscription: &str| {
+        format!(
+            "[[route]]\nname = \"{name}\"\nplugin = \"plugin.wasm\"\ntarget = {{ kind = \"log\" }}\nordering = \"none\"\n\
+             source = {{ kind = \"push\", wrapper = false, subscription = \"projects/{PROJECT}/subscriptions/{subscription}\", \
+             topic = \"{topic}\", endpoint = \"http://127.0.0.1:9/push/{name}\", \
+             auth = {{ audience = \"https://inlet.example/push\", service_account = \"pusher@{PROJECT}.iam.gserviceaccount.com\" }} }}\n"
+        )
+    };
+    let pulled = format!(
+        "[[route]]\nname = \"pulled\"\nplugin = \"plugin.wasm\"\ntarget = {{ kind = \"log\" }}\nordering = \"none\"\n\
+         source = {{ kind = \"pubsub\", subscription = \"projects/{PROJECT}/subscriptions/pushed-by-hand\" }}\n"
+    );
+    let config = routing_file(
+        dir.path(),
+        &format!("{}\n{}\n{pulled}", push("pushed", "push-made"), push("by-hand", "pushed-by-hand")),
+    );
+
+    let steps = setup(&config, &connection).await.expect("setup");
+    let shown: Vec<String> = steps.iter().map(ToString::to_string).collect();
+    assert!(shown.contains(&format!("created subscription projects/{PROJECT}/subscriptions/push-made")), "{shown:#?}");
+    let made = emulator.subscription("push-made").await;
+    let config_made = &made["pushConfig"];
+    assert_eq!(config_made["pushEndpoint"], "http://127.0.0.1:9/push/pushed", "{made}");
+    assert_eq!(
+        config_made["oidcToken"]["serviceAccountEmail"],
+        format!("pusher@{PROJECT}.iam.gserviceaccount.com"),
+        "{made}"
+    );
+    assert_eq!(config_made["oidcToken"]["audience"], "https://inlet.example/push", "{made}");
+    assert_eq!(config_made["noWrapper"]["writeMetadata"], true, "{made}");
+    assert_eq!(made["ackDeadlineSeconds"], 60, "{made}");
+    assert!(drift_of(&steps, "push-made").is_none(), "what setup made agrees with the file: {shown:#?}");
+
+    // The hand-made push subscription, seen by the push route and by a pull route.
+    let differences: Vec<&String> = steps
+        .iter()
+        .filter_map(|s| match s {
+            SetupStep::Drift { name, differences } if name.ends_with("/pushed-by-hand") => Some(differences),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let all = differences.iter().map(|d| d.as_str()).collect::<Vec<_>>().join("\n");
+    assert!(
+        all.contains("it pushes to http://127.0.0.1:9/somewhere-else, the routing file's source.endpoint is http://127.0.0.1:9/push/by-hand"),
+        "{all}"
+    );
+    assert!(
+        all.contains(&format!(
+            "it sends no token, the route's auth expects an OIDC token of pusher@{PROJECT}.iam.gserviceaccount.com for audience https://inlet.example/push"
+        )),
+        "{all}"
+    );
+    assert!(
+        all.contains("it sends the JSON envelope (wrapped), the route takes the data unwrapped, with metadata headers"),
+        "{all}"
+    );
+    assert!(all.contains("it pushes to http://127.0.0.1:9/somewhere-else, the route pulls (a pull source)"), "{all}");
+    assert_eq!(differences.len(), 4, "{all}");
+
+    // A second run finds what it made as it made it.
+    let again = setup(&config, &connection).await.expect("setup again");
+    assert!(drift_of(&again, "push-made").is_none(), "{again:#?}");
+}

@@ -275,6 +275,42 @@ pub struct PushSource {
     /// `None`: the JSON push envelope. `Some`: the message's data as the body
     /// (`--push-no-wrapper`), with these headers taken as its attributes.
     pub unwrapped: Option<Unwrapped>,
+    /// For `inlet pubsub setup`: the push subscription that sends here, when the
+    /// route names it.
+    pub subscription: Option<PushSubscription>,
+}
+
+/// A push route's subscription, as `inlet pubsub setup` creates and checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushSubscription {
+    /// `projects/P/subscriptions/S`.
+    pub name: String,
+    /// Where Pub/Sub sends the requests: this route's `/push/<route>` as the world
+    /// reaches it.
+    pub endpoint: String,
+    pub setup: SubscriptionSetup,
+}
+
+/// What `inlet pubsub setup` gives a route's subscription, pull or push.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionSetup {
+    /// `projects/P/topics/T`: the subscription's topic, needed to create it.
+    pub topic: Option<String>,
+    /// The dead-letter topic and the deliveries before a message goes there.
+    pub dead_letter_topic: Option<String>,
+    pub max_delivery_attempts: u32,
+    /// How long the subscription keeps acked messages (`message_retention_duration`,
+    /// with `retain_acked_messages`); `None` leaves its retention alone.
+    pub retain_acked: Option<Duration>,
+    /// Pub/Sub's filter on attributes, set when setup creates the subscription.
+    pub filter: Option<String>,
+    /// Pub/Sub's redelivery backoff after a nack, least and most.
+    pub redelivery_backoff: (Duration, Duration),
+}
+
+impl SubscriptionSetup {
+    /// The redelivery backoff a route gets when it sets none.
+    pub const DEFAULT_REDELIVERY_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
 }
 
 /// An unwrapped push route's attribute headers, as the routing file names them.
@@ -288,8 +324,6 @@ pub struct Unwrapped {
 pub struct PubsubSource {
     /// `projects/P/subscriptions/S`.
     pub subscription: String,
-    /// `projects/P/topics/T`, for `inlet pubsub setup`.
-    pub topic: Option<String>,
     /// Messages held (received, not yet stored and acked) at once, at most. The
     /// emulator ignores the broker-side flow control, so Inlet enforces it itself.
     pub max_outstanding_messages: usize,
@@ -301,25 +335,10 @@ pub struct PubsubSource {
     pub batch_wait: Duration,
     /// The ack deadline the client keeps extending while Inlet holds a message.
     pub lease_extension: Duration,
-    /// For `inlet pubsub setup`: dead-letter topic and deliveries before it.
-    pub dead_letter_topic: Option<String>,
-    pub max_delivery_attempts: u32,
-    /// For `inlet pubsub setup`: how long the subscription keeps acked messages (its
-    /// `message_retention_duration`, with `retain_acked_messages`); `None` leaves the
-    /// subscription's retention alone.
-    pub retain_acked: Option<Duration>,
-    /// For `inlet pubsub setup`: Pub/Sub's filter on attributes, set when it creates
-    /// the subscription.
-    pub filter: Option<String>,
-    /// For `inlet pubsub setup`: exactly-once delivery.
+    /// For `inlet pubsub setup`: the subscription's settings.
+    pub setup: SubscriptionSetup,
+    /// For `inlet pubsub setup`: exactly-once delivery (pull only).
     pub exactly_once: bool,
-    /// For `inlet pubsub setup`: Pub/Sub's redelivery backoff after a nack, least and most.
-    pub redelivery_backoff: (Duration, Duration),
-}
-
-impl PubsubSource {
-    /// The redelivery backoff a route gets when it sets none.
-    pub const DEFAULT_REDELIVERY_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -471,8 +471,14 @@ pub(super) struct RawSource {
     /// stored. HTTP header names are case-insensitive: an attribute is stored under
     /// the name as written here.
     pub attributes: Option<Spanned<Vec<Spanned<String>>>>,
-    /// pubsub: `projects/P/subscriptions/S`.
+    /// pubsub: `projects/P/subscriptions/S`. push (setup): the push subscription that
+    /// sends here, which `inlet pubsub setup` creates and checks (with `endpoint`).
     pub subscription: Option<Spanned<String>>,
+    /// push (setup): the URL Pub/Sub sends to — this route's `/push/<route>` as the
+    /// world reaches it, e.g. `https://inlet.example.com/push/orders`. With the
+    /// route's `auth`, setup gives the subscription its OIDC token (service account
+    /// and audience), and with `wrapper = false` the no-wrapper format with metadata.
+    pub endpoint: Option<Spanned<String>>,
     /// pubsub: the topic the subscription listens to, `projects/P/topics/T`. Only
     /// `inlet pubsub setup` uses it, to create the subscription where missing.
     pub topic: Option<Spanned<String>>,

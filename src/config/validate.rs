@@ -17,8 +17,8 @@ use super::raw::{
 };
 use super::{
     HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginFile, PluginLimits, PluginsConfig, PubsubSource,
-    PubsubTarget, PushSource, RetryPolicy, RouteConfig, RouteName, ServerConfig, SourceConfig, StoreConfig,
-    TargetConfig, Unwrapped,
+    PubsubTarget, PushSource, PushSubscription, RetryPolicy, RouteConfig, RouteName, ServerConfig, SourceConfig,
+    StoreConfig, SubscriptionSetup, TargetConfig, Unwrapped,
 };
 
 /// Collects errors while a file is checked, so all of them are reported at once.
@@ -203,28 +203,23 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
     }
     match s.kind.get_ref() {
         SourceKind::Push => {
-            c.stray(&fields, &[], &at, "a push source");
+            c.stray(&fields, &PUSH_SETUP_FIELDS, &at, "a push source");
             Some(SourceConfig::Push(push_source(c, s, &at)))
         }
         SourceKind::Pubsub => {
             let push_only = [
                 ("wrapper", s.wrapper.as_ref().map(|v| v.span())),
                 ("attributes", s.attributes.as_ref().map(|v| v.span())),
+                ("endpoint", s.endpoint.as_ref().map(|v| v.span())),
             ];
             c.stray(&push_only, &[], &at, "a pubsub source");
             let subscription =
                 c.resource(&s.subscription, &r.source, &at, "subscription", "subscriptions", "a pubsub source");
-            let topic = s.topic.as_ref().and_then(|t| c.optional_resource(t, &format!("{at}.topic"), "topics"));
-            let dead_letter_topic = s
-                .dead_letter_topic
-                .as_ref()
-                .and_then(|t| c.optional_resource(t, &format!("{at}.dead_letter_topic"), "topics"));
+            let setup = subscription_setup(c, s, &at);
             let max_outstanding_messages =
                 c.within(&s.max_outstanding_messages, &format!("{at}.max_outstanding_messages"), 1..=100_000);
             let max_outstanding_mib = c.within(&s.max_outstanding_mib, &format!("{at}.max_outstanding_mib"), 1..=4096);
             let batch_size = c.within(&s.batch_size, &format!("{at}.batch_size"), 1..=5000);
-            let max_delivery_attempts =
-                c.within(&s.max_delivery_attempts, &format!("{at}.max_delivery_attempts"), 5..=100);
             let batch_wait = dur(&s.batch_wait).unwrap_or(Duration::from_millis(5));
             if let Some(w) = &s.batch_wait
                 && w.get_ref().0 > Duration::from_secs(1)
@@ -245,45 +240,67 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
                     ConfigErrorKind::Invalid("must be between 10s and 600s (the broker's ack deadline range)".into()),
                 );
             }
-            let retain_acked = dur(&s.retain_acked);
-            if let Some(r) = &s.retain_acked
-                && !(RETAIN_ACKED_MIN..=RETAIN_ACKED_MAX).contains(&r.get_ref().0)
-            {
-                c.error::<()>(
-                    r.span(),
-                    format!("{at}.retain_acked"),
-                    ConfigErrorKind::Invalid("must be between 10m and 31d (Pub/Sub's message retention range)".into()),
-                );
-            }
-            let filter = s.filter.as_ref().and_then(|f| {
-                let text = f.get_ref();
-                if text.trim().is_empty() || text.len() > 256 {
-                    let problem = "must be a Pub/Sub filter of 1 to 256 bytes, e.g. 'attributes.type = \"order\"'";
-                    return c.error(f.span(), format!("{at}.filter"), ConfigErrorKind::Invalid(problem.into()));
-                }
-                Some(text.clone())
-            });
-            let redelivery_backoff = redelivery_backoff(c, s.redelivery_backoff.as_ref(), &at);
             let max_outstanding_messages = max_outstanding_messages.unwrap_or(1000) as usize;
             let batch_size = (batch_size.unwrap_or(500) as usize).min(max_outstanding_messages);
             subscription.map(|subscription| {
                 SourceConfig::Pubsub(PubsubSource {
                     subscription,
-                    topic,
                     max_outstanding_messages,
                     max_outstanding_bytes: (max_outstanding_mib.unwrap_or(100) as usize) << 20,
                     batch_size,
                     batch_wait,
                     lease_extension,
-                    dead_letter_topic,
-                    max_delivery_attempts: max_delivery_attempts.unwrap_or(10),
-                    retain_acked,
-                    filter,
+                    setup,
                     exactly_once: s.exactly_once.as_ref().is_some_and(|e| *e.get_ref()),
-                    redelivery_backoff,
                 })
             })
         }
+    }
+}
+
+/// The fields a push source takes besides its own: its subscription, for setup.
+const PUSH_SETUP_FIELDS: [&str; 7] = [
+    "subscription",
+    "topic",
+    "dead_letter_topic",
+    "max_delivery_attempts",
+    "retain_acked",
+    "filter",
+    "redelivery_backoff",
+];
+
+/// What `inlet pubsub setup` gives a route's subscription, pull or push: the topic,
+/// dead-letter policy, acked-message retention, filter and redelivery backoff.
+fn subscription_setup(c: &mut Checker<'_>, s: &RawSource, at: &str) -> SubscriptionSetup {
+    let topic = s.topic.as_ref().and_then(|t| c.optional_resource(t, &format!("{at}.topic"), "topics"));
+    let dead_letter_topic =
+        s.dead_letter_topic.as_ref().and_then(|t| c.optional_resource(t, &format!("{at}.dead_letter_topic"), "topics"));
+    let max_delivery_attempts = c.within(&s.max_delivery_attempts, &format!("{at}.max_delivery_attempts"), 5..=100);
+    let retain_acked = dur(&s.retain_acked);
+    if let Some(r) = &s.retain_acked
+        && !(RETAIN_ACKED_MIN..=RETAIN_ACKED_MAX).contains(&r.get_ref().0)
+    {
+        c.error::<()>(
+            r.span(),
+            format!("{at}.retain_acked"),
+            ConfigErrorKind::Invalid("must be between 10m and 31d (Pub/Sub's message retention range)".into()),
+        );
+    }
+    let filter = s.filter.as_ref().and_then(|f| {
+        let text = f.get_ref();
+        if text.trim().is_empty() || text.len() > 256 {
+            let problem = "must be a Pub/Sub filter of 1 to 256 bytes, e.g. 'attributes.type = \"order\"'";
+            return c.error(f.span(), format!("{at}.filter"), ConfigErrorKind::Invalid(problem.into()));
+        }
+        Some(text.clone())
+    });
+    SubscriptionSetup {
+        topic,
+        dead_letter_topic,
+        max_delivery_attempts: max_delivery_attempts.unwrap_or(10),
+        retain_acked,
+        filter,
+        redelivery_backoff: redelivery_backoff(c, s.redelivery_backoff.as_ref(), at),
     }
 }
 
@@ -295,7 +312,7 @@ fn redelivery_backoff(
     given: Option<&Spanned<Vec<Spanned<HumanDuration>>>>,
     at: &str,
 ) -> (Duration, Duration) {
-    let default = PubsubSource::DEFAULT_REDELIVERY_BACKOFF;
+    let default = SubscriptionSetup::DEFAULT_REDELIVERY_BACKOFF;
     let Some(given) = given else { return default };
     let field = format!("{at}.redelivery_backoff");
     let most = Duration::from_secs(600);
@@ -330,15 +347,16 @@ const NOT_ATTRIBUTES: [&str; 12] = [
 
 /// A push source's `wrapper` and `attributes`.
 fn push_source(c: &mut Checker<'_>, s: &RawSource, at: &str) -> PushSource {
+    let subscription = push_subscription(c, s, at);
     let wrapped = s.wrapper.as_ref().is_none_or(|w| *w.get_ref());
     let Some(names) = &s.attributes else {
-        return PushSource { unwrapped: (!wrapped).then(Unwrapped::default) };
+        return PushSource { unwrapped: (!wrapped).then(Unwrapped::default), subscription };
     };
     if wrapped {
         let problem = "lists the headers of an unwrapped push: it needs `wrapper = false` (a wrapped push carries \
                        its attributes in the envelope)";
         c.error::<()>(names.span(), format!("{at}.attributes"), ConfigErrorKind::Invalid(problem.into()));
-        return PushSource::default();
+        return PushSource { unwrapped: None, subscription };
     }
     let mut attributes: Vec<String> = Vec::new();
     for (i, name) in names.get_ref().iter().enumerate() {
@@ -364,7 +382,57 @@ fn push_source(c: &mut Checker<'_>, s: &RawSource, at: &str) -> PushSource {
             None => attributes.push(text.clone()),
         }
     }
-    PushSource { unwrapped: Some(Unwrapped { attributes }) }
+    PushSource { unwrapped: Some(Unwrapped { attributes }), subscription }
+}
+
+/// A push route's subscription for `inlet pubsub setup`: `subscription` and `endpoint`
+/// together (the subscription sends to the endpoint), and the settings a subscription
+/// takes; settings without a subscription to give them to are refused.
+fn push_subscription(c: &mut Checker<'_>, s: &RawSource, at: &str) -> Option<PushSubscription> {
+    let Some(name) = &s.subscription else {
+        let settings = [
+            ("topic", s.topic.as_ref().map(|v| v.span())),
+            ("endpoint", s.endpoint.as_ref().map(|v| v.span())),
+            ("dead_letter_topic", s.dead_letter_topic.as_ref().map(|v| v.span())),
+            ("max_delivery_attempts", s.max_delivery_attempts.as_ref().map(|v| v.span())),
+            ("retain_acked", s.retain_acked.as_ref().map(|v| v.span())),
+            ("filter", s.filter.as_ref().map(|v| v.span())),
+            ("redelivery_backoff", s.redelivery_backoff.as_ref().map(|v| v.span())),
+        ];
+        for (field, span) in settings {
+            if let Some(span) = span {
+                let problem = format!(
+                    "sets the push subscription's {field} for `inlet pubsub setup`, but names no `subscription` (and \
+                     `endpoint`) to set it on"
+                );
+                c.error::<()>(span, format!("{at}.{field}"), ConfigErrorKind::Invalid(problem));
+            }
+        }
+        return None;
+    };
+    let name = c.optional_resource(name, &format!("{at}.subscription"), "subscriptions");
+    let endpoint = match &s.endpoint {
+        None => {
+            let span = s.subscription.as_ref().map(|v| v.span()).unwrap_or_default();
+            let problem = "a push route's subscription needs `endpoint`: the URL Pub/Sub sends to, this route's \
+                           /push/<route> as the world reaches it";
+            c.error::<String>(span, format!("{at}.endpoint"), ConfigErrorKind::Invalid(problem.into()))
+        }
+        Some(e) => c.expand(e, &format!("{at}.endpoint")).and_then(|url| {
+            let parsed =
+                reqwest::Url::parse(&url).ok().filter(|u| matches!(u.scheme(), "https" | "http") && u.host().is_some());
+            match parsed {
+                Some(_) => Some(url),
+                None => c.error(
+                    e.span(),
+                    format!("{at}.endpoint"),
+                    ConfigErrorKind::Invalid(format!("`{}` is not an https:// (or http://) URL", e.get_ref())),
+                ),
+            }
+        }),
+    };
+    let setup = subscription_setup(c, s, at);
+    Some(PushSubscription { name: name?, endpoint: endpoint?, setup })
 }
 
 /// The `[server]` table: the listener and the limits that protect it.

@@ -230,7 +230,8 @@ impl Puller {
         let received = self.metrics.pubsub_received.get_or_create(&Metrics::route(route)).clone();
         // With a dead-letter policy, the attempt from which a message counts as near it.
         let near_dead_letter = self.metrics.pubsub_near_dead_letter.get_or_create(&Metrics::route(route)).clone();
-        let near_from = cfg.dead_letter_topic.as_ref().map(|_| cfg.max_delivery_attempts.div_ceil(2) as i32);
+        let near_from =
+            cfg.setup.dead_letter_topic.as_ref().map(|_| cfg.setup.max_delivery_attempts.div_ceil(2) as i32);
         let mut probe_tick = tokio::time::interval(PROBE_EVERY);
         probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut writer_joined = false;
