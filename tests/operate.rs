@@ -565,3 +565,88 @@ mod actions {
         );
     }
 }
+
+/// A replay window through the admin API, with its access rules: a viewer may list
+/// and read windows but not open one; a team's operator opens one on its own route only
+/// (another route is not there for it); the pushed redelivery of a message published
+/// inside the window is stored again (`replayed`), once, and every other redelivery is
+/// a duplicate; the window lists the entry it made; closing it ends that; both steps
+/// are audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_window_opened_over_the_api_takes_one_redelivery_as_a_new_entry() {
+    let camunda = FakeCamunda::start().await;
+    let ops = Ops::start(Backend::Sqlite, &camunda.url()).await;
+    let inside = inlet_testkit::push::push_envelope(
+        br#"{"workOrderId":"k","completedItems":1,"completionTimestamp":"t"}"#,
+        &[],
+        "wo-k-1",
+    );
+    let published = inside["message"]["publishTime"].as_str().unwrap().to_string();
+    // Publish times are milliseconds: the next envelope's is later than the window's end.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let outside = inlet_testkit::push::push_envelope(
+        br#"{"workOrderId":"k","completedItems":2,"completionTimestamp":"t"}"#,
+        &[],
+        "wo-k-2",
+    );
+    let push = async |envelope: &Value| {
+        let r = inlet_testkit::push::send_push(&ops.http, &ops.base, "wo", envelope).await;
+        let answer: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        (answer["outcome"].as_str().unwrap().to_string(), answer["entry"].as_i64().unwrap())
+    };
+    let (first, original) = push(&inside).await;
+    assert_eq!(first, "inserted");
+    assert_eq!(push(&outside).await.0, "inserted");
+    ops.wait_status(original, Status::Done).await;
+
+    let at = inlet::pubsub_client::parse_time(&published).unwrap();
+    let to = humantime::format_rfc3339_millis(at + Duration::from_millis(1)).to_string();
+    let body = json!({ "from": published, "to": to, "reason": "redo order k after the fix" });
+    let (status, refused) = ops.post("/api/routes/wo/replays", VIEWER, body.clone()).await;
+    assert_eq!(status, 403, "a viewer may not open a window: {refused}");
+    let (status, refused) = ops.post("/api/routes/other/replays", OPS_WO, body.clone()).await;
+    assert_eq!(status, 404, "another team's route is not there for this token: {refused}");
+    let (status, window) = ops.post("/api/routes/wo/replays", OPS_WO, body.clone()).await;
+    assert_eq!(status, 200, "{window}");
+    let id = window["id"].as_i64().unwrap();
+    assert_eq!((window["route"].as_str(), window["opened_by"].as_str()), (Some("wo"), Some("ops-wo")), "{window}");
+    let (status, refused) = ops.post("/api/routes/wo/replays", OPS_WO, body).await;
+    assert_eq!(status, 409, "an overlapping window: {refused}");
+
+    let (outcome, replayed) = push(&inside).await;
+    assert_eq!(outcome, "replayed", "the redelivery inside the window is stored again");
+    assert_ne!(replayed, original);
+    assert_eq!(push(&inside).await, ("duplicate".to_string(), original), "once per window");
+    assert_eq!(push(&outside).await.0, "duplicate", "published after the window");
+    ops.wait_status(replayed, Status::Done).await;
+    assert_eq!(camunda.correlated_seqs("k"), [1, 2, 1], "the replayed message delivered again");
+
+    let get = async |path: &str, token: &str| {
+        let r = ops.http.get(format!("{}{path}", ops.base)).bearer_auth(token).send().await.unwrap();
+        (r.status().as_u16(), serde_json::from_str::<Value>(&r.text().await.unwrap()).unwrap())
+    };
+    let (status, made) = get(&format!("/api/replays/{id}"), VIEWER).await;
+    assert_eq!(status, 200, "{made}");
+    assert_eq!(made["window"]["taken"], 1, "{made}");
+    assert_eq!(made["entries"], json!([{ "entry": replayed, "original": original }]));
+    let (status, listed) = get("/api/routes/wo/replays", VIEWER).await;
+    assert_eq!((status, listed["windows"].as_array().map(Vec::len)), (200, Some(1)), "{listed}");
+
+    let (status, closed) = ops.post(&format!("/api/replays/{id}/close"), OPS_WO, json!({})).await;
+    assert_eq!(status, 200, "{closed}");
+    assert!(closed["closed_at"].is_i64(), "{closed}");
+    let (status, refused) = ops.post(&format!("/api/replays/{id}/close"), OPS_WO, json!({})).await;
+    assert_eq!(status, 404, "closed already: {refused}");
+    let audit: Vec<(String, String)> =
+        ops.audit().await.into_iter().filter(|l| l.1.starts_with("replay")).map(|l| (l.1, l.3)).collect();
+    assert_eq!(
+        audit,
+        [
+            ("replay-open".to_string(), "ok".to_string()),
+            ("replay-open".to_string(), "conflict".to_string()),
+            ("replay-close".to_string(), "ok".to_string()),
+            ("replay-close".to_string(), "conflict".to_string()),
+        ]
+    );
+    ops.stop().await;
+}

@@ -59,6 +59,8 @@ pub enum Action {
     Ignore,
     Pause,
     Resume,
+    /// Open or close a replay window.
+    Replay,
     Promote,
     Rollback,
     Reload,
@@ -75,6 +77,7 @@ impl Action {
             Action::Ignore => "ignore",
             Action::Pause => "pause",
             Action::Resume => "resume",
+            Action::Replay => "replay",
             Action::Promote => "promote",
             Action::Rollback => "rollback",
             Action::Reload => "reload",
@@ -91,6 +94,7 @@ impl Action {
             | Action::Ignore
             | Action::Pause
             | Action::Resume
+            | Action::Replay
             | Action::Promote
             | Action::Rollback => Role::Operator,
             Action::Reload | Action::Purge | Action::ReadAudit => Role::Admin,

@@ -15,6 +15,11 @@
 //!   plugin file and digest, error; and routing files refused whole
 //! - `POST /api/routes/{name}/pause` — body `{"reason": "…"}`: no instance claims the
 //!   route's entries until `POST /api/routes/{name}/resume`; ingest goes on
+//! - `GET  /api/routes/{name}/replays`, `POST /api/routes/{name}/replays` — the
+//!   route's replay windows; body `{"from": "…", "to": "…", "open_for": "1h",
+//!   "reason": "…"}` opens one (redeliveries of messages published in it are stored
+//!   again); `GET /api/replays/{id}` — a window and the entries it made;
+//!   `POST /api/replays/{id}/close`
 //! - `POST /api/purge` — body `{"older_than": "7d"}`: delete finished entries
 //! - `GET  /api/audit?after=&limit=` — the audit log
 //! - `GET  /api/openapi.json` — the OpenAPI 3.1 description ([`openapi`])
@@ -577,6 +582,105 @@ pub async fn resume_route(
     caller.require(Action::Resume)?;
     visible_route(&s.routes.get(), &caller, &name)?;
     Ok(Json(operator(&s, &caller).resume(&name).await?))
+}
+
+/// A route's replay windows, oldest first.
+#[derive(Debug, serde::Serialize)]
+pub struct ReplayList {
+    pub windows: Vec<crate::inbox::ReplayWindow>,
+}
+
+/// The body of `POST /api/routes/{name}/replays`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayBody {
+    /// Publish times from (inclusive) and to (exclusive), RFC 3339.
+    pub from: String,
+    pub to: String,
+    /// How long redeliveries are taken (default 1h, at most 7d).
+    pub open_for: Option<String>,
+    pub reason: String,
+}
+
+/// A replay window with the entries it made, each with the entry it was made from.
+#[derive(Debug, serde::Serialize)]
+pub struct ReplayEntries {
+    pub window: crate::inbox::ReplayWindow,
+    pub entries: Vec<ReplayMade>,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct ReplayMade {
+    pub entry: i64,
+    pub original: i64,
+}
+
+/// The replay windows of a route the caller may see.
+pub async fn replays(
+    State(s): State<InboxState>,
+    Extension(caller): Extension<Caller>,
+    Id(name): Id<String>,
+) -> Result<Json<ReplayList>, ApiError> {
+    caller.require(Action::Read)?;
+    visible_route(&s.routes.get(), &caller, &name)?;
+    Ok(Json(ReplayList { windows: s.store.replay_windows(Some(&name), None).await? }))
+}
+
+/// Opens a replay window on a route ([`Operator::open_replay`]).
+pub async fn open_replay(
+    State(s): State<InboxState>,
+    Extension(caller): Extension<Caller>,
+    Id(name): Id<String>,
+    Body(b): Body<ReplayBody>,
+) -> Result<Json<crate::inbox::ReplayWindow>, ApiError> {
+    caller.require(Action::Replay)?;
+    visible_route(&s.routes.get(), &caller, &name)?;
+    let time = |field: &str, value: &str| {
+        crate::pubsub_client::parse_time(value)
+            .map(|t| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64))
+            .map_err(|e| ApiError::bad_request(format!("`{field}`: {e}")))
+    };
+    let published = time("from", &b.from)?..time("to", &b.to)?;
+    let open_for = match b.open_for.as_deref() {
+        None => std::time::Duration::from_secs(3600),
+        Some(d) => humantime::parse_duration(d)
+            .map_err(|e| ApiError::bad_request(format!("`open_for`: `{d}` is not a duration such as 1h: {e}")))?,
+    };
+    let reason = Reason::new(&b.reason, Inputs::Json)?;
+    Ok(Json(operator(&s, &caller).open_replay(&name, published, open_for, reason).await?))
+}
+
+/// The replay window `id` of a route the caller may see, or the 404 of a missing one.
+async fn visible_replay(s: &InboxState, caller: &Caller, id: i64) -> Result<crate::inbox::ReplayWindow, ApiError> {
+    let window = s.store.replay_windows(None, None).await?.into_iter().find(|w| w.id == id);
+    match window {
+        Some(w) if caller.may_see(&w.route) => Ok(w),
+        _ => Err(ApiError::new(StatusCode::NOT_FOUND, format!("no replay window {id}"))),
+    }
+}
+
+/// A replay window and the entries it made.
+pub async fn replay(
+    State(s): State<InboxState>,
+    Extension(caller): Extension<Caller>,
+    Id(id): Id<i64>,
+) -> Result<Json<ReplayEntries>, ApiError> {
+    caller.require(Action::Read)?;
+    let window = visible_replay(&s, &caller, id).await?;
+    let entries = s.store.replay_entries(id).await?;
+    let entries = entries.into_iter().map(|(entry, original)| ReplayMade { entry, original }).collect();
+    Ok(Json(ReplayEntries { window, entries }))
+}
+
+/// Closes a replay window before its time ([`Operator::close_replay`]).
+pub async fn close_replay(
+    State(s): State<InboxState>,
+    Extension(caller): Extension<Caller>,
+    Id(id): Id<i64>,
+) -> Result<Json<crate::inbox::ReplayWindow>, ApiError> {
+    caller.require(Action::Replay)?;
+    visible_replay(&s, &caller, id).await?;
+    Ok(Json(operator(&s, &caller).close_replay(id).await?))
 }
 
 fn source_kind(source: &crate::config::SourceConfig) -> &'static str {
