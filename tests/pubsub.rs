@@ -390,6 +390,15 @@ async fn ten_thousand_messages_land_once_and_are_delivered_in_key_order_postgres
     ten_thousand_messages("postgres").await;
 }
 
+/// The unordered test route with a dead-letter topic after 5 attempts.
+fn dead_letter_route(target_url: &str) -> String {
+    let dead_letter = format!(
+        r#"{}, dead_letter_topic = "projects/{PROJECT}/topics/{TOPIC}-dlq", max_delivery_attempts = 5"#,
+        setup_fields()
+    );
+    format!("{}ordering = \"none\"\n", pull_route(target_url, &dead_letter))
+}
+
 /// The broker reports delivery attempts only for subscriptions with a dead-letter
 /// policy; there every row carries it. (The emulator mishandles dead-letter
 /// policies on ordered subscriptions, so this route is unordered.)
@@ -400,11 +409,7 @@ async fn setup_creates_a_dead_letter_subscription_and_rows_record_the_delivery_a
     let camunda = FakeCamunda::start().await;
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
-    let dead_letter = format!(
-        r#"{}, dead_letter_topic = "projects/{PROJECT}/topics/{TOPIC}-dlq", max_delivery_attempts = 5"#,
-        setup_fields()
-    );
-    let routes = format!("{}ordering = \"none\"\n", pull_route(&camunda.url(), &dead_letter));
+    let routes = dead_letter_route(&camunda.url());
     let running = start_in_process(dir.path(), &url, &routes, &emulator).await;
     // `inlet pubsub setup` creates what the routing file names; a second run finds it.
     let setup = || {
@@ -460,11 +465,7 @@ async fn a_message_near_its_dead_letter_limit_is_counted() {
     let camunda = FakeCamunda::start().await;
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
-    let dead_letter = format!(
-        r#"{}, dead_letter_topic = "projects/{PROJECT}/topics/{TOPIC}-dlq", max_delivery_attempts = 5"#,
-        setup_fields()
-    );
-    let routes = format!("{}ordering = \"none\"\n", pull_route(&camunda.url(), &dead_letter));
+    let routes = dead_letter_route(&camunda.url());
     let config = dir.path().join("inlet.toml");
     std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
     inlet::pubsub_client::setup(&Config::load(&config).unwrap(), &Connection::emulator(&emulator.host))
@@ -1252,41 +1253,17 @@ async fn a_replay_window_takes_the_messages_published_inside_it_as_new_deliverie
     // as the next run has it (the run above wrote its own).
     std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
     let config_arg = config.display().to_string();
-    let (from, to) = (humantime::format_rfc3339_millis(before), humantime::format_rfc3339_millis(after));
-    let (stdout, stderr, ok) = inlet_cli(
-        &emulator,
-        &[
-            "--config",
-            &config_arg,
-            "route",
-            "replay",
-            "orders",
-            "--from",
-            &from.to_string(),
-            "--to",
-            &to.to_string(),
-            "--reason",
-            "redo the middle batch after the fix",
-        ],
-    );
+    let (from, to) =
+        (humantime::format_rfc3339_millis(before).to_string(), humantime::format_rfc3339_millis(after).to_string());
+    let replay = |reason: &str| {
+        let args =
+            ["--config", &config_arg, "route", "replay", "orders", "--from", &from, "--to", &to, "--reason", reason];
+        inlet_cli(&emulator, &args)
+    };
+    let (stdout, stderr, ok) = replay("redo the middle batch after the fix");
     assert!(ok, "inlet route replay failed:\n{stdout}{stderr}");
     assert!(stdout.starts_with("opened replay window 1 on orders"), "{stdout}");
-    let (stdout, stderr, ok) = inlet_cli(
-        &emulator,
-        &[
-            "--config",
-            &config_arg,
-            "route",
-            "replay",
-            "orders",
-            "--from",
-            &from.to_string(),
-            "--to",
-            &to.to_string(),
-            "--reason",
-            "again",
-        ],
-    );
+    let (stdout, stderr, ok) = replay("again");
     assert!(
         !ok && stderr.contains("already has replay window 1 open"),
         "an overlapping window is refused:\n{stdout}{stderr}"

@@ -25,7 +25,6 @@ async fn an_exactly_once_subscription_is_stored_once_per_message_and_drained() {
     const N: usize = 50;
     let emulator = PubSubEmulator::start(PROJECT).await;
     emulator.create_topic("orders").await;
-    let http = reqwest::Client::new();
     let body =
         json!({ "topic": emulator.topic_path("orders"), "ackDeadlineSeconds": 10, "enableExactlyOnceDelivery": true });
     let created = emulator.put_subscription("orders-eo", &body).await;
@@ -51,22 +50,7 @@ async fn an_exactly_once_subscription_is_stored_once_per_message_and_drained() {
     };
     let running = inlet::app::start(&Config::load(&config).expect("routing file"), options).await.expect("starts");
 
-    let data = |i: usize| {
-        let order = format!(
-            r#"{{"workOrderId":"wo-{}","completedItems":{i},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#,
-            i % 5
-        );
-        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, order)
-    };
-    let messages: Vec<_> = (0..N).map(|i| json!({ "data": data(i) })).collect();
-    let r = http
-        .post(format!("{}/topics/orders:publish", emulator.url()))
-        .header("content-type", "application/json")
-        .body(json!({ "messages": messages }).to_string())
-        .send()
-        .await
-        .expect("publish");
-    assert!(r.status().is_success(), "publish: {}", r.text().await.unwrap());
+    publish_work_orders(&emulator, N, 5).await;
 
     let store = &running.shared.store;
     let filter = ListFilter { route: Some("orders".into()), limit: 1000, ..Default::default() };
@@ -95,6 +79,26 @@ async fn an_exactly_once_subscription_is_stored_once_per_message_and_drained() {
     running.stop().await;
     let left = emulator.pull("orders-eo").await;
     assert!(left.is_empty(), "the subscription is drained, {} left", left.len());
+}
+
+/// Publishes `n` work orders to topic `orders`, the i-th for work order `wo-{i % keys}`.
+async fn publish_work_orders(emulator: &PubSubEmulator, n: usize, keys: usize) {
+    let data = |i: usize| {
+        let order = format!(
+            r#"{{"workOrderId":"wo-{}","completedItems":{i},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#,
+            i % keys
+        );
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, order)
+    };
+    let messages: Vec<_> = (0..n).map(|i| json!({ "data": data(i) })).collect();
+    let r = reqwest::Client::new()
+        .post(format!("{}/topics/orders:publish", emulator.url()))
+        .header("content-type", "application/json")
+        .body(json!({ "messages": messages }).to_string())
+        .send()
+        .await
+        .expect("publish");
+    assert!(r.status().is_success(), "publish: {}", r.text().await.unwrap());
 }
 
 /// The sum of the samples of metric `name` whose line contains `labels`.
@@ -150,20 +154,7 @@ async fn acks_refused_after_a_stall_are_counted_and_the_messages_end_as_one_row_
         sqlx::query("BEGIN EXCLUSIVE").execute(&mut locker).await.unwrap();
         locker
     };
-    let data = |i: usize| {
-        let order =
-            format!(r#"{{"workOrderId":"wo-{i}","completedItems":{i},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#);
-        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, order)
-    };
-    let messages: Vec<_> = (0..N).map(|i| json!({ "data": data(i) })).collect();
-    let r = reqwest::Client::new()
-        .post(format!("{}/topics/orders:publish", emulator.url()))
-        .header("content-type", "application/json")
-        .body(json!({ "messages": messages }).to_string())
-        .send()
-        .await
-        .expect("publish");
-    assert!(r.status().is_success(), "publish: {}", r.text().await.unwrap());
+    publish_work_orders(&emulator, N, N).await;
     wait_until("Inlet holds every message", Duration::from_secs(30), || async {
         sample_sum(&metrics().await, "inlet_pubsub_received_total", "orders") >= N as f64
     })

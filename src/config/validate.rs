@@ -204,7 +204,13 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
     match s.kind.get_ref() {
         SourceKind::Push => {
             c.stray(&fields, &PUSH_SETUP_FIELDS, &at, "a push source");
-            Some(SourceConfig::Push(push_source(c, s, &at)))
+            let settings: Vec<_> = fields
+                .iter()
+                .filter(|(f, _)| *f != "subscription" && PUSH_SETUP_FIELDS.contains(f))
+                .chain(&[("endpoint", s.endpoint.as_ref().map(|v| v.span()))])
+                .cloned()
+                .collect();
+            Some(SourceConfig::Push(push_source(c, s, &at, &settings)))
         }
         SourceKind::Pubsub => {
             let push_only = [
@@ -346,8 +352,13 @@ const NOT_ATTRIBUTES: [&str; 12] = [
 ];
 
 /// A push source's `wrapper` and `attributes`.
-fn push_source(c: &mut Checker<'_>, s: &RawSource, at: &str) -> PushSource {
-    let subscription = push_subscription(c, s, at);
+fn push_source(
+    c: &mut Checker<'_>,
+    s: &RawSource,
+    at: &str,
+    settings: &[(&str, Option<std::ops::Range<usize>>)],
+) -> PushSource {
+    let subscription = push_subscription(c, s, at, settings);
     let wrapped = s.wrapper.as_ref().is_none_or(|w| *w.get_ref());
     let Some(names) = &s.attributes else {
         return PushSource { unwrapped: (!wrapped).then(Unwrapped::default), subscription };
@@ -388,19 +399,16 @@ fn push_source(c: &mut Checker<'_>, s: &RawSource, at: &str) -> PushSource {
 /// A push route's subscription for `inlet pubsub setup`: `subscription` and `endpoint`
 /// together (the subscription sends to the endpoint), and the settings a subscription
 /// takes; settings without a subscription to give them to are refused.
-fn push_subscription(c: &mut Checker<'_>, s: &RawSource, at: &str) -> Option<PushSubscription> {
+/// `settings`: the subscription's fields as written (name, where).
+fn push_subscription(
+    c: &mut Checker<'_>,
+    s: &RawSource,
+    at: &str,
+    settings: &[(&str, Option<std::ops::Range<usize>>)],
+) -> Option<PushSubscription> {
     let Some(name) = &s.subscription else {
-        let settings = [
-            ("topic", s.topic.as_ref().map(|v| v.span())),
-            ("endpoint", s.endpoint.as_ref().map(|v| v.span())),
-            ("dead_letter_topic", s.dead_letter_topic.as_ref().map(|v| v.span())),
-            ("max_delivery_attempts", s.max_delivery_attempts.as_ref().map(|v| v.span())),
-            ("retain_acked", s.retain_acked.as_ref().map(|v| v.span())),
-            ("filter", s.filter.as_ref().map(|v| v.span())),
-            ("redelivery_backoff", s.redelivery_backoff.as_ref().map(|v| v.span())),
-        ];
         for (field, span) in settings {
-            if let Some(span) = span {
+            if let Some(span) = span.clone() {
                 let problem = format!(
                     "sets the push subscription's {field} for `inlet pubsub setup`, but names no `subscription` (and \
                      `endpoint`) to set it on"
