@@ -359,6 +359,22 @@ async fn the_console_signs_in_by_token_checks_every_post_and_escapes_what_it_sho
     let routes = api(&http_api, &base, "/api/routes", ROOT).await;
     assert!(routes["routes"].as_array().unwrap().iter().all(|r| r["paused"].is_null()), "resumed: {routes:#}");
 
+    // An open replay window is shown on its route.
+    let r = http_api
+        .post(format!("{base}/api/routes/orders/replays"))
+        .bearer_auth(ROOT)
+        .header("content-type", "application/json")
+        .body(r#"{"from": "2026-12-04T09:00:00Z", "to": "2026-12-04T10:00:00Z", "reason": "redo"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let (_, _, overview) = page(ops.clone(), "/console".into()).await;
+    assert!(
+        overview.contains("replay window 1 open until 20") && overview.contains("redeliveries of messages published 2026-12-04T09:00:00.000Z to 2026-12-04T10:00:00.000Z are stored again (0 so far)"),
+        "the open window is on the overview: {overview}"
+    );
+
     // The audit log is the admins', in the console as in the API.
     let (status, _, body) = page(ops.clone(), "/console/audit".into()).await;
     assert_eq!(status, 403, "{body}");

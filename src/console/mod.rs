@@ -267,6 +267,10 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
         (Ok(c), Ok(t)) => (c, t),
         (Err(e), _) | (_, Err(e)) => return signed.refused(ApiError::store(e)),
     };
+    let replays = match s.store.replay_windows(None, Some(now)).await {
+        Ok(windows) => windows,
+        Err(e) => return signed.refused(ApiError::store(e)),
+    };
     let mut by_route: BTreeMap<&str, (i64, i64, i64, Option<i64>)> = BTreeMap::new();
     for count in counts.iter().filter(|c| caller.may_see(&c.route)) {
         let row = by_route.entry(count.route.as_str()).or_default();
@@ -316,7 +320,21 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
                 }),
             ),
         };
-        let error = format!("{rollout}{error}");
+        let replay: String = replays
+            .iter()
+            .filter(|w| w.route == r.name)
+            .map(|w| {
+                format!(
+                    r#"<div class="small">replay window {id} open until {until}: redeliveries of messages published {from} to {to} are stored again ({taken} so far)</div>"#,
+                    id = w.id,
+                    until = esc(&crate::clock::rfc3339_millis(w.closes_at)),
+                    from = esc(&crate::clock::rfc3339_millis(w.published_from)),
+                    to = esc(&crate::clock::rfc3339_millis(w.published_to)),
+                    taken = w.taken,
+                )
+            })
+            .collect();
+        let error = format!("{rollout}{replay}{error}");
         let action = if !may_pause {
             String::new()
         } else if r.paused.is_some() {
