@@ -220,6 +220,12 @@ async fn crawl(
     covered.insert("/api/routes");
     out.push(api_get(http, base, "/api/routes/orders/shadow", token).await);
     covered.insert("/api/routes/{name}/shadow");
+    out.push(api_get(http, base, "/api/routes/orders/replays", token).await);
+    covered.insert("/api/routes/{name}/replays");
+    for path in ["/api/replays/1", "/api/replays/999999"] {
+        out.push(api_get(http, base, path, token).await);
+    }
+    covered.insert("/api/replays/{id}");
     out.push(api_get(http, base, "/api/audit", token).await);
     covered.insert("/api/audit");
     out.push(api_get(http, base, "/api/openapi.json", token).await);
@@ -368,6 +374,17 @@ async fn a_token_without_payloads_reads_no_text_that_quotes_one() {
     )
     .await;
     assert_eq!(job.status, 202, "{}", job.body);
+
+    // A replay window (its reason is an operator's words, not a payload).
+    let window = api_post(
+        &http,
+        &base,
+        "/api/routes/orders/replays",
+        ROOT,
+        &json!({"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z", "reason": "probe"}),
+    )
+    .await;
+    assert_eq!(window.status, 200, "{}", window.body);
 
     let mut ids: Vec<i64> = Vec::new();
     for route in ["orders", "other"] {
