@@ -1,6 +1,8 @@
 //! The inbox schema as an explicit step, through the real binary on both stores:
 //! `inlet migrate` upgrades from every earlier version with entries in every state to
-//! exactly a fresh install's schema; a newer schema is refused by `inlet run` in every
+//! exactly a fresh install's schema; a busy inbox of the previous version (parked heads
+//! blocking keys, a live lease, a not-yet deadline) is migrated and drained in key
+//! order, nothing lost or twice; a newer schema is refused by `inlet run` in every
 //! mode and by the other commands; commands that only use the inbox never migrate and
 //! never create it; a PostgreSQL migration blocked by a held lock fails within its
 //! lock timeout; a PostgreSQL migration outside a transaction builds its index while
@@ -389,6 +391,165 @@ async fn upgrade_from_every_earlier_version(backend: Backend) {
     }
 }
 
+/// Keys of the busy inbox: each with its entries' states by sequence number, in order.
+/// `blocked`: a PARKED head (the route lets parked heads block their key) and three
+/// waiting behind it; `held`: a head in flight under another instance's live lease;
+/// `not-yet`: a head waiting out a not-yet deadline; `settled`: a DONE head; and twenty
+/// keys of plain backlog.
+fn busy_keys() -> Vec<(String, Vec<&'static str>)> {
+    let mut keys = vec![
+        ("blocked".to_string(), vec!["PARKED", "OPEN", "OPEN", "OPEN"]),
+        ("held".to_string(), vec!["IN_PROGRESS", "OPEN", "OPEN"]),
+        ("not-yet".to_string(), vec!["OPEN", "OPEN"]),
+        ("settled".to_string(), vec!["DONE", "OPEN", "OPEN"]),
+    ];
+    keys.extend((0..20).map(|k| (format!("k{k:02}"), vec!["OPEN"; 10])));
+    keys
+}
+
+/// A busy inbox written by the previous schema, as the binary before this one left it
+/// — keys blocked by parked heads, a lease held by a live instance, a not-yet deadline
+/// running, settled heads and a backlog — migrated to this binary's schema and then
+/// drained by its claims: nothing lost, nothing delivered twice, every key in entry
+/// order and never two of one key in flight; the blocked key waits for its repair, the
+/// held one for its lease, the not-yet one for its deadline; the old lease is fenced.
+async fn a_busy_inbox_of_the_previous_schema_is_migrated_and_drained_in_key_order(backend: Backend) {
+    let db = Db::new(backend).await;
+    let previous = db.latest() - 1;
+    schema::create_as_of(&db.url, previous).await.unwrap();
+    let t0 = now();
+    let keys = busy_keys();
+    let longest = keys.iter().map(|(_, states)| states.len()).max().unwrap();
+    // Inserted sequence by sequence across keys, so ids interleave as in a live inbox.
+    for seq in 0..longest {
+        for (key, states) in &keys {
+            let Some(&status) = states.get(seq) else { continue };
+            let dedup = format!("{key}-{seq}");
+            let (owner, expires, finished, error, due, not_yet) = match (key.as_str(), status) {
+                (_, "PARKED") => (None, None, None, Some("target refused: 422"), 0, None),
+                (_, "IN_PROGRESS") => (Some("old-instance"), Some(t0 + 60_000), None, None, 0, None),
+                (_, "DONE") => (None, None, Some(t0 - 1_000), None, 0, None),
+                ("not-yet", _) if seq == 0 => {
+                    (None, None, None, Some("not yet: no process waiting"), t0 + 30_000, Some(t0 - 10_000))
+                }
+                _ => (None, None, None, None, 0, None),
+            };
+            let body = format!("{{\"key\":\"{key}\",\"seq\":{seq}}}");
+            db.exec(
+                "INSERT INTO inbox_entry (route, dedup_key, correlation_key, event_type, body, raw_data, attributes, \
+                 message_id, payload_digest, status, attempts, next_attempt_at, lease_owner, lease_token, \
+                 lease_expires_at, last_error, received_at, updated_at, finished_at, not_yet_since) \
+                 VALUES ('wo', $1, $2, 'work-order', $3, $3, '[]', $1, 'digest', $4, 1, $5, $6, 1, $7, $8, $9, $9, $10, $11)",
+                &[
+                    V::Text(Some(&dedup)),
+                    V::Text(Some(key)),
+                    V::Bytes(body.as_bytes()),
+                    V::Text(Some(status)),
+                    V::Int(Some(due)),
+                    V::Text(owner),
+                    V::Int(expires),
+                    V::Text(error),
+                    V::Int(Some(t0 - 60_000)),
+                    V::Int(finished),
+                    V::Int(not_yet),
+                ],
+            )
+            .await;
+        }
+    }
+    let total: usize = keys.iter().map(|(_, states)| states.len()).sum();
+
+    let config = db.config(free_port());
+    let out = succeeds(&["migrate", config.to_str().unwrap()]);
+    assert!(out.contains(&format!("(was {previous})")), "{out}");
+    let store = inbox::open_as(&db.url, 4, MigrateMode::Check, schema::DEFAULT_LOCK_TIMEOUT).await.unwrap();
+    let entries = store.list(&ListFilter { limit: 1000, ..Default::default() }).await.unwrap();
+    assert_eq!(entries.len(), total, "{backend:?}: every entry is there after the migration");
+    let old_lease = entries.iter().find(|e| e.dedup_key == "held-0").map(|e| (e.id, e.lease_token)).unwrap();
+
+    // The drain: claims as a relay makes them, the clock moving 5 s whenever nothing is
+    // due; the parked head is repaired by hand once everything else it does not hold
+    // back is delivered.
+    let mut t = t0;
+    let mut delivered: Vec<(String, i64, Millis)> = Vec::new();
+    let mut settled = std::collections::HashSet::new();
+    let mut repaired_at: Option<Millis> = None;
+    // Every entry but the one finished before the migration.
+    let deliverable = total - 1;
+    for _ in 0..1_000 {
+        store.release_expired("wo", t).await.unwrap();
+        let req = ClaimRequest {
+            route: "wo",
+            owner: "new-instance",
+            limit: 8,
+            now: t,
+            lease_ms: 30_000,
+            ordered: true,
+            parked_blocks: true,
+        };
+        let claimed = store.claim(&req).await.unwrap();
+        let mut in_flight = std::collections::HashSet::new();
+        for c in &claimed {
+            let key = c.entry.correlation_key.clone().unwrap();
+            assert!(in_flight.insert(key.clone()), "{backend:?}: two entries of {key} in flight at once");
+            let seq: i64 = c.entry.dedup_key.rsplit('-').next().unwrap().parse().unwrap();
+            assert!(settled.insert(c.entry.id), "{backend:?}: {} delivered twice", c.entry.dedup_key);
+            delivered.push((key, seq, t));
+        }
+        for c in &claimed {
+            store.settle(c.entry.id, &c.lease, t, &Settlement::Done).await.unwrap();
+        }
+        if !claimed.is_empty() {
+            continue;
+        }
+        if settled.len() == deliverable {
+            break;
+        }
+        if repaired_at.is_none() && settled.len() == deliverable - 4 {
+            // Everything the parked head does not hold back is delivered: repair it.
+            let parked = entries.iter().find(|e| e.dedup_key == "blocked-0").unwrap();
+            assert!(store.requeue(parked.id, t).await.unwrap());
+            repaired_at = Some(t);
+            continue;
+        }
+        t += 5_000;
+    }
+    assert_eq!(settled.len(), deliverable, "{backend:?}: every entry not finished before delivered, once");
+    let done = store.list(&ListFilter { status: Some(Status::Done), limit: 1000, ..Default::default() }).await.unwrap();
+    assert_eq!(done.len(), total, "{backend:?}: nothing lost");
+    for (key, states) in &keys {
+        let seqs: Vec<i64> = delivered.iter().filter(|d| &d.0 == key).map(|d| d.1).collect();
+        let expected: Vec<i64> = (0..states.len() as i64).filter(|&s| states[s as usize] != "DONE").collect();
+        assert_eq!(seqs, expected, "{backend:?}: {key} delivered in entry order");
+    }
+    let first = |key: &str| delivered.iter().find(|d| d.0 == key).map(|d| d.2).unwrap();
+    assert!(first("held") >= t0 + 60_000, "{backend:?}: the held key waited for the old instance's lease");
+    assert!(first("not-yet") >= t0 + 30_000, "{backend:?}: the not-yet head waited for its deadline");
+    assert!(first("blocked") >= repaired_at.unwrap(), "{backend:?}: the blocked key waited for its repair");
+    let (id, token) = old_lease;
+    let fenced = store
+        .settle(
+            id,
+            &inbox::Lease { owner: "old-instance".into(), token, expires_at: t0 + 60_000 },
+            t,
+            &Settlement::Done,
+        )
+        .await;
+    assert!(
+        matches!(fenced, Err(inbox::StoreError::LeaseLost { .. })),
+        "{backend:?}: the old instance's late settle is refused: {fenced:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_inbox_of_the_previous_schema_is_migrated_and_drained_in_key_order_on_sqlite() {
+    a_busy_inbox_of_the_previous_schema_is_migrated_and_drained_in_key_order(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_inbox_of_the_previous_schema_is_migrated_and_drained_in_key_order_on_postgres() {
+    a_busy_inbox_of_the_previous_schema_is_migrated_and_drained_in_key_order(Backend::Postgres).await;
+}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_from_every_earlier_version_on_sqlite() {
     upgrade_from_every_earlier_version(Backend::Sqlite).await;
