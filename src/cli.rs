@@ -1147,7 +1147,7 @@ async fn route_command(
                 return Err(unknown(&name));
             }
             let reason = Reason::new(&reason, Inputs::Flags)?;
-            let published = millis(from)..millis(to);
+            let published = crate::clock::millis_of(from)..crate::clock::millis_of(to);
             let window = operator(store.as_ref(), &clock).open_replay(&name, published, open_for, reason).await?;
             out.show_line(
                 &window,
@@ -1164,25 +1164,11 @@ async fn route_command(
             Ok(ExitCode::SUCCESS)
         }
         RouteCommand::Replays { name, window: Some(id) } => {
-            let Some(window) = store.replay_windows(name.as_deref(), None).await?.into_iter().find(|w| w.id == id)
-            else {
+            let window = store.replay_window(id).await?.filter(|w| name.as_ref().is_none_or(|n| *n == w.route));
+            let Some(window) = window else {
                 anyhow::bail!("no replay window {id}{}", name.map(|n| format!(" on route {n}")).unwrap_or_default());
             };
-            let entries = store.replay_entries(id).await?;
-            #[derive(serde::Serialize)]
-            struct Made {
-                entry: i64,
-                original: i64,
-            }
-            #[derive(serde::Serialize)]
-            struct WindowEntries {
-                window: crate::inbox::ReplayWindow,
-                entries: Vec<Made>,
-            }
-            let answer = WindowEntries {
-                window,
-                entries: entries.into_iter().map(|(entry, original)| Made { entry, original }).collect(),
-            };
+            let answer = crate::operate::ReplayEntries::of(store.as_ref(), window).await?;
             out.show(&answer, || {
                 println!("{}", view::replay_line(&answer.window, clock.now()));
                 println!("{:>10}  {:>10}", "ENTRY", "FROM");
@@ -1370,11 +1356,6 @@ fn print_listing(listing: &Listing) {
 }
 
 /// The command line's operator actions: as `cli:<user>`, from outside any instance.
-/// A time as the inbox keeps it: milliseconds since the Unix epoch.
-fn millis(at: std::time::SystemTime) -> crate::clock::Millis {
-    at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 fn operator<'a>(store: &'a dyn Store, clock: &'a DbClock) -> Operator<'a> {
     Operator::new(store, clock, Relays::Elsewhere, cli_actor())
 }

@@ -26,6 +26,12 @@ pub fn ago(now: Millis, age: Duration) -> Millis {
     now.saturating_sub(Millis::try_from(age.as_millis()).unwrap_or(Millis::MAX))
 }
 
+/// `at` in milliseconds since the Unix epoch (0 before it, the largest for a time past
+/// what an `i64` of milliseconds holds).
+pub fn millis_of(at: SystemTime) -> Millis {
+    at.duration_since(UNIX_EPOCH).map_or(0, |d| Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX))
+}
+
 /// A time to the millisecond as RFC 3339, `2026-08-01T10:00:00.123Z` (UTC): what
 /// `inlet pubsub seek --to` and `gcloud pubsub subscriptions seek --time` take.
 pub fn rfc3339_millis(at: Millis) -> String {

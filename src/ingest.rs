@@ -537,8 +537,7 @@ impl Ingest {
 /// time (a message without one is never replayed), the oldest window first.
 fn replay_window<'w>(windows: &'w [ReplayWindow], entry: &NewEntry) -> Option<&'w ReplayWindow> {
     let published = crate::pubsub_client::parse_time(entry.publish_time.as_deref()?).ok()?;
-    let millis = published.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
-    let millis = i64::try_from(millis).ok()?;
+    let millis = crate::clock::millis_of(published);
     windows.iter().find(|w| w.covers(millis))
 }
 

@@ -604,6 +604,19 @@ async fn a_replay_window_opened_over_the_api_takes_one_redelivery_as_a_new_entry
     let body = json!({ "from": published, "to": to, "reason": "redo order k after the fix" });
     let (status, refused) = ops.post("/api/routes/wo/replays", VIEWER, body.clone()).await;
     assert_eq!(status, 403, "a viewer may not open a window: {refused}");
+    // Bad input changes nothing and says which field.
+    for (bad, field) in [
+        (json!({ "from": "yesterday", "to": to, "reason": "r" }), "from"),
+        (json!({ "from": published, "to": published, "reason": "r" }), "before its end"),
+        (json!({ "from": published, "to": to, "open_for": "8d", "reason": "r" }), "at most 7 days"),
+        (json!({ "from": published, "to": to, "open_for": "soon", "reason": "r" }), "open_for"),
+        (json!({ "from": published, "to": to, "reason": "  " }), "reason"),
+        (json!({ "from": published, "to": to, "reason": "r", "extra": 1 }), "extra"),
+    ] {
+        let (status, refused) = ops.post("/api/routes/wo/replays", OPS_WO, bad.clone()).await;
+        assert!(matches!(status, 400 | 422), "{bad}: {status} {refused}");
+        assert!(refused["error"].as_str().unwrap().contains(field), "{bad}: {refused}");
+    }
     let (status, refused) = ops.post("/api/routes/other/replays", OPS_WO, body.clone()).await;
     assert_eq!(status, 404, "another team's route is not there for this token: {refused}");
     let (status, window) = ops.post("/api/routes/wo/replays", OPS_WO, body.clone()).await;

@@ -62,7 +62,7 @@ use self::answer::{
 };
 use crate::clock::Clock;
 use crate::inbox::{Entry, ListFilter, Status, Store, StoreError};
-use crate::operate::{EntryRepair, Inputs, Operator, Reason, Relays, Wake};
+use crate::operate::{EntryRepair, Inputs, Operator, Reason, Relays, ReplayEntries, Wake};
 use crate::routing::{RouteTable, Routes};
 use crate::shared::Shared;
 use crate::telemetry::Metrics;
@@ -602,19 +602,6 @@ pub struct ReplayBody {
     pub reason: String,
 }
 
-/// A replay window with the entries it made, each with the entry it was made from.
-#[derive(Debug, serde::Serialize)]
-pub struct ReplayEntries {
-    pub window: crate::inbox::ReplayWindow,
-    pub entries: Vec<ReplayMade>,
-}
-
-#[derive(Debug, serde::Serialize)]
-pub struct ReplayMade {
-    pub entry: i64,
-    pub original: i64,
-}
-
 /// The replay windows of a route the caller may see.
 pub async fn replays(
     State(s): State<InboxState>,
@@ -637,7 +624,7 @@ pub async fn open_replay(
     visible_route(&s.routes.get(), &caller, &name)?;
     let time = |field: &str, value: &str| {
         crate::pubsub_client::parse_time(value)
-            .map(|t| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64))
+            .map(crate::clock::millis_of)
             .map_err(|e| ApiError::bad_request(format!("`{field}`: {e}")))
     };
     let published = time("from", &b.from)?..time("to", &b.to)?;
@@ -652,8 +639,7 @@ pub async fn open_replay(
 
 /// The replay window `id` of a route the caller may see, or the 404 of a missing one.
 async fn visible_replay(s: &InboxState, caller: &Caller, id: i64) -> Result<crate::inbox::ReplayWindow, ApiError> {
-    let window = s.store.replay_windows(None, None).await?.into_iter().find(|w| w.id == id);
-    match window {
+    match s.store.replay_window(id).await? {
         Some(w) if caller.may_see(&w.route) => Ok(w),
         _ => Err(ApiError::new(StatusCode::NOT_FOUND, format!("no replay window {id}"))),
     }
@@ -667,9 +653,7 @@ pub async fn replay(
 ) -> Result<Json<ReplayEntries>, ApiError> {
     caller.require(Action::Read)?;
     let window = visible_replay(&s, &caller, id).await?;
-    let entries = s.store.replay_entries(id).await?;
-    let entries = entries.into_iter().map(|(entry, original)| ReplayMade { entry, original }).collect();
-    Ok(Json(ReplayEntries { window, entries }))
+    Ok(Json(ReplayEntries::of(s.store.as_ref(), window).await?))
 }
 
 /// Closes a replay window before its time ([`Operator::close_replay`]).

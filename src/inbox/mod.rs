@@ -898,6 +898,9 @@ pub trait Store: Send + Sync + 'static {
         open_at: Option<Millis>,
     ) -> Result<Vec<ReplayWindow>, StoreError>;
 
+    /// Replay window `id`, if there is one.
+    async fn replay_window(&self, id: i64) -> Result<Option<ReplayWindow>, StoreError>;
+
     /// Stores `entry` (its dedup key already [`replay_dedup_key`]) as what replay
     /// window `window` made of entry `original`, in one transaction: the entry and
     /// the record of where it came from.

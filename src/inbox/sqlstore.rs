@@ -195,6 +195,39 @@ macro_rules! store_impl {
                 Ok(true)
             }
 
+            /// The replay windows `sql/replay_window_list.sql` selects: of a route, open
+            /// at a time, of an id; each filter off when `None`.
+            async fn replay_window_rows(
+                &self,
+                route: Option<&str>,
+                open_at: Option<$crate::clock::Millis>,
+                id: Option<i64>,
+            ) -> Result<Vec<$crate::inbox::ReplayWindow>, $crate::inbox::StoreError> {
+                use sqlx::Row as _;
+                let rows = sqlx::query(include_str!("sql/replay_window_list.sql"))
+                    .bind(route)
+                    .bind(open_at)
+                    .bind(id)
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter()
+                    .map(|r| {
+                        Ok($crate::inbox::ReplayWindow {
+                            id: r.try_get("id")?,
+                            route: r.try_get("route")?,
+                            published_from: r.try_get("published_from")?,
+                            published_to: r.try_get("published_to")?,
+                            opened_at: r.try_get("opened_at")?,
+                            closes_at: r.try_get("closes_at")?,
+                            closed_at: r.try_get("closed_at")?,
+                            opened_by: r.try_get("opened_by")?,
+                            reason: r.try_get("reason")?,
+                            taken: r.try_get("taken")?,
+                        })
+                    })
+                    .collect()
+            }
+
             async fn insert_one(conn: &mut $conn, e: &$crate::inbox::NewEntry, now: $crate::clock::Millis)
                 -> Result<$crate::inbox::InsertOutcome, $crate::inbox::StoreError>
             {
@@ -783,29 +816,15 @@ macro_rules! store_impl {
             async fn replay_windows(&self, route: Option<&str>, open_at: Option<$crate::clock::Millis>)
                 -> Result<Vec<$crate::inbox::ReplayWindow>, $crate::inbox::StoreError>
             {
-                use sqlx::Row as _;
-                let rows = sqlx::query(include_str!("sql/replay_window_list.sql"))
-                    .bind(route)
-                    .bind(open_at)
-                    .fetch_all(&self.pool)
-                    .await?;
-                rows.iter()
-                    .map(|r| {
-                        Ok($crate::inbox::ReplayWindow {
-                            id: r.try_get("id")?,
-                            route: r.try_get("route")?,
-                            published_from: r.try_get("published_from")?,
-                            published_to: r.try_get("published_to")?,
-                            opened_at: r.try_get("opened_at")?,
-                            closes_at: r.try_get("closes_at")?,
-                            closed_at: r.try_get("closed_at")?,
-                            opened_by: r.try_get("opened_by")?,
-                            reason: r.try_get("reason")?,
-                            taken: r.try_get("taken")?,
-                        })
-                    })
-                    .collect()
+                self.replay_window_rows(route, open_at, None).await
             }
+
+            async fn replay_window(&self, id: i64)
+                -> Result<Option<$crate::inbox::ReplayWindow>, $crate::inbox::StoreError>
+            {
+                Ok(self.replay_window_rows(None, None, Some(id)).await?.pop())
+            }
+
 
             async fn insert_replay(
                 &self,

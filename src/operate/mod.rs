@@ -206,6 +206,29 @@ impl JobPlan {
 /// ordinary redelivery of next month into a new entry.
 pub const MAX_REPLAY_OPEN: Duration = Duration::from_secs(7 * 86_400);
 
+/// A replay window with the entries it made, each with the entry it was made from
+/// (`GET /api/replays/{id}`, `inlet route replays --window ID`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplayEntries {
+    pub window: ReplayWindow,
+    pub entries: Vec<ReplayMade>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplayMade {
+    pub entry: i64,
+    pub original: i64,
+}
+
+impl ReplayEntries {
+    /// `window` with the entries it has made so far.
+    pub async fn of(store: &dyn Store, window: ReplayWindow) -> Result<ReplayEntries, StoreError> {
+        let entries = store.replay_entries(window.id).await?;
+        let entries = entries.into_iter().map(|(entry, original)| ReplayMade { entry, original }).collect();
+        Ok(ReplayEntries { window, entries })
+    }
+}
+
 /// Why an operator action did not happen (or did not finish).
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
@@ -402,15 +425,12 @@ impl<'a> Operator<'a> {
     /// Closes replay window `id` before its time: redeliveries are duplicates again.
     /// What it stored stays.
     pub async fn close_replay(&self, id: i64) -> Result<ReplayWindow, Refusal> {
-        let window = self.store.replay_windows(None, None).await?.into_iter().find(|w| w.id == id);
+        let window = self.store.replay_window(id).await?;
         let result = self.store.close_replay_window(id, self.clock.now()).await;
         let route = window.as_ref().map(|w| w.route.clone());
         self.audit(AuditAction::ReplayClose, route, format!("replay window {id}"), outcome_of(&result), None).await;
         match (result?, window) {
-            (true, Some(window)) => {
-                let closed = self.store.replay_windows(Some(&window.route), None).await?;
-                Ok(closed.into_iter().find(|w| w.id == id).unwrap_or(window))
-            }
+            (true, Some(window)) => Ok(self.store.replay_window(id).await?.unwrap_or(window)),
             _ => Err(Refusal::NoOpenReplay(id)),
         }
     }
