@@ -330,6 +330,21 @@ fn sum_samples(text: &str, name: &str, labels: &str) -> f64 {
         .sum()
 }
 
+/// `inlet pubsub setup` of the routing file in `dir`: the steps it reports.
+async fn setup_in(dir: &Path, emulator: &PubSubEmulator) -> Vec<String> {
+    let config = Config::load(&dir.join("inlet.toml")).unwrap();
+    let steps = inlet::pubsub_client::setup(&config, &Connection::emulator(&emulator.host)).await.expect("setup");
+    steps.iter().map(|s| s.to_string()).collect()
+}
+
+/// What setup reports when it creates the test topic and subscription.
+fn created_topic_and_subscription() -> [String; 2] {
+    [
+        format!("created topic projects/{PROJECT}/topics/{TOPIC}"),
+        format!("created subscription projects/{PROJECT}/subscriptions/{SUBSCRIPTION}"),
+    ]
+}
+
 // ---------------------------------------------------------------------------------------
 // 1. Volume and order
 // ---------------------------------------------------------------------------------------
@@ -349,35 +364,42 @@ async fn ten_thousand_messages(backend: &str) {
     let running = start_in_process(dir.path(), &url, &routes, &emulator).await;
     // The subscription does not exist yet: the source keeps retrying until setup
     // has created it.
-    let config = Config::load(&dir.path().join("inlet.toml")).unwrap();
-    let steps = inlet::pubsub_client::setup(&config, &Connection::emulator(&emulator.host)).await.expect("setup");
-    let steps: Vec<String> = steps.iter().map(|s| s.to_string()).collect();
-    assert_eq!(
-        steps,
-        [
-            format!("created topic projects/{PROJECT}/topics/{TOPIC}"),
-            format!("created subscription projects/{PROJECT}/subscriptions/{SUBSCRIPTION}"),
-        ]
-    );
+    assert_eq!(setup_in(dir.path(), &emulator).await, created_topic_and_subscription());
     let rows = Rows::open(&url).await;
 
     let report = publish_independent(&emulator, TOPIC, N, KEYS, 0, true).await;
     println!("{backend}: python client published {} messages in {:.2} s", report.published, report.seconds);
     assert_eq!(report.published, N);
 
-    wait_all_done(&rows, N as i64, Duration::from_secs(300)).await;
+    let stored = wait_settled(&rows, N as i64, Duration::from_secs(60), Duration::from_secs(300)).await;
+    // Streams lost after setup (the ones before it found no subscription yet).
+    let lost = metric(&running, "inlet_pubsub_reconnects_total", "orders")
+        - metric(&running, "inlet_pubsub_reconnects_total", r#"outcome="not_found""#);
+    if stored < N as i64 {
+        // Only a stream that broke mid-run (a store that stayed locked past its busy
+        // timeout on a starved machine, say) may leave messages out: the emulator
+        // strands what a closed stream held. Then what Inlet controls is checked
+        // exactly, by its ack journal, as after a kill.
+        assert!(lost > 0.0, "{stored} of {N} messages stored, all DONE, and no stream was lost: messages went missing");
+        println!("{backend}: {lost} streams lost mid-run; checking by the ack journal");
+        let stored = stop_checked(running, &rows, dir.path(), N).await;
+        assert_stored_were_delivered(&camunda, KEYS, N / KEYS, stored);
+        return;
+    }
     rows.assert_once_each(N, "exactly one row per message").await;
     assert_key_order(&camunda, KEYS, N / KEYS);
     assert_eq!(camunda.count(), N, "each entry delivered once");
     wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "orders") }).await;
     println!(
-        "{backend}: {:.0} batches; {:.0} deliveries acked, {:.0} of them redeliveries absorbed as duplicates",
+        "{backend}: {:.0} batches; {:.0} deliveries acked, {:.0} of them redeliveries absorbed as duplicates; {lost} streams lost",
         metric(&running, "inlet_pubsub_batch_size_count", "orders"),
         metric(&running, "inlet_pubsub_messages_total", "acked"),
         metric(&running, "inlet_ingested_total", "duplicate"),
     );
     running.stop().await;
-    assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+    if lost == 0.0 {
+        assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
