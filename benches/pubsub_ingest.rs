@@ -56,7 +56,7 @@ use inlet::inbox::DbClock;
 use inlet::ingest::Ingest;
 use inlet::pubsub_client::Connection;
 use inlet::routing::Route;
-use inlet::source::pull::Puller;
+use inlet::source::pull::{Puller, RouteSet};
 use inlet::telemetry::Metrics;
 use inlet_testkit::emulator::PubSubEmulator;
 use inlet_testkit::pg::TestPg;
@@ -240,7 +240,14 @@ async fn bench_store(
     let clock = DbClock::new(inbox.as_ref()).await.expect("the database clock");
     let ingest = Arc::new(Ingest::new(inbox, clock, Arc::clone(&metrics)));
     let batch_wait = source.batch_wait;
-    let puller = Puller { route, config: source, connection, ingest, metrics: Arc::clone(&metrics), ack_journal: None };
+    let puller = Puller {
+        routes: RouteSet::new(vec![route]),
+        config: source,
+        connection,
+        ingest,
+        metrics: Arc::clone(&metrics),
+        ack_journal: None,
+    };
 
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let start = Instant::now();

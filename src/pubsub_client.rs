@@ -380,11 +380,17 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
         }
         Ok(())
     };
+    // Routes that share a subscription give it the same settings: it is set up once.
+    let mut done: Vec<&str> = Vec::new();
     for route in &config.routes {
         if let TargetConfig::Pubsub(t) = &route.target {
             ensure_topic(&t.topic, &mut steps).await?;
         }
         let Some(w) = Wanted::of(route) else { continue };
+        if done.contains(&w.name) {
+            continue;
+        }
+        done.push(w.name);
         let s = w.setup;
         let retention = s.retain_acked.map(Retention::acked_for);
         let Some(topic) = &s.topic else {

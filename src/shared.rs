@@ -1,6 +1,6 @@
 //! What the running instance's request handlers and background tasks share: the
 //! routes serving now and the tasks that serve them (a relay per route, a puller per
-//! pull route), the inbox, the receiving half, the routing files as applied. Built by
+//! pulled subscription), the inbox, the receiving half, the routing files as applied. Built by
 //! `app::start`; handlers that need less take a part of it (`FromRef`).
 
 use std::collections::HashMap;
@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::clock::Clock;
-use crate::config::{Config, SourceConfig};
+use crate::config::{Config, PubsubSource, SourceConfig};
 use crate::guesses::Guesses;
 use crate::inbox::Store;
 use crate::inbox::group::{Group, Settles};
@@ -21,7 +21,7 @@ use crate::pubsub_client::Connection;
 use crate::relay::{Relay, RelayOptions};
 use crate::routing::{RouteTable, Routes};
 use crate::source::ack_journal::AckJournal;
-use crate::source::pull::Puller;
+use crate::source::pull::{Puller, RouteSet};
 use crate::source::push::PushState;
 use crate::source::push_auth::Verifier;
 use crate::telemetry::Metrics;
@@ -64,13 +64,25 @@ impl Wake for Shared {
     }
 }
 
-/// One relay task per route, each with its own stop signal, so a reload can stop and
-/// start single routes.
+/// One relay task per route and one puller per pulled subscription, each with its
+/// own stop signal, so a reload can stop and start single routes.
 #[derive(Default)]
 pub(crate) struct Relays {
     running: HashMap<String, (watch::Sender<bool>, JoinHandle<()>)>,
-    /// Relays told to stop that may still be finishing in-flight attempts.
+    /// By subscription: its puller.
+    pulling: HashMap<String, Pulling>,
+    /// Relays and pullers told to stop that may still be finishing their work.
     stopping: Vec<JoinHandle<()>>,
+}
+
+/// A subscription's puller: what it was started with, the routes it feeds now, and
+/// its stop signal.
+pub(crate) struct Pulling {
+    name: String,
+    config: PubsubSource,
+    routes: Arc<RouteSet>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
 }
 
 impl Shared {
@@ -90,6 +102,9 @@ impl Shared {
 
     /// Puts a new set of routes in place: relays of routes that are gone or changed
     /// stop claiming (their in-flight attempts finish), relays of `fresh` routes start.
+    /// A subscription's puller goes on with the routes it feeds as they are now, and is
+    /// started again only when the subscription's settings change (the old one stores
+    /// the batch it holds and nacks the rest).
     pub(crate) fn replace_routes(&self, routes: Arc<Routes>, fresh: &[String]) {
         let mut relays = self.relays.lock().expect("relays lock");
         relays.stopping.retain(|h| !h.is_finished());
@@ -99,6 +114,36 @@ impl Shared {
                 let (stop, handle) = relays.running.remove(&name).expect("listed");
                 let _ = stop.send(true);
                 relays.stopping.push(handle);
+            }
+        }
+        // The pulled subscriptions and the routes each feeds, by route name.
+        let mut feeds: Vec<(String, Vec<Arc<crate::routing::Route>>)> = Vec::new();
+        for route in routes.iter() {
+            if let SourceConfig::Pubsub(config) = &route.config.source {
+                match feeds.iter_mut().find(|(s, _)| *s == config.subscription) {
+                    Some((_, members)) => members.push(Arc::clone(route)),
+                    None => feeds.push((config.subscription.clone(), vec![Arc::clone(route)])),
+                }
+            }
+        }
+        // A puller goes on with the routes of its subscription as they are now, unless
+        // its subscription is gone, its settings changed or the route that names it in
+        // logs and metrics no longer reads it: then it stops and a new one starts below.
+        let subscriptions: Vec<String> = relays.pulling.keys().cloned().collect();
+        for subscription in subscriptions {
+            let pulling = &relays.pulling[&subscription];
+            let now = feeds.iter().find(|(s, _)| *s == subscription).map(|(_, m)| m);
+            let goes_on = now.filter(|now| {
+                let SourceConfig::Pubsub(config) = &now[0].config.source else { return false };
+                now.iter().any(|r| r.name() == pulling.name) && config.same_subscription_settings(&pulling.config)
+            });
+            match goes_on {
+                Some(now) => pulling.routes.set(now.clone()),
+                None => {
+                    let pulling = relays.pulling.remove(&subscription).expect("listed");
+                    let _ = pulling.stop.send(true);
+                    relays.stopping.push(pulling.task);
+                }
             }
         }
         self.routes.set(Arc::clone(&routes));
@@ -116,29 +161,28 @@ impl Shared {
                     last_release: std::sync::Mutex::default(),
                     settles: Some(Arc::clone(&self.settles)),
                 });
-                let puller = match &route.config.source {
-                    SourceConfig::Pubsub(config) => Some(Puller {
-                        route: Arc::clone(route),
-                        config: config.clone(),
-                        connection: self.pubsub.clone(),
-                        ingest: Arc::clone(&self.ingest),
-                        metrics: Arc::clone(&self.metrics),
-                        ack_journal: self.ack_journal.clone(),
-                    }),
-                    SourceConfig::Push(_) => None,
-                };
-                // The route's relay and, for a pull source, its puller: one task, so
-                // stopping the route stops and awaits both.
-                let task = tokio::spawn(async move {
-                    match puller {
-                        Some(p) => {
-                            tokio::join!(relay.run(stop_rx.clone()), p.run(stop_rx));
-                        }
-                        None => relay.run(stop_rx).await,
-                    }
-                });
+                let task = tokio::spawn(async move { relay.run(stop_rx).await });
                 relays.running.insert(route.name().to_string(), (stop, task));
             }
+        }
+        for (subscription, members) in feeds {
+            if relays.pulling.contains_key(&subscription) {
+                continue;
+            }
+            let SourceConfig::Pubsub(config) = members[0].config.source.clone() else { unreachable!("a pulled route") };
+            let name = members[0].name().to_string();
+            let routes = RouteSet::new(members);
+            let puller = Puller {
+                config: config.clone(),
+                routes: Arc::clone(&routes),
+                connection: self.pubsub.clone(),
+                ingest: Arc::clone(&self.ingest),
+                metrics: Arc::clone(&self.metrics),
+                ack_journal: self.ack_journal.clone(),
+            };
+            let (stop, stop_rx) = watch::channel(false);
+            let task = tokio::spawn(puller.run(stop_rx));
+            relays.pulling.insert(subscription, Pulling { name, config, routes, stop, task });
         }
     }
 
@@ -154,6 +198,10 @@ impl Shared {
             for (_, (stop, handle)) in relays.running.drain() {
                 let _ = stop.send(true);
                 handles.push(handle);
+            }
+            for (_, pulling) in relays.pulling.drain() {
+                let _ = pulling.stop.send(true);
+                handles.push(pulling.task);
             }
             handles
         };

@@ -201,6 +201,10 @@ pub struct Metrics {
     /// subscription's dead-letter policy allows: Pub/Sub dead-letters them if Inlet
     /// keeps failing to store them.
     pub pubsub_near_dead_letter: Family<RouteLabel, Counter>,
+    /// Deliveries of messages that no route of the subscription selects: nacked,
+    /// they come again (and go to the dead-letter topic where there is one). By the
+    /// subscription's first route by name.
+    pub pubsub_unrouted: Family<RouteLabel, Counter>,
     /// Pub/Sub streams given up and opened again, by reason.
     pub pubsub_reconnects: Family<RouteOutcome, Counter>,
     /// 1 while a route's subscription stream is open and the broker answers.
@@ -312,6 +316,7 @@ impl Metrics {
             pubsub_acks: Family::default(),
             pubsub_acks_refused: Family::default(),
             pubsub_near_dead_letter: Family::default(),
+            pubsub_unrouted: Family::default(),
             pubsub_reconnects: Family::default(),
             pubsub_connected: Family::default(),
             pubsub_outstanding: Family::default(),
@@ -466,6 +471,11 @@ impl Metrics {
             "Messages that arrived with half or more of their dead-letter policy's delivery attempts used",
             m.pubsub_near_dead_letter.clone(),
         );
+        registry.register(
+            "pubsub_unrouted",
+            "Deliveries of messages no route of the subscription selects, nacked (by its first route by name)",
+            m.pubsub_unrouted.clone(),
+        );
         registry.register("pubsub_reconnects", "Pub/Sub streams reopened, by reason", m.pubsub_reconnects.clone());
         registry.register("pubsub_connected", "1 while the subscription stream is up", m.pubsub_connected.clone());
         registry.register(
@@ -604,6 +614,7 @@ impl Metrics {
             let _ = self.pubsub_connected.get_or_create(&label);
             let _ = self.pubsub_outstanding.get_or_create(&label);
             let _ = self.pubsub_batch_size.get_or_create(&label);
+            let _ = self.pubsub_unrouted.get_or_create(&label);
             for outcome in ["acked", "nacked"] {
                 let _ = self.pubsub_acks.get_or_create(&Metrics::outcome(route, outcome));
             }

@@ -17,7 +17,7 @@ use inlet_testkit::pg::TestPg;
 use inlet_testkit::ports::free_port;
 use inlet_testkit::process::InletProcess;
 use inlet_testkit::proxy::TcpProxy;
-use inlet_testkit::py_pubsub::{assert_drained, publish_independent};
+use inlet_testkit::py_pubsub::{assert_drained, publish_independent, publish_with_attributes};
 use inlet_testkit::wait::{wait_for, wait_until};
 
 const PROJECT: &str = "inlet-test";
@@ -147,6 +147,16 @@ impl Rows {
             Rows::Postgres(p) => sqlx::query_scalar::<_, String>(sql).fetch_all(p).await,
         };
         ids.expect("read the stored message ids").into_iter().collect()
+    }
+
+    /// The dedup keys of `route`'s entries that are DONE, sorted.
+    async fn done_dedup_keys(&self, route: &str) -> Vec<String> {
+        let sql = "SELECT dedup_key FROM inbox_entry WHERE route = $1 AND status = 'DONE' ORDER BY dedup_key";
+        let keys = match self {
+            Rows::Sqlite(p) => sqlx::query_scalar::<_, String>(sql).bind(route).fetch_all(p).await,
+            Rows::Postgres(p) => sqlx::query_scalar::<_, String>(sql).bind(route).fetch_all(p).await,
+        };
+        keys.expect("read the dedup keys")
     }
 
     async fn distinct_dedup_keys(&self) -> i64 {
@@ -1348,4 +1358,95 @@ async fn a_replay_window_takes_the_messages_published_inside_it_as_new_deliverie
     let made = answer["entries"].as_array().expect("entries");
     assert_eq!(made.len(), BATCH, "{answer}");
     assert!(made.iter().all(|m| m["original"].as_i64() < m["entry"].as_i64()), "{answer}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Several routes on one subscription (content routing)
+// ---------------------------------------------------------------------------------------
+
+/// Three routes of one file reading one subscription, each selecting its messages by
+/// the `type` attribute (the third two types); `extra` adds routes.
+fn routes_by_type(target_url: &str, extra: &[(&str, &str)]) -> String {
+    let plugin = plugin_path("work_order");
+    let source = |select: &str| {
+        format!(
+            r#"{{ kind = "pubsub", subscription = "projects/{PROJECT}/subscriptions/{SUBSCRIPTION}", topic = "projects/{PROJECT}/topics/{TOPIC}", filter = "attributes:type", lease_extension = "10s", select = {select} }}"#
+        )
+    };
+    let selects = [
+        ("orders", r#"{ attribute = "type", equals = "order" }"#),
+        ("invoices", r#"{ attribute = "type", in = ["invoice", "credit-note"] }"#),
+        ("refunds", r#"{ attribute = "type", equals = "refund" }"#),
+    ];
+    selects
+        .iter()
+        .chain(extra)
+        .map(|(name, select)| {
+            format!(
+                "[[route]]\nname = \"{name}\"\nplugin = \"{}\"\nsource = {}\ntarget = {{ kind = \"http\", url = \"{target_url}\", timeout = \"2s\" }}\n\n",
+                plugin.display(),
+                source(select)
+            )
+        })
+        .collect()
+}
+
+/// `evt-{i}` for i in `range`, sorted as the inbox sorts them.
+fn event_ids(range: std::ops::Range<usize>) -> Vec<String> {
+    let mut ids: Vec<String> = range.map(|i| format!("evt-{i}")).collect();
+    ids.sort();
+    ids
+}
+
+/// One subscription feeds three routes by attribute: `inlet pubsub setup` creates it
+/// once, with its filter; each message becomes an entry of the route that selects it
+/// and is delivered there; a message no route selects gets no entry, is counted and
+/// nacked (it comes again), and once a reload adds a route for it, that route takes it
+/// on the same open stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_subscription_feeds_three_routes_by_attribute_and_an_unrouted_message_waits_for_its_route() {
+    let emulator = PubSubEmulator::start(PROJECT).await;
+    let camunda = FakeCamunda::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    let running = start_in_process(dir.path(), &url, &routes_by_type(&camunda.url(), &[]), &emulator).await;
+    assert_eq!(
+        setup_in(dir.path(), &emulator).await,
+        created_topic_and_subscription(),
+        "three routes, one subscription, set up once"
+    );
+    assert_eq!(emulator.subscription(SUBSCRIPTION).await["filter"], "attributes:type", "setup gave it its filter");
+
+    let rows = Rows::open(&url).await;
+    publish_with_attributes(&emulator, TOPIC, 30, 3, 0, &[("type", "order")]).await;
+    publish_with_attributes(&emulator, TOPIC, 20, 3, 30, &[("type", "invoice")]).await;
+    publish_with_attributes(&emulator, TOPIC, 10, 3, 50, &[("type", "credit-note")]).await;
+    publish_with_attributes(&emulator, TOPIC, 20, 3, 60, &[("type", "refund")]).await;
+    publish_with_attributes(&emulator, TOPIC, 1, 1, 80, &[("type", "gift-card")]).await;
+
+    wait_all_done(&rows, 80, Duration::from_secs(60)).await;
+    assert_eq!(rows.done_dedup_keys("orders").await, event_ids(0..30));
+    assert_eq!(rows.done_dedup_keys("invoices").await, event_ids(30..60));
+    assert_eq!(rows.done_dedup_keys("refunds").await, event_ids(60..80));
+    // The gift card: no route takes it, so no entry; counted (under the subscription's
+    // first route by name, invoices) and nacked, so it comes again.
+    wait_until("the gift card counted as unrouted twice", Duration::from_secs(60), || async {
+        metric(&running, "inlet_pubsub_unrouted_total", "") >= 2.0
+    })
+    .await;
+    assert_eq!(rows.rows().await, 80, "the unrouted message has no entry");
+    assert_eq!(camunda.count(), 80, "each routed message delivered once");
+
+    // A route for it: the next delivery of the gift card is its entry.
+    let routes = routes_by_type(&camunda.url(), &[("gift-cards", r#"{ attribute = "type", equals = "gift-card" }"#)]);
+    std::fs::write(dir.path().join("inlet.toml"), format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
+    let reloaded = inlet::reload::reload_now(&running.shared).await;
+    assert_eq!(reloaded["routing_file"]["added"], serde_json::json!(["gift-cards"]), "{reloaded}");
+    wait_all_done(&rows, 81, Duration::from_secs(60)).await;
+    assert_eq!(rows.done_dedup_keys("gift-cards").await, event_ids(80..81));
+    assert_eq!(camunda.count(), 81);
+    assert!(metric(&running, "inlet_pubsub_unrouted_total", r#"route="invoices""#) >= 2.0);
+    wait_quiet(|| async { metric(&running, "inlet_pubsub_messages_total", "") }).await;
+    running.stop().await;
+    assert_drained(&emulator, SUBSCRIPTION, Duration::from_secs(12)).await;
 }

@@ -9,7 +9,10 @@ use super::access::{AdminConfig, PushAuth};
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
 use super::raw::{self, Outline};
 use super::validate::{self, DeclaredRoute, FileOutcome};
-use super::{Config, PluginsConfig, RefusedRoute, RouteName, ServerConfig, SourceConfig, StoreConfig};
+use super::{
+    Config, Ordering, PluginsConfig, PubsubSource, RefusedRoute, RouteConfig, RouteName, ServerConfig, SourceConfig,
+    StoreConfig,
+};
 
 /// The routing files `path` stands for: itself, or the `*.toml` files directly in the
 /// directory, in name order.
@@ -259,6 +262,7 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
     let mut routes = Vec::new();
     // Each route name and where it was first declared: (file index, line).
     let mut first: BTreeMap<RouteName, (usize, usize)> = BTreeMap::new();
+    let mut readers = Readers::default();
     for (i, c) in checked.into_iter().enumerate() {
         let mut outcome = c.outcome;
         // A team file cannot grant itself anything: refused whole.
@@ -355,6 +359,19 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
                     Err(errors)
                 }
             };
+            let result = match result {
+                Ok(route) => match readers.conflict(&route, i, at, &names) {
+                    None => Ok(route),
+                    Some((field, problem)) => Err(vec![ConfigError {
+                        file: c.file.clone(),
+                        line: at.0,
+                        column: at.1,
+                        field: format!("route[{index}].source.{field}"),
+                        kind: ConfigErrorKind::Invalid(problem),
+                    }]),
+                },
+                other => other,
+            };
             match result {
                 Ok(route) => routes.push(route),
                 Err(mut errors) => {
@@ -411,6 +428,96 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
         refused,
         grants,
     })
+}
+
+/// The pull routes accepted so far, by subscription: several routes may read one
+/// subscription only from one file (a team's file cannot take another's messages),
+/// each with a `select` by the same attribute, no two selecting the same value, all
+/// giving the subscription the same settings and ordering.
+#[derive(Default)]
+struct Readers(BTreeMap<String, Vec<Reader>>);
+
+struct Reader {
+    route: String,
+    file: usize,
+    line: usize,
+    source: PubsubSource,
+    ordering: Ordering,
+}
+
+impl Readers {
+    /// Why `route` (declared in file `file` at `at`) cannot read its subscription (the
+    /// source field at fault and the problem), or `None` once it is counted among the
+    /// subscription's readers.
+    fn conflict(
+        &mut self,
+        route: &RouteConfig,
+        file: usize,
+        at: (usize, usize),
+        names: &[String],
+    ) -> Option<(&'static str, String)> {
+        let SourceConfig::Pubsub(source) = &route.source else { return None };
+        let readers = self.0.entry(source.subscription.clone()).or_default();
+        for r in readers.iter() {
+            let first = format!("route {} at {}:{}", r.route, names[r.file], r.line);
+            if r.file != file {
+                return Some((
+                    "subscription",
+                    format!(
+                        "subscription {} is already read by {first}: the routes of one subscription belong in one routing file",
+                        source.subscription
+                    ),
+                ));
+            }
+            let (Some(mine), Some(theirs)) = (&source.select, &r.source.select) else {
+                return Some((
+                    "select",
+                    format!(
+                        "subscription {} is also read by {first}: routes that share a subscription each need \
+                     `source.select` (which messages each takes)",
+                        source.subscription
+                    ),
+                ));
+            };
+            if mine.attribute != theirs.attribute {
+                return Some((
+                    "select",
+                    format!(
+                        "selects by attribute `{}`, {first} by `{}`: routes that share a subscription select by one \
+                     attribute, so that no message is wanted by two of them",
+                        mine.attribute, theirs.attribute
+                    ),
+                ));
+            }
+            if let Some(value) = mine.overlap(theirs) {
+                return Some((
+                    "select",
+                    format!(
+                        "selects `{} = {value:?}`, as {first} does: a message of one subscription goes to one route",
+                        mine.attribute
+                    ),
+                ));
+            }
+            if !source.same_subscription_settings(&r.source) || route.ordering != r.ordering {
+                return Some((
+                    "subscription",
+                    format!(
+                        "reads subscription {} with other settings than {first}: routes that share a subscription give it \
+                     the same source settings (all but `select`) and the same `ordering`",
+                        source.subscription
+                    ),
+                ));
+            }
+        }
+        readers.push(Reader {
+            route: route.name.to_string(),
+            file,
+            line: at.0,
+            source: source.clone(),
+            ordering: route.ordering,
+        });
+        None
+    }
 }
 
 fn per_route_audience(auth: &mut Option<PushAuth>, route: &str) {

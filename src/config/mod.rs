@@ -339,6 +339,47 @@ pub struct PubsubSource {
     pub setup: SubscriptionSetup,
     /// For `inlet pubsub setup`: exactly-once delivery (pull only).
     pub exactly_once: bool,
+    /// The messages this route takes, when it shares its subscription or takes only
+    /// some of it; `None` takes every message.
+    pub select: Option<Select>,
+}
+
+impl PubsubSource {
+    /// Whether two routes may read one subscription together: every setting but
+    /// their `select` is the same.
+    pub fn same_subscription_settings(&self, other: &PubsubSource) -> bool {
+        PubsubSource { select: None, ..self.clone() } == PubsubSource { select: None, ..other.clone() }
+    }
+}
+
+/// `source.select`: a message is taken when its attribute `attribute` has one of
+/// `values`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Select {
+    pub attribute: String,
+    pub values: Vec<String>,
+}
+
+impl Select {
+    /// Whether a message with these attributes is taken.
+    pub fn takes(&self, attributes: &[(String, String)]) -> bool {
+        attributes.iter().any(|(k, v)| *k == self.attribute && self.values.contains(v))
+    }
+
+    /// A value both selects take, if any (they select by the same attribute): two
+    /// routes of one subscription would both want the message.
+    pub fn overlap<'a>(&'a self, other: &Select) -> Option<&'a str> {
+        self.values.iter().find(|v| other.values.contains(v)).map(String::as_str)
+    }
+}
+
+impl std::fmt::Display for Select {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.values.as_slice() {
+            [one] => write!(f, "{} = {one:?}", self.attribute),
+            many => write!(f, "{} in {many:?}", self.attribute),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -524,5 +565,29 @@ impl std::fmt::Debug for HttpTarget {
             .field("timeout", &self.timeout)
             .field("headers", &headers)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Select;
+
+    fn attrs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_select_takes_a_message_by_the_exact_value_of_its_attribute() {
+        let select = Select { attribute: "type".into(), values: vec!["invoice".into(), "credit-note".into()] };
+        assert!(select.takes(&attrs(&[("key", "k"), ("type", "credit-note")])));
+        assert!(!select.takes(&attrs(&[("type", "Invoice")])), "values are compared exactly");
+        assert!(!select.takes(&attrs(&[("kind", "invoice")])), "another attribute of that value");
+        assert!(!select.takes(&attrs(&[])), "a message without the attribute");
+        assert_eq!(select.to_string(), r#"type in ["invoice", "credit-note"]"#);
+        let refunds = Select { attribute: "type".into(), values: vec!["refund".into(), "credit-note".into()] };
+        assert_eq!(select.overlap(&refunds), Some("credit-note"));
+        let orders = Select { attribute: "type".into(), values: vec!["order".into()] };
+        assert_eq!(select.overlap(&orders), None);
+        assert_eq!(orders.to_string(), r#"type = "order""#);
     }
 }

@@ -515,6 +515,14 @@ pub(super) struct RawSource {
     /// ignoring most of a topic. Set when setup creates the subscription; Pub/Sub
     /// cannot change it afterwards (setup reports a difference).
     pub filter: Option<Spanned<String>>,
+    /// pubsub: the messages of the subscription this route takes, by one attribute:
+    /// `{ attribute = "type", equals = "order" }` or `{ attribute = "type", in = ["a", "b"] }`.
+    /// Several routes of one routing file may then read one subscription, each selecting
+    /// other values of the same attribute: each message goes to the route that selects
+    /// it, and one that no route takes is nacked and counted
+    /// (`inlet_pubsub_unrouted_total`), never acked unseen (docs/pubsub.md, "Several
+    /// routes on one subscription").
+    pub select: Option<Spanned<RawSelect>>,
     /// pubsub (setup): exactly-once delivery (default `false`): Pub/Sub redelivers
     /// nothing Inlet acked in time, and says which acks it refused (docs/pubsub.md).
     pub exactly_once: Option<Spanned<bool>>,
@@ -530,6 +538,19 @@ pub(super) struct RawSource {
     /// `jwks_url`); `"none"` accepts any request. Default: `[push] auth`, else
     /// none (and `inlet check` warns when the listener is not loopback).
     pub auth: Option<Spanned<RawPushAuth>>,
+}
+
+/// `source.select`: one attribute and the values that take a message.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSelect {
+    /// The attribute's name, e.g. `type`.
+    pub attribute: Spanned<String>,
+    /// The one value that takes a message.
+    pub equals: Option<Spanned<String>>,
+    /// The values that take a message (any of them).
+    #[serde(rename = "in")]
+    pub one_of: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]

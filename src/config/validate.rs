@@ -12,13 +12,13 @@ use toml::Spanned;
 use super::access::{AdminConfig, PushAuth};
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
 use super::raw::{
-    HumanDuration, RawConfig, RawGrant, RawLimits, RawPlugin, RawPlugins, RawRoute, RawServer, RawSource, RawStore,
-    SourceKind, TargetKind,
+    HumanDuration, RawConfig, RawGrant, RawLimits, RawPlugin, RawPlugins, RawRoute, RawSelect, RawServer, RawSource,
+    RawStore, SourceKind, TargetKind,
 };
 use super::{
     HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginFile, PluginLimits, PluginsConfig, PubsubSource,
-    PubsubTarget, PushSource, PushSubscription, RetryPolicy, RouteConfig, RouteName, ServerConfig, SourceConfig,
-    StoreConfig, SubscriptionSetup, TargetConfig, Unwrapped,
+    PubsubTarget, PushSource, PushSubscription, RetryPolicy, RouteConfig, RouteName, Select, ServerConfig,
+    SourceConfig, StoreConfig, SubscriptionSetup, TargetConfig, Unwrapped,
 };
 
 /// Collects errors while a file is checked, so all of them are reported at once.
@@ -193,6 +193,7 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
         ("filter", s.filter.as_ref().map(|v| v.span())),
         ("exactly_once", s.exactly_once.as_ref().map(|v| v.span())),
         ("redelivery_backoff", s.redelivery_backoff.as_ref().map(|v| v.span())),
+        ("select", s.select.as_ref().map(|v| v.span())),
     ];
     if let (SourceKind::Pubsub, Some(a)) = (s.kind.get_ref(), &s.auth) {
         c.error::<()>(
@@ -258,10 +259,45 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
                     lease_extension,
                     setup,
                     exactly_once: s.exactly_once.as_ref().is_some_and(|e| *e.get_ref()),
+                    select: s.select.as_ref().and_then(|sel| select(c, sel, &format!("{at}.select"))),
                 })
             })
         }
     }
+}
+
+/// `source.select`: a plain attribute name and one value (`equals`) or several
+/// (`in`), not both.
+fn select(c: &mut Checker<'_>, sel: &Spanned<RawSelect>, at: &str) -> Option<Select> {
+    let raw = sel.get_ref();
+    let attribute = raw.attribute.get_ref();
+    if attribute.is_empty() || attribute.len() > 256 || attribute.chars().any(char::is_control) {
+        let problem = "must be an attribute's name: 1 to 256 bytes, no control characters";
+        return c.error(raw.attribute.span(), format!("{at}.attribute"), ConfigErrorKind::Invalid(problem.into()));
+    }
+    let values: Vec<String> = match (&raw.equals, &raw.one_of) {
+        (Some(v), None) => vec![v.get_ref().clone()],
+        (None, Some(list)) if !list.get_ref().is_empty() => {
+            let mut values: Vec<String> = Vec::new();
+            for v in list.get_ref() {
+                if values.contains(v.get_ref()) {
+                    let problem = format!("`{}` is listed twice", v.get_ref());
+                    return c.error(v.span(), format!("{at}.in"), ConfigErrorKind::Invalid(problem));
+                }
+                values.push(v.get_ref().clone());
+            }
+            values
+        }
+        (None, Some(list)) => {
+            let problem = "must list at least one value";
+            return c.error(list.span(), format!("{at}.in"), ConfigErrorKind::Invalid(problem.into()));
+        }
+        _ => {
+            let problem = "needs exactly one of `equals = \"value\"` and `in = [\"value\", …]`";
+            return c.error(sel.span(), at, ConfigErrorKind::Invalid(problem.into()));
+        }
+    };
+    Some(Select { attribute: attribute.clone(), values })
 }
 
 /// The fields a push source takes besides its own: its subscription, for setup.

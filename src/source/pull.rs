@@ -55,13 +55,49 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct Puller {
-    pub route: Arc<Route>,
+    /// The routes that read the subscription: one, or several that each `select`
+    /// their messages.
+    pub routes: Arc<RouteSet>,
+    /// The first route's source: every route of the subscription has the same
+    /// settings (the routing file's check), all but `select`.
     pub config: PubsubSource,
     pub connection: Connection,
     pub ingest: Arc<Ingest>,
     pub metrics: Arc<Metrics>,
     /// Where acks are recorded, when asked for (see [`super::ack_journal`]).
     pub ack_journal: Option<Arc<AckJournal>>,
+}
+
+/// The routes one subscription feeds, by route name. A reload that changes them but
+/// not the subscription's settings puts the new ones here, and the next batch is split
+/// among them: the stream stays open (reopening it would hand every message it holds
+/// back to the broker).
+pub struct RouteSet {
+    /// The route that names the source in logs and metrics: the subscription's first
+    /// route by name when the puller started.
+    name: String,
+    routes: std::sync::RwLock<Vec<Arc<Route>>>,
+}
+
+impl RouteSet {
+    /// The set of `routes`, named after the first.
+    pub fn new(routes: Vec<Arc<Route>>) -> Arc<RouteSet> {
+        let name = routes.first().map(|r| r.name().to_string()).unwrap_or_default();
+        Arc::new(RouteSet { name, routes: std::sync::RwLock::new(routes) })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The routes as they are now.
+    pub fn now(&self) -> Vec<Arc<Route>> {
+        self.routes.read().expect("route set lock").clone()
+    }
+
+    pub fn set(&self, routes: Vec<Arc<Route>>) {
+        *self.routes.write().expect("route set lock") = routes;
+    }
 }
 
 /// Why a session ended.
@@ -121,7 +157,7 @@ struct Held {
 
 impl Puller {
     fn name(&self) -> &str {
-        self.route.name()
+        self.routes.name()
     }
 
     /// Runs sessions until `stop` turns true.
@@ -216,7 +252,7 @@ impl Puller {
         let (tx, rx) = mpsc::channel::<Held>(cfg.max_outstanding_messages);
         let stopping = Arc::new(AtomicBool::new(false));
         let mut writer = tokio::spawn(write(
-            Arc::clone(&self.route),
+            Arc::clone(&self.routes),
             Arc::clone(&self.ingest),
             Arc::clone(&self.metrics),
             cfg.clone(),
@@ -338,8 +374,11 @@ fn writer_end(r: Result<Result<(), IngestError>, tokio::task::JoinError>) -> End
 }
 
 /// The writer: batches, stores, then acks; on a store failure nacks and returns it.
+/// A batch is split among the subscription's routes by their `select`; each route's
+/// share is stored in one transaction, and the batch is acked once every share is
+/// stored. A message no route selects is nacked at once.
 async fn write(
-    route: Arc<Route>,
+    routes: Arc<RouteSet>,
     ingest: Arc<Ingest>,
     metrics: Arc<Metrics>,
     cfg: PubsubSource,
@@ -347,9 +386,10 @@ async fn write(
     stopping: Arc<AtomicBool>,
     journal: Option<Arc<AckJournal>>,
 ) -> Result<(), IngestError> {
-    let name = route.name().to_string();
+    let name = routes.name().to_string();
     let acked = metrics.pubsub_acks.get_or_create(&Metrics::outcome(&name, "acked")).clone();
     let nacked = metrics.pubsub_acks.get_or_create(&Metrics::outcome(&name, "nacked")).clone();
+    let unrouted = metrics.pubsub_unrouted.get_or_create(&Metrics::route(&name)).clone();
     let batch_sizes = metrics.pubsub_batch_size.get_or_create(&Metrics::route(&name)).clone();
     loop {
         let Some(first) = rx.recv().await else { return Ok(()) };
@@ -378,15 +418,50 @@ async fn write(
             }
         }
         batch_sizes.observe(batch.len() as f64);
-        // The permits stay with the handlers until the ack or nack.
-        let (msgs, handlers): (Vec<Incoming>, Vec<_>) =
-            batch.into_iter().map(|h| (h.incoming, (h.handler, h.permits))).unzip();
+        // Each route's share, in arrival order; what no route takes goes back.
+        let now = routes.now();
+        let mut shares: Vec<Vec<Incoming>> = vec![Vec::new(); now.len()];
+        let mut handlers = Vec::with_capacity(batch.len());
+        for h in batch {
+            match pick(&now, &h.incoming.attributes) {
+                Some(i) => {
+                    shares[i].push(h.incoming);
+                    // The permits stay with the handlers until the ack or nack.
+                    handlers.push((h.handler, h.permits));
+                }
+                None => {
+                    unrouted.inc();
+                    nacked.inc();
+                    tracing::warn!(
+                        route = name,
+                        subscription = %cfg.subscription,
+                        message_id = %crate::rules::storable(&h.incoming.message_id, 200),
+                        selected_by = %selected_by(&now, &h.incoming.attributes),
+                        "no route of the subscription selects this message; nacked (it comes again)"
+                    );
+                    h.handler.nack();
+                }
+            }
+        }
+        if handlers.is_empty() {
+            continue;
+        }
         let ids: Vec<String> = match &journal {
-            Some(_) => msgs.iter().map(|m| m.message_id.clone()).collect(),
+            Some(_) => shares.iter().flatten().map(|m| m.message_id.clone()).collect(),
             None => Vec::new(),
         };
-        match ingest.accept_batch(&route, msgs).await {
-            Ok(_) => {
+        let mut stored = Ok(());
+        for (route, share) in now.iter().zip(shares) {
+            if share.is_empty() {
+                continue;
+            }
+            if let Err(error) = ingest.accept_batch(route, share).await {
+                stored = Err(error);
+                break;
+            }
+        }
+        match stored {
+            Ok(()) => {
                 // Strictly after the commit.
                 if let Some(journal) = &journal
                     && let Err(e) = journal.record(&name, ids.iter().map(String::as_str))
@@ -422,6 +497,7 @@ async fn write(
                 }
             }
             Err(error) => {
+                // Shares already stored come again and are taken as duplicates.
                 nacked.inc_by(handlers.len() as u64);
                 for (h, _permits) in handlers {
                     h.nack();
@@ -438,6 +514,34 @@ async fn write(
             }
         }
     }
+}
+
+/// The attributes the routes select by, as the message has them (`type="x"`), or
+/// `none`: what a log line about an unrouted message shows.
+fn selected_by(routes: &[Arc<Route>], attributes: &[(String, String)]) -> String {
+    let names: Vec<&str> = routes
+        .iter()
+        .filter_map(|r| match &r.config.source {
+            crate::config::SourceConfig::Pubsub(s) => s.select.as_ref().map(|sel| sel.attribute.as_str()),
+            crate::config::SourceConfig::Push(_) => None,
+        })
+        .collect();
+    let shown: Vec<String> = attributes
+        .iter()
+        .filter(|(k, _)| names.contains(&k.as_str()))
+        .map(|(k, v)| format!("{}={:?}", crate::rules::storable(k, 100), crate::rules::storable(v, 100)))
+        .collect();
+    if shown.is_empty() { "none".to_string() } else { shown.join(" ") }
+}
+
+/// The route that takes a message with these attributes: the one whose `select`
+/// matches (routes of one subscription select other values of one attribute), or the
+/// only route, when it selects nothing.
+fn pick(routes: &[Arc<Route>], attributes: &[(String, String)]) -> Option<usize> {
+    routes.iter().position(|r| match &r.config.source {
+        crate::config::SourceConfig::Pubsub(s) => s.select.as_ref().is_none_or(|sel| sel.takes(attributes)),
+        crate::config::SourceConfig::Push(_) => false,
+    })
 }
 
 /// Counts and logs an ack an exactly-once subscription refused, by reason.

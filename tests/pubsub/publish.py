@@ -2,7 +2,7 @@
 the messages the pull-source tests consume come from a client that is not Inlet's.
 
     publish.py --topic projects/P/topics/T --count N --keys K [--start S] [--ordered]
-               [--data-file PATH]
+               [--data-file PATH] [--attribute NAME=VALUE ...]
 
 Run by tests/testkit (publish_independent) with the python of scripts/ensure-py-pubsub.
 The client talks to the emulator named by PUBSUB_EMULATOR_HOST by itself (no
@@ -18,6 +18,8 @@ number i // K (so calls with consecutive ranges continue every key's sequence):
   key: the same i published twice is one inbox entry (as a redelivery would be), even
   after an emulator restart, which numbers message ids from 1 again;
 - ordering key: the key, with --ordered (and message ordering enabled on the client).
+
+With --attribute, every message also gets that attribute (for routing by content).
 
 With --data-file, every message's data is that file's bytes instead of the event (for
 large messages: Pub/Sub takes up to 10 MB); the attributes stay as above.
@@ -46,7 +48,16 @@ def main() -> int:
     parser.add_argument("--ordered", action="store_true", help="publish with ordering keys")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for confirmations")
     parser.add_argument("--data-file", help="publish this file's bytes as every message's data")
+    parser.add_argument(
+        "--attribute", action="append", default=[], metavar="NAME=VALUE", help="an attribute every message gets"
+    )
     args = parser.parse_args()
+    extra = {}
+    for pair in args.attribute:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            parser.error(f"--attribute takes NAME=VALUE, not {pair!r}")
+        extra[name] = value
     if args.count < 0 or args.keys < 1 or args.start < 0:
         parser.error("--count and --start must be >= 0 and --keys >= 1")
 
@@ -78,6 +89,7 @@ def main() -> int:
             seq=str(i),
             key=key,
             eventId=f"evt-{i}",
+            **extra,
         )
         futures[future] = i
 

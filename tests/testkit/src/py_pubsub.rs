@@ -51,6 +51,22 @@ pub async fn publish_independent(
     run_publisher(cmd, count).await
 }
 
+/// Like [`publish_independent`] (unordered), every message also carrying `attributes`.
+pub async fn publish_with_attributes(
+    emulator: &PubSubEmulator,
+    topic: &str,
+    count: usize,
+    keys: usize,
+    start: usize,
+    attributes: &[(&str, &str)],
+) -> PublishReport {
+    let mut cmd = publisher(emulator, topic, count, keys, start);
+    for (name, value) in attributes {
+        cmd.arg("--attribute").arg(format!("{name}={value}"));
+    }
+    run_publisher(cmd, count).await
+}
+
 /// Publishes one message, number `start` in [`publish_independent`]'s numbering (key
 /// `key-0`, attributes `seq`, `key`, `eventId` = `evt-{start}`), whose data is the
 /// bytes of `data_file`, with Google's Python client: for large messages.
