@@ -534,6 +534,8 @@ fn seek_targets(config: &Config, routes: &[String], all: bool) -> anyhow::Result
             .find(|r| r.name.as_str() == name)
             .ok_or_else(|| anyhow::anyhow!("no route {name} in {}", config.path.display()))?;
         match &route.source {
+            // Routes that share a subscription (content routing) seek it once.
+            SourceConfig::Pubsub(s) if names.contains(&s.subscription) => {}
             SourceConfig::Pubsub(s) => names.push(s.subscription.clone()),
             SourceConfig::Push(_) => anyhow::bail!(
                 "route {name} is a push route: its routing file does not name the subscription, so seek it with --subscription projects/P/subscriptions/S"

@@ -380,17 +380,21 @@ pub async fn setup(config: &Config, connection: &Connection) -> Result<Vec<Setup
         }
         Ok(())
     };
-    // Routes that share a subscription give it the same settings: it is set up once.
-    let mut done: Vec<&str> = Vec::new();
+    // Pull routes that share a subscription (content routing) give it the same
+    // settings: it is set up once. (A push and a pull route naming one subscription
+    // are each checked against it: one of them is wrong about it.)
+    let mut pulled: Vec<&str> = Vec::new();
     for route in &config.routes {
         if let TargetConfig::Pubsub(t) = &route.target {
             ensure_topic(&t.topic, &mut steps).await?;
         }
         let Some(w) = Wanted::of(route) else { continue };
-        if done.contains(&w.name) {
-            continue;
+        if w.push.is_none() {
+            if pulled.contains(&w.name) {
+                continue;
+            }
+            pulled.push(w.name);
         }
-        done.push(w.name);
         let s = w.setup;
         let retention = s.retain_acked.map(Retention::acked_for);
         let Some(topic) = &s.topic else {
