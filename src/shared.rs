@@ -126,6 +126,9 @@ impl Shared {
                 }
             }
         }
+        for (subscription, members) in &mut feeds {
+            admissible(subscription, members);
+        }
         // A puller goes on with the routes of its subscription as they are now, unless
         // its subscription is gone, its settings changed or the route that names it in
         // logs and metrics no longer reads it: then it stops and a new one starts below.
@@ -239,6 +242,34 @@ impl Shared {
                 );
             }
         }
+    }
+}
+
+/// Keeps, of the routes that read one subscription, those `inlet check` would let
+/// share it: the routing file's check passed them together, except where one of them
+/// is the last good version of a route whose new version was refused (it keeps
+/// serving) and another file's route, or one without `select`, was accepted beside
+/// it. Then the subscription stays with the first route's file, and only with the
+/// first route when one of them selects nothing; the others get none of its messages,
+/// and the log says so.
+fn admissible(subscription: &str, members: &mut Vec<Arc<crate::routing::Route>>) {
+    let Some(first) = members.first().cloned() else { return };
+    let selects = |r: &crate::routing::Route| matches!(&r.config.source, SourceConfig::Pubsub(p) if p.select.is_some());
+    let before: Vec<String> = members.iter().map(|r| r.name().to_string()).collect();
+    if members.len() > 1 && !members.iter().all(|r| selects(r)) {
+        members.truncate(1);
+    }
+    members.retain(|r| r.config.file == first.config.file);
+    if members.len() < before.len() {
+        let left_out: Vec<&String> =
+            before.iter().filter(|n| !members.iter().any(|r| r.name() == n.as_str())).collect();
+        tracing::error!(
+            %subscription,
+            kept = ?members.iter().map(|r| r.name()).collect::<Vec<_>>(),
+            ?left_out,
+            "routes share a subscription that inlet check would not let them share (one of them is a refused route's \
+             last good version); the routes left out get none of its messages until the routing files agree"
+        );
     }
 }
 

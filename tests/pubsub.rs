@@ -1378,9 +1378,12 @@ fn routes_by_type(target_url: &str, extra: &[(&str, &str)]) -> String {
         ("invoices", r#"{ attribute = "type", in = ["invoice", "credit-note"] }"#),
         ("refunds", r#"{ attribute = "type", equals = "refund" }"#),
     ];
-    selects
-        .iter()
-        .chain(extra)
+    // The admin API answers this machine without a token, for the route list.
+    let admin = "[admin]\nauth = \"none-loopback\"\n\n".to_string();
+    admin
+        + &selects
+            .iter()
+            .chain(extra)
         .map(|(name, select)| {
             format!(
                 "[[route]]\nname = \"{name}\"\nplugin = \"{}\"\nsource = {}\ntarget = {{ kind = \"http\", url = \"{target_url}\", timeout = \"2s\" }}\n\n",
@@ -1388,7 +1391,7 @@ fn routes_by_type(target_url: &str, extra: &[(&str, &str)]) -> String {
                 source(select)
             )
         })
-        .collect()
+        .collect::<String>()
 }
 
 /// `evt-{i}` for i in `range`, sorted as the inbox sorts them.
@@ -1416,6 +1419,24 @@ async fn one_subscription_feeds_three_routes_by_attribute_and_an_unrouted_messag
         "three routes, one subscription, set up once"
     );
     assert_eq!(emulator.subscription(SUBSCRIPTION).await["filter"], "attributes:type", "setup gave it its filter");
+    // The route list says what each route takes.
+    let text = reqwest::get(format!("http://{}/api/routes", running.admin_addr)).await.unwrap().text().await.unwrap();
+    let list: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let selects: Vec<(&str, &str)> = list["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap(), r["select"].as_str().unwrap_or("none")))
+        .collect();
+    assert_eq!(
+        selects,
+        [
+            ("invoices", r#"type in ["invoice", "credit-note"]"#),
+            ("orders", r#"type = "order""#),
+            ("refunds", r#"type = "refund""#)
+        ],
+        "{list}"
+    );
 
     let rows = Rows::open(&url).await;
     publish_with_attributes(&emulator, TOPIC, 30, 3, 0, &[("type", "order")]).await;

@@ -468,6 +468,9 @@ pub struct RouteView {
     pub candidate: Option<String>,
     /// The version a rollback returns to (`previous` in the routing file).
     pub previous: Option<String>,
+    /// The messages a pull route takes of its subscription (`source.select`), e.g.
+    /// `type = "order"`; `None` when it takes every message.
+    pub select: Option<String>,
 }
 
 /// A routing file refused whole that names no route that could be read (the routes

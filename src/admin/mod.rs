@@ -447,6 +447,7 @@ pub async fn routes(
             paused: paused.remove(r.name()),
             candidate: r.config.candidate.as_ref().map(|c| c.shown.display().to_string()),
             previous: r.config.previous.as_ref().map(|c| c.shown.display().to_string()),
+            select: source_select(&r.config.source),
         });
     }
     let mut refused_files = Vec::new();
@@ -475,6 +476,7 @@ pub async fn routes(
             paused: paused.remove(name),
             candidate: declared.and_then(|c| c.candidate.as_ref()).map(|c| c.shown.display().to_string()),
             previous: declared.and_then(|c| c.previous.as_ref()).map(|c| c.shown.display().to_string()),
+            select: declared.and_then(|c| source_select(&c.source)),
         });
     }
     Ok(Json(RouteList { routes: list, refused_files }))
@@ -671,6 +673,14 @@ fn source_kind(source: &crate::config::SourceConfig) -> &'static str {
     match source {
         crate::config::SourceConfig::Push(_) => "push",
         crate::config::SourceConfig::Pubsub(_) => "pubsub",
+    }
+}
+
+/// A pull route's `source.select`, as `GET /api/routes` shows it.
+fn source_select(source: &crate::config::SourceConfig) -> Option<String> {
+    match source {
+        crate::config::SourceConfig::Pubsub(p) => p.select.as_ref().map(ToString::to_string),
+        crate::config::SourceConfig::Push(_) => None,
     }
 }
 

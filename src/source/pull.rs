@@ -391,6 +391,7 @@ async fn write(
     let nacked = metrics.pubsub_acks.get_or_create(&Metrics::outcome(&name, "nacked")).clone();
     let unrouted = metrics.pubsub_unrouted.get_or_create(&Metrics::route(&name)).clone();
     let batch_sizes = metrics.pubsub_batch_size.get_or_create(&Metrics::route(&name)).clone();
+    let mut unrouted_log = Throttle::new(UNROUTED_LOG_EVERY);
     loop {
         let Some(first) = rx.recv().await else { return Ok(()) };
         if stopping.load(AtomicOrdering::SeqCst) {
@@ -432,13 +433,18 @@ async fn write(
                 None => {
                     unrouted.inc();
                     nacked.inc();
-                    tracing::warn!(
-                        route = name,
-                        subscription = %cfg.subscription,
-                        message_id = %crate::rules::storable(&h.incoming.message_id, 200),
-                        selected_by = %selected_by(&now, &h.incoming.attributes),
-                        "no route of the subscription selects this message; nacked (it comes again)"
-                    );
+                    // One line per UNROUTED_LOG_EVERY at most, however many come: a
+                    // busy topic with a new type would otherwise flood the log.
+                    if let Some(also) = unrouted_log.due(Instant::now()) {
+                        tracing::warn!(
+                            route = name,
+                            subscription = %cfg.subscription,
+                            message_id = %crate::rules::storable(&h.incoming.message_id, 200),
+                            selected_by = %selected_by(&now, &h.incoming.attributes),
+                            also_unrouted_since_last_line = also,
+                            "no route of the subscription selects this message; nacked (it comes again)"
+                        );
+                    }
                     h.handler.nack();
                 }
             }
@@ -513,6 +519,32 @@ async fn write(
                 return Err(error);
             }
         }
+    }
+}
+
+/// How often an unrouted message is logged, at most (each is counted).
+const UNROUTED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// At most one event per period; says how many were passed over since the last.
+struct Throttle {
+    every: Duration,
+    last: Option<Instant>,
+    skipped: u64,
+}
+
+impl Throttle {
+    fn new(every: Duration) -> Throttle {
+        Throttle { every, last: None, skipped: 0 }
+    }
+
+    /// `Some(passed over since the last one)` when an event at `now` is due.
+    fn due(&mut self, now: Instant) -> Option<u64> {
+        if self.last.is_some_and(|last| now.duration_since(last) < self.every) {
+            self.skipped += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.skipped))
     }
 }
 
@@ -619,6 +651,18 @@ mod tests {
         assert_eq!(count("rpc"), 0);
         let text = metrics.render();
         assert!(text.contains(r#"inlet_pubsub_acks_refused_total{route="orders",reason="lease_expired"} 2"#), "{text}");
+    }
+
+    #[test]
+    fn a_throttle_lets_one_event_a_period_through_and_counts_the_rest() {
+        let mut t = Throttle::new(Duration::from_secs(10));
+        let start = Instant::now();
+        assert_eq!(t.due(start), Some(0));
+        assert_eq!(t.due(start + Duration::from_secs(1)), None);
+        assert_eq!(t.due(start + Duration::from_secs(9)), None);
+        assert_eq!(t.due(start + Duration::from_secs(10)), Some(2));
+        assert_eq!(t.due(start + Duration::from_secs(11)), None);
+        assert_eq!(t.due(start + Duration::from_secs(25)), Some(1));
     }
 
     #[test]
