@@ -1378,8 +1378,8 @@ fn routes_by_type(target_url: &str, extra: &[(&str, &str)]) -> String {
         ("invoices", r#"{ attribute = "type", in = ["invoice", "credit-note"] }"#),
         ("refunds", r#"{ attribute = "type", equals = "refund" }"#),
     ];
-    // The admin API answers this machine without a token, for the route list.
-    let admin = "[admin]\nauth = \"none-loopback\"\n\n".to_string();
+    // A viewer's token, for the route list and the console (the test writes the file).
+    let admin = "[[admin.token]]\nname = \"viewer\"\nrole = \"viewer\"\nsecret_file = \"viewer.token\"\n\n".to_string();
     admin
         + &selects
             .iter()
@@ -1393,6 +1393,9 @@ fn routes_by_type(target_url: &str, extra: &[(&str, &str)]) -> String {
         })
         .collect::<String>()
 }
+
+/// The admin token of [`routes_by_type`]'s viewer.
+const VIEWER: &str = "pubsub-viewer-token-0123456789";
 
 /// `evt-{i}` for i in `range`, sorted as the inbox sorts them.
 fn event_ids(range: std::ops::Range<usize>) -> Vec<String> {
@@ -1412,6 +1415,7 @@ async fn one_subscription_feeds_three_routes_by_attribute_and_an_unrouted_messag
     let camunda = FakeCamunda::start().await;
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    std::fs::write(dir.path().join("viewer.token"), VIEWER).unwrap();
     let running = start_in_process(dir.path(), &url, &routes_by_type(&camunda.url(), &[]), &emulator).await;
     assert_eq!(
         setup_in(dir.path(), &emulator).await,
@@ -1420,7 +1424,10 @@ async fn one_subscription_feeds_three_routes_by_attribute_and_an_unrouted_messag
     );
     assert_eq!(emulator.subscription(SUBSCRIPTION).await["filter"], "attributes:type", "setup gave it its filter");
     // The route list says what each route takes.
-    let text = reqwest::get(format!("http://{}/api/routes", running.admin_addr)).await.unwrap().text().await.unwrap();
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let base = format!("http://{}", running.admin_addr);
+    let answer = http.get(format!("{base}/api/routes")).bearer_auth(VIEWER).send().await.unwrap();
+    let text = answer.text().await.unwrap();
     let list: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     let selects: Vec<(&str, &str)> = list["routes"]
         .as_array()
@@ -1436,6 +1443,15 @@ async fn one_subscription_feeds_three_routes_by_attribute_and_an_unrouted_messag
             ("refunds", r#"type = "refund""#)
         ],
         "{list}"
+    );
+    let signed = http.post(format!("{base}/console/login")).form(&[("token", VIEWER)]).send().await.unwrap();
+    let cookie = signed.headers().get("set-cookie").expect("a sign-in sets the session cookie");
+    let cookie = cookie.to_str().unwrap().split(';').next().unwrap().to_string();
+    let answer = http.get(format!("{base}/console")).header("cookie", cookie).send().await.unwrap();
+    let console = answer.text().await.unwrap();
+    assert!(
+        console.contains("takes messages with type = &quot;order&quot;"),
+        "the console shows the select: {console}"
     );
 
     let rows = Rows::open(&url).await;

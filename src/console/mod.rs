@@ -334,7 +334,13 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
                 )
             })
             .collect();
-        let error = format!("{rollout}{replay}{error}");
+        // What the route takes of a subscription it shares with other routes.
+        let select = r
+            .select
+            .as_deref()
+            .map(|s| format!(r#"<div class="small muted">takes messages with {}</div>"#, esc(s)))
+            .unwrap_or_default();
+        let error = format!("{select}{rollout}{replay}{error}");
         let action = if !may_pause {
             String::new()
         } else if r.paused.is_some() {
