@@ -614,15 +614,23 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pubsub { command: PubsubCommand::Setup { routing } } => {
             let config = load_config(&routing_file(routing, &cli.config)?)?;
             let connection = Connection::from_env();
-            println!("pubsub: {}", connection.describe());
+            if !out.json {
+                println!("pubsub: {}", connection.describe());
+            }
             match crate::pubsub_client::setup(&config, &connection).await {
                 Ok(steps) => {
-                    for step in &steps {
-                        println!("{step}");
-                    }
-                    if steps.is_empty() {
-                        println!("no pubsub source or target in {}", config.path.display());
-                    }
+                    let answer = serde_json::json!({
+                        "pubsub": connection.describe(),
+                        "steps": steps.iter().map(|s| s.to_json()).collect::<Vec<_>>(),
+                    });
+                    out.show(&answer, || {
+                        for step in &steps {
+                            println!("{step}");
+                        }
+                        if steps.is_empty() {
+                            println!("no pubsub source or target in {}", config.path.display());
+                        }
+                    })?;
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
@@ -640,12 +648,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             names.extend(subscriptions);
             let to = to.checked_sub(margin).ok_or_else(|| anyhow::anyhow!("--margin reaches before 1970"))?;
             let connection = Connection::from_env();
-            println!("pubsub: {}", connection.describe());
+            if !out.json {
+                println!("pubsub: {}", connection.describe());
+            }
             let admin = connection.subscription_admin().await.map_err(anyhow::Error::msg)?;
             let mut failed = false;
             for name in &names {
                 match crate::pubsub_client::seek(&admin, name, to).await {
-                    Ok(done) => println!("{done}"),
+                    // One JSON object per subscription sought, or its sentence.
+                    Ok(done) => out.show_line(&done, &done.to_string())?,
                     Err(e) => {
                         eprintln!("error: {e}");
                         failed = true;

@@ -250,6 +250,38 @@ pub fn dead_letter_after(backoff: (Duration, Duration), attempts: u32) -> Durati
     total
 }
 
+impl SetupStep {
+    /// The step for `inlet --json pubsub setup`: what happened (`step`), to what, the
+    /// step's own fields (durations in seconds), and the line people read (`text`).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let text = self.to_string();
+        match self {
+            SetupStep::Created { kind, name } => json!({ "step": "created", "kind": kind, "name": name, "text": text }),
+            SetupStep::Exists { kind, name } => json!({ "step": "exists", "kind": kind, "name": name, "text": text }),
+            SetupStep::CreatedRetaining { name, retain_acked } => json!({
+                "step": "created", "kind": "subscription", "name": name,
+                "retain_acked_seconds": retain_acked.as_secs(), "text": text
+            }),
+            SetupStep::Updated { name, changes } => {
+                json!({ "step": "updated", "kind": "subscription", "name": name, "changes": changes, "text": text })
+            }
+            SetupStep::RetainsUnasked { name, duration } => json!({
+                "step": "retains_unasked", "kind": "subscription", "name": name,
+                "retain_acked_seconds": duration.map(|d| d.as_secs()), "text": text
+            }),
+            SetupStep::Drift { name, differences } => json!({
+                "step": "drift", "kind": "subscription", "name": name, "differences": differences, "text": text
+            }),
+            SetupStep::DeadLettersSoon { name, attempts, backoff, after } => json!({
+                "step": "dead_letters_soon", "kind": "subscription", "name": name, "max_delivery_attempts": attempts,
+                "redelivery_backoff_seconds": [backoff.0.as_secs_f64(), backoff.1.as_secs_f64()],
+                "dead_letters_after_seconds": after.as_secs(), "text": text
+            }),
+        }
+    }
+}
+
 impl std::fmt::Display for SetupStep {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -658,7 +690,7 @@ fn wkt_duration(d: Duration) -> google_cloud_wkt::Duration {
 }
 
 /// What `inlet pubsub seek` did to one subscription.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Seeked {
     pub subscription: String,
     /// The time sought, as RFC 3339 with milliseconds.

@@ -1046,6 +1046,16 @@ target = {{ kind = "log" }}
         )
     );
     assert_eq!(retention_of(&emulator, SUBSCRIPTION).await, (true, Some(7200)), "left as it was");
+    // The same with --json: one document, each step with its fields and its line.
+    let (stdout, stderr, ok) = inlet_cli(&emulator, &["--json", "pubsub", "setup", &config.display().to_string()]);
+    assert!(ok, "inlet --json pubsub setup failed:\n{stdout}{stderr}");
+    let answer: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let step = &answer["steps"][1];
+    assert_eq!(step["step"], "retains_unasked", "{answer}");
+    assert_eq!(step["name"], sub(SUBSCRIPTION), "{answer}");
+    assert_eq!(step["retain_acked_seconds"], 7200, "{answer}");
+    assert_eq!(step["text"], setup_lines(&emulator, &config)[1], "{answer}");
+    assert_eq!(answer["steps"][0]["step"], "exists", "{answer}");
 
     let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     let (stdout, stderr, ok) =
@@ -1301,9 +1311,15 @@ async fn a_replay_window_takes_the_messages_published_inside_it_as_new_deliverie
         "an overlapping window is refused:\n{stdout}{stderr}"
     );
     let start = humantime::format_rfc3339_millis(before - Duration::from_secs(60)).to_string();
-    let (stdout, stderr, ok) =
-        inlet_cli(&emulator, &["--config", &config_arg, "pubsub", "seek", "--route", "orders", "--to", &start]);
+    let (stdout, stderr, ok) = inlet_cli(
+        &emulator,
+        &["--json", "--config", &config_arg, "pubsub", "seek", "--route", "orders", "--to", &start],
+    );
     assert!(ok, "inlet pubsub seek failed:\n{stdout}{stderr}");
+    // With --json, one object per subscription sought, and nothing else.
+    let sought: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(sought["subscription"], format!("projects/{PROJECT}/subscriptions/{SUBSCRIPTION}"), "{sought}");
+    assert_eq!(sought["retained_since"], serde_json::Value::Null, "{sought}");
 
     // The second run: all 60 come again; the middle batch is stored anew.
     let running = start_in_process(dir.path(), &url, &on(SUBSCRIPTION), &emulator).await;
