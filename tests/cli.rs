@@ -594,3 +594,32 @@ async fn list_and_show_read_past_a_row_whose_attributes_are_broken() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json.get("unreadable"), None, "{json}");
 }
+
+/// `inlet plugin shadow` pointed at something that is not an Inlet admin API, which
+/// answers without end: it reads no more than a report can be long and says so,
+/// instead of filling its memory.
+#[test]
+fn plugin_shadow_reads_a_bounded_answer() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut request = [0u8; 4096];
+        let _ = conn.read(&mut request);
+        conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n").unwrap();
+        let chunk = vec![b' '; 64 << 10];
+        let mut sent = 0usize;
+        // Until the client hangs up (or 1 GiB, so a client that reads all cannot hang the test).
+        while sent < (1 << 30) && conn.write_all(&chunk).is_ok() {
+            sent += chunk.len();
+        }
+        sent
+    });
+    let out = inlet(&["plugin", "shadow", "orders", "--admin-url", &format!("http://{addr}")]);
+    let sent = server.join().unwrap();
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains("answered more than 8 MiB, more than any shadow report"), "{err}");
+    assert!(sent < 64 << 20, "the client stopped reading early: the server wrote {sent} bytes");
+}

@@ -82,18 +82,40 @@ pub(super) fn admin_url(path: &Path) -> anyhow::Result<String> {
     Ok(format!("http://{}", config.admin.listen.unwrap_or(config.server.listen)))
 }
 
+/// The longest answer `inlet plugin shadow` reads: a report holds counts and at most
+/// `shadow::SAMPLES` samples of a few KiB a side, far less than this.
+const MAX_SHADOW_ANSWER: usize = 8 << 20;
+/// How long `inlet plugin shadow` waits for the whole answer.
+const SHADOW_ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// `inlet plugin shadow`: the report of a running instance, through its admin API
 /// at `base`.
 pub(super) async fn shadow(base: &str, route: &str, out: Output) -> anyhow::Result<ExitCode> {
     let base = base.trim_end_matches('/');
-    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(SHADOW_ANSWER_TIMEOUT)
+        .build()?;
     let mut request = client.get(format!("{base}/api/routes/{route}/shadow"));
     if let Ok(token) = std::env::var("INLET_TOKEN") {
         request = request.bearer_auth(token);
     }
-    let answer = request.send().await.map_err(|e| anyhow::anyhow!("cannot reach the admin API at {base}: {e}"))?;
+    let mut answer = request.send().await.map_err(|e| anyhow::anyhow!("cannot reach the admin API at {base}: {e}"))?;
     let status = answer.status();
-    let body = answer.text().await?;
+    // Read as far as a report can be long, not as far as the other end goes on.
+    let mut bytes = Vec::new();
+    while let Some(chunk) =
+        answer.chunk().await.map_err(|e| anyhow::anyhow!("reading the answer of {base}: {}", e.without_url()))?
+    {
+        if bytes.len() + chunk.len() > MAX_SHADOW_ANSWER {
+            anyhow::bail!(
+                "{base} answered more than {} MiB, more than any shadow report: is it an Inlet admin API?",
+                MAX_SHADOW_ANSWER >> 20
+            );
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    let body = String::from_utf8_lossy(&bytes).into_owned();
     if !status.is_success() {
         let error = serde_json::from_str::<serde_json::Value>(&body)
             .ok()
