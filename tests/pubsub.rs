@@ -1381,12 +1381,14 @@ async fn a_replay_window_takes_the_messages_published_inside_it_as_new_deliverie
 // ---------------------------------------------------------------------------------------
 
 /// Three routes of one file reading one subscription, each selecting its messages by
-/// the `type` attribute (the third two types); `extra` adds routes.
+/// the `type` attribute (the second two types); `extra` adds routes. The redelivery
+/// backoff stops growing at 5 s, so a message nacked many times over comes again soon
+/// after a route for it is added.
 fn routes_by_type(target_url: &str, extra: &[(&str, &str)]) -> String {
     let plugin = plugin_path("work_order");
     let source = |select: &str| {
         format!(
-            r#"{{ kind = "pubsub", subscription = "projects/{PROJECT}/subscriptions/{SUBSCRIPTION}", topic = "projects/{PROJECT}/topics/{TOPIC}", filter = "attributes:type", lease_extension = "10s", select = {select} }}"#
+            r#"{{ kind = "pubsub", subscription = "projects/{PROJECT}/subscriptions/{SUBSCRIPTION}", topic = "projects/{PROJECT}/topics/{TOPIC}", filter = "attributes:type", lease_extension = "10s", redelivery_backoff = ["1s", "5s"], select = {select} }}"#
         )
     };
     let selects = [
@@ -1495,7 +1497,7 @@ async fn one_subscription_feeds_three_routes_by_attribute_and_an_unrouted_messag
     std::fs::write(dir.path().join("inlet.toml"), format!("[store]\nurl = \"{url}\"\n\n{routes}")).unwrap();
     let reloaded = inlet::reload::reload_now(&running.shared).await;
     assert_eq!(reloaded["routing_file"]["added"], serde_json::json!(["gift-cards"]), "{reloaded}");
-    wait_all_done(&rows, 81, Duration::from_secs(60)).await;
+    wait_all_done(&rows, 81, Duration::from_secs(90)).await;
     assert_eq!(rows.done_dedup_keys("gift-cards").await, event_ids(80..81));
     assert_eq!(camunda.count(), 81);
     assert!(metric(&running, "inlet_pubsub_unrouted_total", r#"route="invoices""#) >= 2.0);
