@@ -348,14 +348,12 @@ async fn the_console_signs_in_by_token_checks_every_post_and_escapes_what_it_sho
     let (_, _, overview) = page(ops.clone(), "/console".into()).await;
     assert!(overview.contains("Route orders paused."), "the action's result is shown once");
     assert!(overview.contains(r#"action="/console/routes/orders/resume""#), "a paused route offers resume");
-    let r = http
-        .post(format!("{base}/console/routes/orders/resume"))
-        .header("cookie", &ops)
-        .form(&[("csrf", &csrf)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303);
+    // A button of the console, pressed by the operator.
+    let press = async |path: &str| {
+        let r = http.post(format!("{base}{path}")).header("cookie", &ops).form(&[("csrf", &csrf)]).send().await;
+        r.unwrap().status().as_u16()
+    };
+    assert_eq!(press("/console/routes/orders/resume").await, 303);
     let routes = api(&http_api, &base, "/api/routes", ROOT).await;
     assert!(routes["routes"].as_array().unwrap().iter().all(|r| r["paused"].is_null()), "resumed: {routes:#}");
 
@@ -374,6 +372,19 @@ async fn the_console_signs_in_by_token_checks_every_post_and_escapes_what_it_sho
         overview.contains("replay window 1 open until 20") && overview.contains("redeliveries of messages published 2026-12-04T09:00:00.000Z to 2026-12-04T10:00:00.000Z are stored again (0 so far)"),
         "the open window is on the overview: {overview}"
     );
+    // An operator closes it from there; the API's handler audits it.
+    assert!(overview.contains(r#"action="/console/replays/1/close""#), "an operator may close it: {overview}");
+    assert_eq!(press("/console/replays/1/close").await, 303);
+    let (_, _, overview) = page(ops.clone(), "/console".into()).await;
+    assert!(overview.contains("Replay window 1 closed"), "{overview}");
+    assert!(!overview.contains("replay window 1 open until"), "no longer shown as open: {overview}");
+    let window = api(&http_api, &base, "/api/replays/1", ROOT).await;
+    assert!(window["window"]["closed_at"].is_number(), "closed: {window:#}");
+    let audit = api(&http_api, &base, "/api/audit", ROOT).await;
+    let closes: Vec<&Value> =
+        audit["audit"].as_array().unwrap().iter().filter(|a| a["action"] == "replay-close").collect();
+    assert_eq!(closes.len(), 1, "{audit:#}");
+    assert_eq!(closes[0]["actor"], "ops", "{audit:#}");
 
     // The audit log is the admins', in the console as in the API.
     let (status, _, body) = page(ops.clone(), "/console/audit".into()).await;

@@ -2,8 +2,9 @@
 //! under `/console`.
 //!
 //! - `GET  /console` — routes: backlog per state, oldest unresolved age, entries
-//!   delivered per minute over the last hour (a sparkline), pause state; pause and
-//!   resume
+//!   delivered per minute over the last hour (a sparkline), pause state, open replay
+//!   windows; pause and resume
+//! - `POST /console/replays/{id}/close` — ends an open replay window early
 //! - `GET  /console/failures` — failure groups; each opens the entry list filtered to it
 //! - `GET  /console/entries?route=&status=&key=&fingerprint=&text=&after=` — entries,
 //!   and the bulk repair of everything the filter matches
@@ -88,6 +89,7 @@ pub fn router(shared: &Arc<Shared>) -> Router {
         .route("/console/audit", get(audit))
         .route("/console/routes/{name}/{action}", post(route_action))
         .route("/console/routes/{name}/shadow", get(shadow))
+        .route("/console/replays/{id}/close", post(replay_close))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(console)
 }
@@ -292,6 +294,7 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
         }
     }
     let may_pause = caller.may(Action::Pause);
+    let may_replay = caller.may(Action::Replay);
     let mut rows = String::new();
     for r in &list.routes {
         let (open, in_progress, parked, oldest) = by_route.get(r.name.as_str()).copied().unwrap_or_default();
@@ -324,8 +327,18 @@ async fn overview(State(c): State<Arc<Console>>, signed: Signed) -> Response {
             .iter()
             .filter(|w| w.route == r.name)
             .map(|w| {
+                // Ending a window early: its later redeliveries are duplicates again.
+                let close = if may_replay {
+                    format!(
+                        r#" <form method="post" action="/console/replays/{id}/close" class="write inline">{csrf}<button type="submit" class="write">Close</button></form>"#,
+                        id = w.id,
+                        csrf = signed.csrf_field()
+                    )
+                } else {
+                    String::new()
+                };
                 format!(
-                    r#"<div class="small">replay window {id} open until {until}: redeliveries of messages published {from} to {to} are stored again ({taken} so far)</div>"#,
+                    r#"<div class="small">replay window {id} open until {until}: redeliveries of messages published {from} to {to} are stored again ({taken} so far){close}</div>"#,
                     id = w.id,
                     until = esc(&crate::clock::rfc3339_millis(w.closes_at)),
                     from = esc(&crate::clock::rfc3339_millis(w.published_from)),
@@ -407,6 +420,21 @@ async fn route_action(
     match result {
         Ok(done) => {
             c.sessions.flash(&signed.session, format!("Route {name} {done}."));
+            Redirect::to("/console").into_response()
+        }
+        Err(e) => signed.refused(e),
+    }
+}
+
+/// Closes an open replay window before its time, through the API's handler (its
+/// role check, route scope and audit).
+async fn replay_close(State(c): State<Arc<Console>>, Path(id): Path<i64>, posted: Posted) -> Response {
+    let signed = &posted.signed;
+    let caller = Extension(signed.caller.clone());
+    match admin::close_replay(State(c.inbox()), caller, Id(id)).await {
+        Ok(_) => {
+            c.sessions
+                .flash(&signed.session, format!("Replay window {id} closed: its redeliveries are duplicates again."));
             Redirect::to("/console").into_response()
         }
         Err(e) => signed.refused(e),
