@@ -78,7 +78,6 @@ pub(crate) struct Relays {
 /// A subscription's puller: what it was started with, the routes it feeds now, and
 /// its stop signal.
 pub(crate) struct Pulling {
-    name: String,
     config: PubsubSource,
     routes: Arc<RouteSet>,
     stop: watch::Sender<bool>,
@@ -138,7 +137,8 @@ impl Shared {
             let now = feeds.iter().find(|(s, _)| *s == subscription).map(|(_, m)| m);
             let goes_on = now.filter(|now| {
                 let SourceConfig::Pubsub(config) = &now[0].config.source else { return false };
-                now.iter().any(|r| r.name() == pulling.name) && config.same_subscription_settings(&pulling.config)
+                now.iter().any(|r| r.name() == pulling.routes.name())
+                    && config.same_subscription_settings(&pulling.config)
             });
             match goes_on {
                 Some(now) => pulling.routes.set(now.clone()),
@@ -173,7 +173,6 @@ impl Shared {
                 continue;
             }
             let SourceConfig::Pubsub(config) = members[0].config.source.clone() else { unreachable!("a pulled route") };
-            let name = members[0].name().to_string();
             let routes = RouteSet::new(members);
             let puller = Puller {
                 config: config.clone(),
@@ -185,7 +184,7 @@ impl Shared {
             };
             let (stop, stop_rx) = watch::channel(false);
             let task = tokio::spawn(puller.run(stop_rx));
-            relays.pulling.insert(subscription, Pulling { name, config, routes, stop, task });
+            relays.pulling.insert(subscription, Pulling { config, routes, stop, task });
         }
     }
 
@@ -254,9 +253,8 @@ impl Shared {
 /// and the log says so.
 fn admissible(subscription: &str, members: &mut Vec<Arc<crate::routing::Route>>) {
     let Some(first) = members.first().cloned() else { return };
-    let selects = |r: &crate::routing::Route| matches!(&r.config.source, SourceConfig::Pubsub(p) if p.select.is_some());
     let before: Vec<String> = members.iter().map(|r| r.name().to_string()).collect();
-    if members.len() > 1 && !members.iter().all(|r| selects(r)) {
+    if members.len() > 1 && !members.iter().all(|r| r.config.source.select().is_some()) {
         members.truncate(1);
     }
     members.retain(|r| r.config.file == first.config.file);

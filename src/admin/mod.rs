@@ -447,7 +447,7 @@ pub async fn routes(
             paused: paused.remove(r.name()),
             candidate: r.config.candidate.as_ref().map(|c| c.shown.display().to_string()),
             previous: r.config.previous.as_ref().map(|c| c.shown.display().to_string()),
-            select: source_select(&r.config.source),
+            select: r.config.source.select().map(ToString::to_string),
         });
     }
     let mut refused_files = Vec::new();
@@ -476,7 +476,7 @@ pub async fn routes(
             paused: paused.remove(name),
             candidate: declared.and_then(|c| c.candidate.as_ref()).map(|c| c.shown.display().to_string()),
             previous: declared.and_then(|c| c.previous.as_ref()).map(|c| c.shown.display().to_string()),
-            select: declared.and_then(|c| source_select(&c.source)),
+            select: declared.and_then(|c| c.source.select()).map(ToString::to_string),
         });
     }
     Ok(Json(RouteList { routes: list, refused_files }))
@@ -673,14 +673,6 @@ fn source_kind(source: &crate::config::SourceConfig) -> &'static str {
     match source {
         crate::config::SourceConfig::Push(_) => "push",
         crate::config::SourceConfig::Pubsub(_) => "pubsub",
-    }
-}
-
-/// A pull route's `source.select`, as `GET /api/routes` shows it.
-fn source_select(source: &crate::config::SourceConfig) -> Option<String> {
-    match source {
-        crate::config::SourceConfig::Pubsub(p) => p.select.as_ref().map(ToString::to_string),
-        crate::config::SourceConfig::Push(_) => None,
     }
 }
 

@@ -269,6 +269,17 @@ pub enum SourceConfig {
     Pubsub(PubsubSource),
 }
 
+impl SourceConfig {
+    /// The messages a pull route takes of its subscription (`source.select`); `None`
+    /// for one that takes every message, and for a push route.
+    pub fn select(&self) -> Option<&Select> {
+        match self {
+            SourceConfig::Pubsub(p) => p.select.as_ref(),
+            SourceConfig::Push(_) => None,
+        }
+    }
+}
+
 /// How a push subscription sends its messages.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PushSource {

@@ -825,7 +825,6 @@ macro_rules! store_impl {
                 Ok(self.replay_window_rows(None, None, Some(id)).await?.pop())
             }
 
-
             async fn insert_replay(
                 &self,
                 e: &$crate::inbox::NewEntry,

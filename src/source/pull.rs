@@ -551,13 +551,7 @@ impl Throttle {
 /// The attributes the routes select by, as the message has them (`type="x"`), or
 /// `none`: what a log line about an unrouted message shows.
 fn selected_by(routes: &[Arc<Route>], attributes: &[(String, String)]) -> String {
-    let names: Vec<&str> = routes
-        .iter()
-        .filter_map(|r| match &r.config.source {
-            crate::config::SourceConfig::Pubsub(s) => s.select.as_ref().map(|sel| sel.attribute.as_str()),
-            crate::config::SourceConfig::Push(_) => None,
-        })
-        .collect();
+    let names: Vec<&str> = routes.iter().filter_map(|r| Some(r.config.source.select()?.attribute.as_str())).collect();
     let shown: Vec<String> = attributes
         .iter()
         .filter(|(k, _)| names.contains(&k.as_str()))
@@ -570,10 +564,8 @@ fn selected_by(routes: &[Arc<Route>], attributes: &[(String, String)]) -> String
 /// matches (routes of one subscription select other values of one attribute), or the
 /// only route, when it selects nothing.
 fn pick(routes: &[Arc<Route>], attributes: &[(String, String)]) -> Option<usize> {
-    routes.iter().position(|r| match &r.config.source {
-        crate::config::SourceConfig::Pubsub(s) => s.select.as_ref().is_none_or(|sel| sel.takes(attributes)),
-        crate::config::SourceConfig::Push(_) => false,
-    })
+    // Every route of a set pulls (`shared.rs` groups pull routes only).
+    routes.iter().position(|r| r.config.source.select().is_none_or(|sel| sel.takes(attributes)))
 }
 
 /// Counts and logs an ack an exactly-once subscription refused, by reason.
