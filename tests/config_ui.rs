@@ -29,6 +29,8 @@ fn env(name: &str) -> Option<String> {
         "INLET_TEST_TOKEN" => Some("s3cret".to_string()),
         "INLET_TEST_ADMIN_TOKEN" => Some("a-long-enough-admin-token".to_string()),
         "INLET_TEST_ENGINE_URL" => Some("http://engine.test:8080".to_string()),
+        "INLET_TEST_APP_DB" => Some("postgres://app:pw@db.test:5432/orders".to_string()),
+        "INLET_TEST_NOT_PG" => Some("mysql://app@db.test/orders".to_string()),
         _ => None,
     }
 }

@@ -435,7 +435,7 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
 /// each with a `select` by the same attribute, no two selecting the same value, all
 /// giving the subscription the same settings and ordering.
 #[derive(Default)]
-struct Readers(BTreeMap<String, Vec<Reader>>);
+struct Readers(BTreeMap<String, Vec<Reader>>, BTreeMap<(String, String), (String, usize, usize)>);
 
 struct Reader {
     route: String,
@@ -456,6 +456,22 @@ impl Readers {
         at: (usize, usize),
         names: &[String],
     ) -> Option<(&'static str, String)> {
+        if let SourceConfig::Outbox(outbox) = &route.source {
+            // One route per outbox table: two would each publish every row.
+            let key = (outbox.url.expose().to_string(), outbox.table.clone());
+            if let Some((other, f, line)) = self.1.get(&key) {
+                return Some((
+                    "table",
+                    format!(
+                        "outbox table {} of {} is already read by route {other} at {}:{line}: one route publishes an \
+                         outbox",
+                        outbox.table, outbox.url_shown, names[*f]
+                    ),
+                ));
+            }
+            self.1.insert(key, (route.name.to_string(), file, at.0));
+            return None;
+        }
         let SourceConfig::Pubsub(source) = &route.source else { return None };
         let readers = self.0.entry(source.subscription.clone()).or_default();
         for r in readers.iter() {

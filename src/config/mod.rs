@@ -267,6 +267,8 @@ pub enum SourceConfig {
     Push(PushSource),
     /// Streaming pull from a subscription.
     Pubsub(PubsubSource),
+    /// An application's outbox table, read in order and published (docs/outbox.md).
+    Outbox(OutboxSource),
 }
 
 impl SourceConfig {
@@ -275,9 +277,94 @@ impl SourceConfig {
     pub fn select(&self) -> Option<&Select> {
         match self {
             SourceConfig::Pubsub(p) => p.select.as_ref(),
-            SourceConfig::Push(_) => None,
+            SourceConfig::Push(_) | SourceConfig::Outbox(_) => None,
         }
     }
+
+    /// The source's kind as the routing file names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SourceConfig::Push(_) => "push",
+            SourceConfig::Pubsub(_) => "pubsub",
+            SourceConfig::Outbox(_) => "outbox",
+        }
+    }
+}
+
+/// An application's outbox table in PostgreSQL: rows the application inserts in
+/// the transactions that change its data, which Inlet reads in id order, hands to
+/// the route's plugin as messages (the aggregate as correlation key, the row id as
+/// dedup key), publishes, and marks or deletes once published.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OutboxSource {
+    /// `postgres://…`, from the environment variable the file names (`url_shown`).
+    pub url: Secret,
+    /// `${NAME}` as the file spells it: what logs and the API show.
+    pub url_shown: String,
+    /// The table, `name` or `schema.name`, checked to be plain identifiers.
+    pub table: String,
+    pub columns: OutboxColumns,
+    pub after_publish: AfterPublish,
+    /// How often the table is read when no notification came.
+    pub poll: Duration,
+    /// Rows read (and stored in the inbox) in one transaction, at most.
+    pub batch_size: usize,
+    /// The `LISTEN` channel that wakes the reader.
+    pub channel: String,
+}
+
+impl std::fmt::Debug for OutboxSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxSource")
+            .field("url", &self.url_shown)
+            .field("table", &self.table)
+            .field("columns", &self.columns)
+            .field("after_publish", &self.after_publish)
+            .field("poll", &self.poll)
+            .field("batch_size", &self.batch_size)
+            .field("channel", &self.channel)
+            .finish()
+    }
+}
+
+/// The outbox table's columns, each a plain identifier (they are written into SQL).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxColumns {
+    /// An increasing integer (`bigserial`, identity): the insert order and the row's
+    /// name everywhere downstream.
+    pub id: String,
+    /// The aggregate: the ordering key, one queue per value.
+    pub aggregate: String,
+    pub event_type: String,
+    /// `jsonb`, `json`, `text` or `bytea`: the message data.
+    pub payload: String,
+    pub created: String,
+    /// Set when the row's event is published (`after_publish = "mark"`); read as
+    /// "not yet published" while `NULL`.
+    pub published: String,
+}
+
+impl Default for OutboxColumns {
+    fn default() -> Self {
+        OutboxColumns {
+            id: "id".into(),
+            aggregate: "aggregate_id".into(),
+            event_type: "event_type".into(),
+            payload: "payload".into(),
+            created: "created_at".into(),
+            published: "published_at".into(),
+        }
+    }
+}
+
+/// What becomes of an outbox row once its event is published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AfterPublish {
+    /// `published_at = now()`: the row stays, for the application's own history.
+    Mark,
+    /// The row is deleted.
+    Delete,
 }
 
 /// How a push subscription sends its messages.
@@ -424,6 +511,9 @@ pub struct PubsubTarget {
     pub timeout: Duration,
     /// Attributes added to every message.
     pub attributes: BTreeMap<String, String>,
+    /// An attribute that carries the entry's dedup key besides `idempotency_key`:
+    /// `outbox_id` on an outbox route, so consumers find the row id by its name.
+    pub id_attribute: Option<String>,
 }
 
 #[derive(Clone, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
-use super::{KeySource, Ordering, ParkedPolicy, RouteName};
+use super::{AfterPublish, KeySource, Ordering, ParkedPolicy, RouteName};
 
 pub(super) fn parse(path: &Path, text: &str) -> Result<RawConfig, ConfigErrors> {
     toml::from_str::<RawConfig>(text).map_err(|e| serde_error(path, text, &e))
@@ -459,7 +459,25 @@ impl RawPlugin {
 pub(super) struct RawSource {
     /// `"push"`: Pub/Sub push subscriptions POST to `/push/<route>`.
     /// `"pubsub"`: Inlet pulls from a subscription (streaming pull).
+    /// `"outbox"`: Inlet reads an application's outbox table in PostgreSQL
+    /// (docs/outbox.md).
     pub kind: Spanned<SourceKind>,
+    /// outbox: the application's database, by reference only: exactly `"${NAME}"`,
+    /// an environment variable holding `postgres://…` (it holds a password).
+    pub url: Option<Spanned<String>>,
+    /// outbox: the table, `outbox` or `schema.outbox` (default `outbox`).
+    pub table: Option<Spanned<String>>,
+    /// outbox: the table's column names where they differ from the default shape
+    /// (`id`, `aggregate_id`, `event_type`, `payload`, `created_at`, `published_at`).
+    pub columns: Option<Spanned<RawOutboxColumns>>,
+    /// outbox: what becomes of a row once its event is published: `"mark"` sets its
+    /// `published_at` (default), `"delete"` deletes it.
+    pub after_publish: Option<Spanned<AfterPublish>>,
+    /// outbox: how often the table is read when no `NOTIFY` woke Inlet (default `1s`).
+    pub poll: Option<Spanned<HumanDuration>>,
+    /// outbox: the `LISTEN` channel an application may `NOTIFY` after committing
+    /// rows, to have them read at once (default `inlet_outbox`).
+    pub channel: Option<Spanned<String>>,
     /// push: `false` for a push subscription that sends the message's data as the
     /// body (`--push-no-wrapper`) instead of the JSON envelope (default `true`). With
     /// `--push-no-wrapper-write-metadata` the message id, publish time and ordering key
@@ -540,6 +558,19 @@ pub(super) struct RawSource {
     pub auth: Option<Spanned<RawPushAuth>>,
 }
 
+/// `source.columns` of an outbox source: each a plain column name.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOutboxColumns {
+    pub id: Option<Spanned<String>>,
+    pub aggregate: Option<Spanned<String>>,
+    #[serde(rename = "type")]
+    pub event_type: Option<Spanned<String>>,
+    pub payload: Option<Spanned<String>>,
+    pub created: Option<Spanned<String>>,
+    pub published: Option<Spanned<String>>,
+}
+
 /// `source.select`: one attribute and the values that take a message.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -558,6 +589,7 @@ pub(super) struct RawSelect {
 pub(super) enum SourceKind {
     Push,
     Pubsub,
+    Outbox,
 }
 
 #[derive(Debug, Deserialize)]

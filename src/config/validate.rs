@@ -16,9 +16,9 @@ use super::raw::{
     RawStore, SourceKind, TargetKind,
 };
 use super::{
-    HttpTarget, NotYetPolicy, Ordering, ParkedPolicy, PluginFile, PluginLimits, PluginsConfig, PubsubSource,
-    PubsubTarget, PushSource, PushSubscription, RetryPolicy, RouteConfig, RouteName, Select, ServerConfig,
-    SourceConfig, StoreConfig, SubscriptionSetup, TargetConfig, Unwrapped,
+    AfterPublish, HttpTarget, KeySource, NotYetPolicy, Ordering, OutboxColumns, OutboxSource, ParkedPolicy, PluginFile,
+    PluginLimits, PluginsConfig, PubsubSource, PubsubTarget, PushSource, PushSubscription, RetryPolicy, RouteConfig,
+    RouteName, Select, ServerConfig, SourceConfig, StoreConfig, SubscriptionSetup, TargetConfig, Unwrapped,
 };
 
 /// Collects errors while a file is checked, so all of them are reported at once.
@@ -194,13 +194,20 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
         ("exactly_once", s.exactly_once.as_ref().map(|v| v.span())),
         ("redelivery_backoff", s.redelivery_backoff.as_ref().map(|v| v.span())),
         ("select", s.select.as_ref().map(|v| v.span())),
+        ("url", s.url.as_ref().map(|v| v.span())),
+        ("table", s.table.as_ref().map(|v| v.span())),
+        ("columns", s.columns.as_ref().map(|v| v.span())),
+        ("after_publish", s.after_publish.as_ref().map(|v| v.span())),
+        ("poll", s.poll.as_ref().map(|v| v.span())),
+        ("channel", s.channel.as_ref().map(|v| v.span())),
     ];
-    if let (SourceKind::Pubsub, Some(a)) = (s.kind.get_ref(), &s.auth) {
-        c.error::<()>(
-            a.span(),
-            format!("{at}.auth"),
-            ConfigErrorKind::FieldNotAllowed { field: "auth".into(), kind: "a pubsub source" },
-        );
+    let auth_kind = match s.kind.get_ref() {
+        SourceKind::Pubsub => Some("a pubsub source"),
+        SourceKind::Outbox => Some("an outbox source"),
+        SourceKind::Push => None,
+    };
+    if let (Some(kind), Some(a)) = (auth_kind, &s.auth) {
+        c.error::<()>(a.span(), format!("{at}.auth"), ConfigErrorKind::FieldNotAllowed { field: "auth".into(), kind });
     }
     match s.kind.get_ref() {
         SourceKind::Push => {
@@ -213,7 +220,18 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
                 .collect();
             Some(SourceConfig::Push(push_source(c, s, &at, &settings)))
         }
+        SourceKind::Outbox => {
+            let push_only = [
+                ("wrapper", s.wrapper.as_ref().map(|v| v.span())),
+                ("attributes", s.attributes.as_ref().map(|v| v.span())),
+                ("endpoint", s.endpoint.as_ref().map(|v| v.span())),
+            ];
+            c.stray(&push_only, &[], &at, "an outbox source");
+            c.stray(&fields, &OUTBOX_FIELDS, &at, "an outbox source");
+            outbox_source(c, s, &r.source, &at).map(SourceConfig::Outbox)
+        }
         SourceKind::Pubsub => {
+            c.stray(&fields[fields.len() - OUTBOX_FIELDS.len() + 1..], &[], &at, "a pubsub source");
             let push_only = [
                 ("wrapper", s.wrapper.as_ref().map(|v| v.span())),
                 ("attributes", s.attributes.as_ref().map(|v| v.span())),
@@ -264,6 +282,136 @@ fn source(c: &mut Checker<'_>, i: usize, r: &RawRoute) -> Option<SourceConfig> {
             })
         }
     }
+}
+
+/// The fields an outbox source takes (`batch_size` first: the others close the
+/// list of a source's fields, in this order).
+const OUTBOX_FIELDS: [&str; 7] = ["batch_size", "url", "table", "columns", "after_publish", "poll", "channel"];
+
+/// An outbox source: the database by reference, plain identifiers for the table and
+/// its columns (they are written into SQL), and its reading settings.
+fn outbox_source(c: &mut Checker<'_>, s: &RawSource, whole: &Spanned<RawSource>, at: &str) -> Option<OutboxSource> {
+    let url = match &s.url {
+        None => c.error(whole.span(), at, ConfigErrorKind::MissingField { field: "url", kind: "an outbox source" }),
+        Some(u) => {
+            let field = format!("{at}.url");
+            let reference = u
+                .get_ref()
+                .strip_prefix("${")
+                .and_then(|t| t.strip_suffix('}'))
+                .is_some_and(|n| !n.is_empty() && n.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_'));
+            if !reference {
+                c.error::<()>(
+                    u.span(),
+                    &field,
+                    ConfigErrorKind::Invalid(
+                        "must be a reference, exactly `\"${NAME}\"`: a database URL holds a password, and the routing \
+                         file is read by many"
+                            .into(),
+                    ),
+                );
+                None
+            } else {
+                c.expand(u, &field).and_then(|url| {
+                    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+                        Some(url)
+                    } else {
+                        c.error(
+                            u.span(),
+                            &field,
+                            ConfigErrorKind::Invalid(format!(
+                                "`{}` does not hold a postgres:// URL; an outbox is read from PostgreSQL",
+                                u.get_ref()
+                            )),
+                        )
+                    }
+                })
+            }
+        }
+    };
+    let table = match &s.table {
+        None => Some("outbox".to_string()),
+        Some(t) => {
+            let parts: Vec<&str> = t.get_ref().split('.').collect();
+            if parts.len() <= 2 && parts.iter().all(|p| plain_identifier(p)) {
+                Some(t.get_ref().clone())
+            } else {
+                c.error(
+                    t.span(),
+                    format!("{at}.table"),
+                    ConfigErrorKind::Invalid(format!(
+                        "`{}` is not a plain table name (`name` or `schema.name`: lowercase letters, digits and `_`)",
+                        t.get_ref()
+                    )),
+                )
+            }
+        }
+    };
+    let mut columns = OutboxColumns::default();
+    let mut columns_ok = true;
+    if let Some(raw) = &s.columns {
+        let raw = raw.get_ref();
+        let given = [
+            ("id", &raw.id, &mut columns.id),
+            ("aggregate", &raw.aggregate, &mut columns.aggregate),
+            ("type", &raw.event_type, &mut columns.event_type),
+            ("payload", &raw.payload, &mut columns.payload),
+            ("created", &raw.created, &mut columns.created),
+            ("published", &raw.published, &mut columns.published),
+        ];
+        for (name, value, slot) in given {
+            let Some(value) = value else { continue };
+            if plain_identifier(value.get_ref()) {
+                *slot = value.get_ref().clone();
+            } else {
+                columns_ok = false;
+                c.error::<()>(
+                    value.span(),
+                    format!("{at}.columns.{name}"),
+                    ConfigErrorKind::Invalid(format!(
+                        "`{}` is not a plain column name (lowercase letters, digits and `_`)",
+                        value.get_ref()
+                    )),
+                );
+            }
+        }
+    }
+    let poll = c.at_most(&s.poll, &format!("{at}.poll"), Duration::from_secs(60)).unwrap_or(Duration::from_secs(1));
+    let batch_size = c.within(&s.batch_size, &format!("{at}.batch_size"), 1..=5000).unwrap_or(500) as usize;
+    let channel = match &s.channel {
+        None => Some("inlet_outbox".to_string()),
+        Some(ch) if plain_identifier(ch.get_ref()) => Some(ch.get_ref().clone()),
+        Some(ch) => c.error(
+            ch.span(),
+            format!("{at}.channel"),
+            ConfigErrorKind::Invalid(format!(
+                "`{}` is not a plain channel name (lowercase letters, digits and `_`)",
+                ch.get_ref()
+            )),
+        ),
+    };
+    let shown = s.url.as_ref().map(|u| u.get_ref().clone()).unwrap_or_default();
+    let after_publish = s.after_publish.as_ref().map_or(AfterPublish::Mark, |a| *a.get_ref());
+    columns_ok.then_some(())?;
+    Some(OutboxSource {
+        url: crate::config::Secret::new(url?),
+        url_shown: shown,
+        table: table?,
+        columns,
+        after_publish,
+        poll,
+        batch_size,
+        channel: channel?,
+    })
+}
+
+/// A name written into SQL as it is: lowercase ASCII letters, digits and `_`, not
+/// starting with a digit, at most 63 bytes (PostgreSQL's limit).
+fn plain_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && !name.starts_with(|ch: char| ch.is_ascii_digit())
+        && name.chars().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '_')
 }
 
 /// `source.select`: a plain attribute name and one value (`equals`) or several
@@ -802,7 +950,9 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
             }
             let timeout = c.positive(&t.timeout, &at("target.timeout")).unwrap_or(Duration::from_secs(10));
             let ordering_key = t.ordering_key.as_ref().is_some_and(|o| *o.get_ref());
-            topic.map(|topic| TargetConfig::Pubsub(PubsubTarget { topic, ordering_key, timeout, attributes }))
+            topic.map(|topic| {
+                TargetConfig::Pubsub(PubsubTarget { topic, ordering_key, timeout, attributes, id_attribute: None })
+            })
         }
         TargetKind::Http => {
             c.stray(&target_fields, &["url", "timeout", "headers"], &at("target"), "an http target");
@@ -960,6 +1110,11 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
     }
 
     let limits = r.limits.as_ref().map(|l| plugin_limits(c, l, &at)).unwrap_or_default();
+    let mut target = target;
+    let key_source = match (&source, &mut target) {
+        (Some(SourceConfig::Outbox(_)), target) => outbox_route(c, r, target, &at),
+        _ => r.correlation_key.unwrap_or_default(),
+    };
 
     Some(RouteConfig {
         name: r.name.get_ref().clone(),
@@ -972,7 +1127,7 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         source: source?,
         target: target?,
         ordering: r.ordering.unwrap_or(Ordering::PerKey),
-        key_source: r.correlation_key.unwrap_or_default(),
+        key_source,
         parked: r.parked.unwrap_or(ParkedPolicy::BlockKey),
         concurrency: concurrency.max(1) as usize,
         lease,
@@ -982,6 +1137,58 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         limits,
         push_auth: None,
     })
+}
+
+/// What an outbox route must be besides its source: published to Pub/Sub with the
+/// aggregate as ordering key, ordered per key, keyed by the aggregate. Its target
+/// carries the row id as `outbox_id`; the correlation key is the aggregate, which the
+/// source hands over as the message's ordering key.
+fn outbox_route(
+    c: &mut Checker<'_>,
+    r: &RawRoute,
+    target: &mut Option<TargetConfig>,
+    at: &dyn Fn(&str) -> String,
+) -> KeySource {
+    let t = r.target.get_ref();
+    match target {
+        Some(TargetConfig::Pubsub(p)) if p.ordering_key => p.id_attribute = Some("outbox_id".into()),
+        Some(TargetConfig::Pubsub(_)) => {
+            let span = t.ordering_key.as_ref().map_or(r.target.span(), |o| o.span());
+            c.error::<()>(
+                span,
+                at("target.ordering_key"),
+                ConfigErrorKind::Invalid(
+                    "an outbox route publishes each aggregate in order: write `ordering_key = true`".into(),
+                ),
+            );
+        }
+        Some(_) => {
+            c.error::<()>(
+                t.kind.span(),
+                at("target.kind"),
+                ConfigErrorKind::Invalid("an outbox route publishes to Pub/Sub: write `kind = \"pubsub\"`".into()),
+            );
+        }
+        None => {}
+    }
+    // `ordering` and `correlation_key` carry no span of their own: name the route.
+    if r.ordering.is_some_and(|o| o != Ordering::PerKey) {
+        c.error::<()>(
+            r.name.span(),
+            at("ordering"),
+            ConfigErrorKind::Invalid("an outbox route is ordered per aggregate: `per-key` (the default)".into()),
+        );
+    }
+    if r.correlation_key.is_some_and(|k| k != KeySource::OrderingKey) {
+        c.error::<()>(
+            r.name.span(),
+            at("correlation_key"),
+            ConfigErrorKind::Invalid(
+                "an outbox route's correlation key is the row's aggregate; leave `correlation_key` out".into(),
+            ),
+        );
+    }
+    KeySource::OrderingKey
 }
 
 /// A route's `candidate` or `previous` plugin. Its file is not required to exist
