@@ -853,6 +853,11 @@ pub trait Store: Send + Sync + 'static {
     /// The entry of `route` stored under `dedup_key`, if any.
     async fn find_by_dedup_key(&self, route: &str, dedup_key: &str) -> Result<Option<Entry>, StoreError>;
 
+    /// The status of each entry of `route` stored under one of `dedup_keys` (at most
+    /// [`DEDUP_LOOKUP_MAX`] of them), as `(dedup key, status)`; a key with no entry is
+    /// left out. The outbox source asks this of the rows it read.
+    async fn dedup_statuses(&self, route: &str, dedup_keys: &[String]) -> Result<Vec<(String, Status)>, StoreError>;
+
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Entry>, StoreError>;
 
     /// How many entries `filter` matches, whatever its limit.
@@ -1018,6 +1023,10 @@ pub async fn connect(url: &str, max_connections: u32, create: bool) -> Result<Ar
 }
 
 /// The dedup key under which a conflicting message is kept.
+/// The most dedup keys one [`Store::dedup_statuses`] takes (one bind parameter
+/// each, well under SQLite's limit).
+pub const DEDUP_LOOKUP_MAX: usize = 500;
+
 pub(crate) fn conflict_dedup_key(dedup_key: &str, digest: &str) -> String {
     format!("{dedup_key}#conflict-{}", &digest[..16])
 }

@@ -709,6 +709,36 @@ macro_rules! store_impl {
                 row.as_ref().map(Self::entry_from_row).transpose()
             }
 
+            async fn dedup_statuses(
+                &self,
+                route: &str,
+                dedup_keys: &[String],
+            ) -> Result<Vec<(String, $crate::inbox::Status)>, $crate::inbox::StoreError> {
+                assert!(dedup_keys.len() <= $crate::inbox::DEDUP_LOOKUP_MAX, "at most DEDUP_LOOKUP_MAX keys at once");
+                if dedup_keys.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let places: Vec<String> = (0..dedup_keys.len()).map(|i| format!("${}", i + 2)).collect();
+                let sql = format!(
+                    "SELECT dedup_key, status FROM inbox_entry WHERE route = $1 AND dedup_key IN ({})",
+                    places.join(", ")
+                );
+                let mut query = sqlx::query_as::<_, (String, String)>(&sql).bind(route);
+                for key in dedup_keys {
+                    query = query.bind(key);
+                }
+                let rows = query.fetch_all(&self.pool).await?;
+                rows.into_iter()
+                    .map(|(key, status)| {
+                        let parsed = status.parse().map_err(|_| $crate::inbox::StoreError::Corrupt {
+                            id: 0,
+                            reason: format!("entry under dedup key {key:?} has the unknown status {status:?}"),
+                        })?;
+                        Ok((key, parsed))
+                    })
+                    .collect()
+            }
+
             async fn list(&self, f: &$crate::inbox::ListFilter) -> Result<Vec<$crate::inbox::Entry>, $crate::inbox::StoreError> {
                 let sql = if f.newest_first { include_str!("sql/list_newest.sql") } else { include_str!("sql/list.sql") };
                 let rows = sqlx::query(sql)
