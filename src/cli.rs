@@ -540,6 +540,9 @@ fn seek_targets(config: &Config, routes: &[String], all: bool) -> anyhow::Result
             SourceConfig::Push(_) => anyhow::bail!(
                 "route {name} is a push route: its routing file does not name the subscription, so seek it with --subscription projects/P/subscriptions/S"
             ),
+            SourceConfig::Outbox(_) => anyhow::bail!(
+                "route {name} reads an outbox table, not a subscription: there is nothing to seek (its unpublished rows are read again by themselves)"
+            ),
         }
     }
     if all {

@@ -356,6 +356,7 @@ impl<'a> Wanted<'a> {
                 ack_deadline: s.lease_extension,
                 push: None,
             }),
+            SourceConfig::Outbox(_) => None,
             SourceConfig::Push(p) => {
                 let sub = p.subscription.as_ref()?;
                 let oidc = match &route.push_auth {

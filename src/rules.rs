@@ -100,6 +100,23 @@ pub fn accept_event(
             _ => {}
         }
     }
+    if let crate::config::SourceConfig::Outbox(_) = route.source {
+        // The row id names the entry: the outbox marks the row by finding its entry
+        // under it, so a plugin's own dedup key could hide a row from its marking.
+        let row = attributes.iter().find(|(k, _)| k == "outbox_id").map(|(_, v)| v.as_str());
+        if let (Some(key), Some(row)) = (ev.dedup_key.as_deref().filter(|k| !k.is_empty()), row)
+            && key != row
+        {
+            return Err(Violation::new(
+                "dedup-key.not-outbox-id",
+                format!(
+                    "the plugin's dedup key `{}` is not the outbox row's id `{row}`: an outbox route's entries are \
+                     named by their row (leave the dedup key empty)",
+                    storable(key, 200)
+                ),
+            ));
+        }
+    }
     check_event(route, &ev)?;
     Ok(ev)
 }
@@ -167,7 +184,9 @@ pub fn check_request(target: &TargetConfig, req: &wit::Request) -> Result<(), Vi
     match target {
         TargetConfig::Http(h) => check_http(req, |name| h.headers.contains_key(name)),
         TargetConfig::Log => check_http(req, |_| false),
-        TargetConfig::Pubsub(p) => check_attributes(req, |name| p.attributes.contains_key(name)),
+        TargetConfig::Pubsub(p) => {
+            check_attributes(req, |name| p.attributes.contains_key(name) || p.id_attribute.as_deref() == Some(name))
+        }
     }
 }
 
@@ -522,10 +541,12 @@ mod tests {
             ordering_key: false,
             timeout: std::time::Duration::from_secs(1),
             attributes,
+            id_attribute: Some("outbox_id".into()),
         });
         let check = |name: &str| rule(check_request(&pubsub, &request("ANY", "ignored", &[(name, "v")])));
         assert_eq!(check("eventType"), "ok");
         assert_eq!(check("idempotency_key"), "request.attribute-reserved");
+        assert_eq!(check("outbox_id"), "request.attribute-reserved");
         assert_eq!(check("source"), "request.attribute-reserved");
         assert_eq!(check("googFoo"), "request.attribute-reserved");
         assert_eq!(check(""), "request.attribute");

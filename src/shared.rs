@@ -71,6 +71,8 @@ pub(crate) struct Relays {
     running: HashMap<String, (watch::Sender<bool>, JoinHandle<()>)>,
     /// By subscription: its puller.
     pulling: HashMap<String, Pulling>,
+    /// By route: its outbox reader.
+    outboxes: HashMap<String, Outboxing>,
     /// Relays and pullers told to stop that may still be finishing their work.
     stopping: Vec<JoinHandle<()>>,
 }
@@ -80,6 +82,15 @@ pub(crate) struct Relays {
 pub(crate) struct Pulling {
     config: PubsubSource,
     routes: Arc<RouteSet>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// An outbox route's reader: the route and source it was started with, and its
+/// stop signal.
+pub(crate) struct Outboxing {
+    route: Arc<crate::routing::Route>,
+    config: crate::config::OutboxSource,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -149,6 +160,22 @@ impl Shared {
                 }
             }
         }
+        // An outbox reader goes on while its route is the same; any change starts
+        // it again (its lock is let go and taken anew, which costs a poll at most).
+        let readers: Vec<String> = relays.outboxes.keys().cloned().collect();
+        for name in readers {
+            let reader = &relays.outboxes[&name];
+            let goes_on = routes.get(&name).is_some_and(|now| {
+                Arc::ptr_eq(now, &reader.route)
+                    && !fresh.contains(&name)
+                    && matches!(&now.config.source, SourceConfig::Outbox(c) if *c == reader.config)
+            });
+            if !goes_on {
+                let reader = relays.outboxes.remove(&name).expect("listed");
+                let _ = reader.stop.send(true);
+                relays.stopping.push(reader.task);
+            }
+        }
         self.routes.set(Arc::clone(&routes));
         for route in routes.iter() {
             let pull = matches!(route.config.source, SourceConfig::Pubsub(_));
@@ -167,6 +194,23 @@ impl Shared {
                 let task = tokio::spawn(async move { relay.run(stop_rx).await });
                 relays.running.insert(route.name().to_string(), (stop, task));
             }
+        }
+        for route in routes.iter() {
+            let SourceConfig::Outbox(config) = &route.config.source else { continue };
+            if relays.outboxes.contains_key(route.name()) {
+                continue;
+            }
+            self.metrics.register_outbox(route.name());
+            let reader = crate::source::outbox::OutboxReader {
+                config: config.clone(),
+                route: Arc::clone(route),
+                ingest: Arc::clone(&self.ingest),
+                metrics: Arc::clone(&self.metrics),
+            };
+            let (stop, stop_rx) = watch::channel(false);
+            let task = tokio::spawn(reader.run(stop_rx));
+            let started = Outboxing { route: Arc::clone(route), config: config.clone(), stop, task };
+            relays.outboxes.insert(route.name().to_string(), started);
         }
         for (subscription, members) in feeds {
             if relays.pulling.contains_key(&subscription) {
@@ -204,6 +248,10 @@ impl Shared {
             for (_, pulling) in relays.pulling.drain() {
                 let _ = pulling.stop.send(true);
                 handles.push(pulling.task);
+            }
+            for (_, reader) in relays.outboxes.drain() {
+                let _ = reader.stop.send(true);
+                handles.push(reader.task);
             }
             handles
         };

@@ -25,6 +25,9 @@ pub struct RouteLabel {
     pub route: String,
 }
 
+/// The stages of an outbox source that can fail (`inlet_outbox_errors_total`).
+pub const OUTBOX_STAGES: [&str; 5] = ["connect", "table", "read", "store", "mark"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteOutcome {
     pub route: String,
@@ -40,6 +43,13 @@ pub struct OutcomeLabel {
 pub struct RouteStatus {
     pub route: String,
     pub status: &'static str,
+}
+
+/// A route and the stage of its outbox source that failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteStage {
+    pub route: String,
+    pub stage: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -205,6 +215,23 @@ pub struct Metrics {
     /// they come again (and go to the dead-letter topic where there is one). By the
     /// subscription's first route by name.
     pub pubsub_unrouted: Family<RouteLabel, Counter>,
+    /// 1 while this instance is the one reading a route's outbox table (at most one
+    /// instance reads an outbox at a time; the others stand by).
+    pub outbox_reading: Family<RouteLabel, Gauge>,
+    /// Outbox rows not yet published (or not yet deleted), as the reading instance
+    /// last counted them.
+    pub outbox_rows_waiting: Family<RouteLabel, Gauge>,
+    /// Age of the oldest such row, by its `created_at` (the reading instance).
+    pub outbox_oldest_seconds: Family<RouteLabel, Gauge<f64, AtomicU64>>,
+    /// Outbox rows read and stored in the inbox as new entries.
+    pub outbox_read: Family<RouteLabel, Counter>,
+    /// Outbox rows marked published (or deleted) after their entry was finished.
+    pub outbox_marked: Family<RouteLabel, Counter>,
+    /// From a row's `created_at` to its marking: how long the outbox took to publish it.
+    pub outbox_lag_seconds: Family<RouteLabel, Histogram>,
+    /// Outbox reads, markings and connections that failed, by stage (`connect`,
+    /// `table`, `read`, `store`, `mark`).
+    pub outbox_errors: Family<RouteStage, Counter>,
     /// Pub/Sub streams given up and opened again, by reason.
     pub pubsub_reconnects: Family<RouteOutcome, Counter>,
     /// 1 while a route's subscription stream is open and the broker answers.
@@ -317,6 +344,15 @@ impl Metrics {
             pubsub_acks_refused: Family::default(),
             pubsub_near_dead_letter: Family::default(),
             pubsub_unrouted: Family::default(),
+            outbox_reading: Family::default(),
+            outbox_rows_waiting: Family::default(),
+            outbox_oldest_seconds: Family::default(),
+            outbox_read: Family::default(),
+            outbox_marked: Family::default(),
+            outbox_lag_seconds: Family::new_with_constructor(|| {
+                Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0])
+            }),
+            outbox_errors: Family::default(),
             pubsub_reconnects: Family::default(),
             pubsub_connected: Family::default(),
             pubsub_outstanding: Family::default(),
@@ -476,6 +512,29 @@ impl Metrics {
             "Deliveries of messages no route of the subscription selects, nacked (by its first route by name)",
             m.pubsub_unrouted.clone(),
         );
+        registry.register(
+            "outbox_reading",
+            "1 while this instance reads the route's outbox table",
+            m.outbox_reading.clone(),
+        );
+        registry.register(
+            "outbox_rows_waiting",
+            "Outbox rows not yet published, as the reading instance last counted them",
+            m.outbox_rows_waiting.clone(),
+        );
+        registry.register(
+            "outbox_oldest_seconds",
+            "Age of the oldest outbox row not yet published",
+            m.outbox_oldest_seconds.clone(),
+        );
+        registry.register("outbox_read", "Outbox rows stored in the inbox as new entries", m.outbox_read.clone());
+        registry.register("outbox_marked", "Outbox rows marked published or deleted", m.outbox_marked.clone());
+        registry.register(
+            "outbox_lag_seconds",
+            "From an outbox row's created_at to its marking",
+            m.outbox_lag_seconds.clone(),
+        );
+        registry.register("outbox_errors", "Outbox reads and markings that failed, by stage", m.outbox_errors.clone());
         registry.register("pubsub_reconnects", "Pub/Sub streams reopened, by reason", m.pubsub_reconnects.clone());
         registry.register("pubsub_connected", "1 while the subscription stream is up", m.pubsub_connected.clone());
         registry.register(
@@ -579,6 +638,18 @@ impl Metrics {
     /// Creates a configured route's counters at 0 and its histograms empty, so a rule
     /// over `increase()` sees the first event, and a dashboard lists the route before
     /// any traffic. `pull` adds the Pub/Sub source's series.
+    /// An outbox route's series, so they show (at zero) before anything happens.
+    pub fn register_outbox(&self, route: &str) {
+        let label = Metrics::route(route);
+        let _ = self.outbox_reading.get_or_create(&label);
+        let _ = self.outbox_read.get_or_create(&label);
+        let _ = self.outbox_marked.get_or_create(&label);
+        let _ = self.outbox_lag_seconds.get_or_create(&label);
+        for stage in crate::telemetry::OUTBOX_STAGES {
+            let _ = self.outbox_errors.get_or_create(&RouteStage { route: route.to_string(), stage });
+        }
+    }
+
     pub fn register_route(&self, route: &str, pull: bool) {
         let label = Metrics::route(route);
         for outcome in INGEST_OUTCOMES {

@@ -177,6 +177,7 @@ async fn a_publish_that_timed_out_is_not_published_later() {
         ordering_key: false,
         timeout: Duration::from_secs(2),
         attributes: Default::default(),
+        id_attribute: None,
     });
     let target = Target::new("out", &config, &Clients::new(inlet::pubsub_client::Connection::emulator(&proxy.addr)));
     let request = |body: &str| wit::Request {

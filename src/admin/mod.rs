@@ -439,7 +439,7 @@ pub async fn routes(
             name: r.name().to_string(),
             state: "up",
             file: r.config.file.display().to_string(),
-            source: Some(source_kind(&r.config.source)),
+            source: Some(r.config.source.kind()),
             plugin: Some(r.config.plugin_shown.display().to_string()),
             plugin_sha256: Some(plugin.digest().to_string()),
             plugin_pinned_sha256: r.config.plugin_sha256.clone(),
@@ -468,7 +468,7 @@ pub async fn routes(
             name: name.clone(),
             state: "refused",
             file: p.file.display().to_string(),
-            source: declared.map(|c| source_kind(&c.source)),
+            source: declared.map(|c| c.source.kind()),
             plugin: declared.map(|c| c.plugin_shown.display().to_string()),
             plugin_sha256: None,
             plugin_pinned_sha256: declared.and_then(|c| c.plugin_sha256.clone()),
@@ -667,13 +667,6 @@ pub async fn close_replay(
     caller.require(Action::Replay)?;
     visible_replay(&s, &caller, id).await?;
     Ok(Json(operator(&s, &caller).close_replay(id).await?))
-}
-
-fn source_kind(source: &crate::config::SourceConfig) -> &'static str {
-    match source {
-        crate::config::SourceConfig::Push(_) => "push",
-        crate::config::SourceConfig::Pubsub(_) => "pubsub",
-    }
 }
 
 /// Applies changed routing and plugin files now; answers the reload report

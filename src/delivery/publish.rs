@@ -44,6 +44,9 @@ impl PubsubTarget {
             self.config.attributes.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         attributes.extend(req.headers.iter().cloned());
         attributes.push(("idempotency_key".to_string(), delivery.idempotency_key.to_string()));
+        if let Some(name) = &self.config.id_attribute {
+            attributes.push((name.clone(), delivery.idempotency_key.to_string()));
+        }
         let mut message = Message::new().set_data(req.body.clone()).set_attributes(attributes);
         let ordering_key = self.config.ordering_key.then_some(delivery.correlation_key).filter(|k| !k.is_empty());
         if let Some(key) = ordering_key {

@@ -489,7 +489,7 @@ pub async fn handle(
     }
     let unwrapped = match &route.config.source {
         SourceConfig::Push(push) => push.unwrapped.as_ref(),
-        SourceConfig::Pubsub(_) => None,
+        SourceConfig::Pubsub(_) | SourceConfig::Outbox(_) => None,
     };
     if unwrapped.is_none() && !is_json(&headers) {
         let sent = headers.get(header::CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
