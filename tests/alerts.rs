@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use inlet_testkit::camunda::FakeCamunda;
-use inlet_testkit::in_process::start_on_sqlite;
+use inlet_testkit::in_process::start_on_sqlite_with_env;
 use inlet_testkit::paths::plugin_path;
 use inlet_testkit::pg::TestPg;
 use inlet_testkit::ports::free_port;
@@ -256,12 +256,18 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
     let plugin = plugin_path("work_order");
     let routes = format!(
         "[[route]]\nname = \"orders\"\nplugin = \"{plugin}\"\nsource = {{ kind = \"push\" }}\ntarget = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}\n\n\
-         [[route]]\nname = \"returns\"\nplugin = \"{plugin}\"\nsource = {{ kind = \"pubsub\", subscription = \"projects/test/subscriptions/returns\" }}\ntarget = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}\n",
+         [[route]]\nname = \"returns\"\nplugin = \"{plugin}\"\nsource = {{ kind = \"pubsub\", subscription = \"projects/test/subscriptions/returns\" }}\ntarget = {{ kind = \"http\", url = \"{url}\", timeout = \"2s\" }}\n\n\
+         [[route]]\nname = \"orders-out\"\nplugin = \"{plugin}\"\nsource = {{ kind = \"outbox\", url = \"${{APP_DB}}\" }}\ntarget = {{ kind = \"pubsub\", topic = \"projects/test/topics/orders\", ordering_key = true }}\n",
         plugin = plugin.display(),
         url = camunda.url(),
     );
     let nobody = format!("127.0.0.1:{}", free_port());
-    let inlet = start_on_sqlite(&routes, |o| o.pubsub = inlet::pubsub_client::Connection::emulator(&nobody)).await;
+    // The outbox's database is not there either: its series show all the same.
+    let app_db = format!("postgres://nobody@127.0.0.1:{}/app", free_port());
+    let env = move |name: &str| (name == "APP_DB").then(|| app_db.clone());
+    let inlet =
+        start_on_sqlite_with_env(&routes, &env, |o| o.pubsub = inlet::pubsub_client::Connection::emulator(&nobody))
+            .await;
     let http = reqwest::Client::new();
     let data = br#"{"workOrderId":"4711","completedItems":3,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
     assert_eq!(post_push(&http, &inlet.base(), "orders", &push_envelope(data, &[], "m-1")).await, 200);
@@ -279,6 +285,7 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
             let ready = text.contains("inlet_inbox_gauges_publisher 1")
                 && text.contains(r#"inlet_inbox_entries{route="orders",status="OPEN"}"#)
                 && text.contains(r#"inlet_pubsub_connected{route="returns"} 0"#)
+                && text.contains(r#"inlet_outbox_errors_total{route="orders-out",stage="connect"} 1"#)
                 && text.contains(r#"inlet_queue_time_seconds_count{route="orders"} 1"#);
             ready.then_some(text)
         }

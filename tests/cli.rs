@@ -204,6 +204,11 @@ fn the_shipped_example_configs_pass_check() {
         let out = inlet(&["check", path.to_str().unwrap()]);
         assert!(out.status.success(), "{file}: {}{}", text(&out.stdout), text(&out.stderr));
     }
+    // The outbox example reads its database's URL from the environment.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/outbox-example.toml");
+    let out =
+        inlet_with(&["check", path.to_str().unwrap()], &[("ORDERS_DB_URL", "postgres://orders@127.0.0.1:5432/orders")]);
+    assert!(out.status.success(), "outbox-example.toml: {}{}", text(&out.stdout), text(&out.stderr));
 }
 
 /// A directory of routing files: the platform's (shared settings) and two teams'.

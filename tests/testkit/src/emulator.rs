@@ -153,6 +153,25 @@ impl PubSubEmulator {
         assert!(r.status().is_success(), "create topic {topic}: {}", r.text().await.unwrap());
     }
 
+    /// Sends `body` to the emulator's REST API at `path` (under `projects/PROJECT/`,
+    /// e.g. `topics/T` or `schemas?schemaId=S`) with `method`; panics if it is
+    /// refused. Returns the answer. For what has no helper of its own: schemas, a
+    /// topic's schema settings.
+    pub async fn rest(&self, method: reqwest::Method, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        let r = self
+            .http
+            .request(method.clone(), format!("{}/{path}", self.url()))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let ok = r.status().is_success();
+        let text = r.text().await.unwrap_or_default();
+        assert!(ok, "{method} {path}: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {e}: {text}"))
+    }
+
     /// A subscription with a 10 s ack deadline.
     pub async fn create_subscription(&self, topic: &str, subscription: &str, ordered: bool) {
         self.create_subscription_with(topic, subscription, ordered, 10).await;
@@ -179,18 +198,7 @@ impl PubSubEmulator {
     /// takes: push config, exactly-once, …); panics if it is refused. Returns the
     /// subscription as the emulator answers it.
     pub async fn put_subscription(&self, subscription: &str, body: &serde_json::Value) -> serde_json::Value {
-        let r = self
-            .http
-            .put(format!("{}/subscriptions/{subscription}", self.url()))
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("create subscription {subscription}: {e}"));
-        let ok = r.status().is_success();
-        let text = r.text().await.unwrap_or_default();
-        assert!(ok, "create subscription {subscription}: {text}");
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("create subscription {subscription}: {e}: {text}"))
+        self.rest(reqwest::Method::PUT, &format!("subscriptions/{subscription}"), body).await
     }
 
     /// `subscription` as the emulator reports it (REST's JSON: `filter`,

@@ -22,11 +22,23 @@ impl Instance {
 /// Starts Inlet with the given `[[route]]` tables; `tune` adjusts the options (a
 /// manual clock, reload timing, …) before the start.
 pub async fn start_on_sqlite(routes: &str, tune: impl FnOnce(&mut inlet::app::Options)) -> Instance {
+    start_on_sqlite_with_env(routes, &|name| std::env::var(name).ok(), tune).await
+}
+
+/// Like [`start_on_sqlite`], with `${NAME}` in the routing file read from `env`
+/// instead of the process's environment (which a test must not change while others
+/// run).
+pub async fn start_on_sqlite_with_env(
+    routes: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    tune: impl FnOnce(&mut inlet::app::Options),
+) -> Instance {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("inlet.toml");
-    std::fs::write(&config, format!("[store]\nurl = \"sqlite://inbox.db\"\n\n{routes}"))
-        .expect("write the routing file");
-    let loaded = inlet::config::Config::load(&config).unwrap_or_else(|e| panic!("test routing file is invalid:\n{e}"));
+    let text = format!("[store]\nurl = \"sqlite://inbox.db\"\n\n{routes}");
+    std::fs::write(&config, &text).expect("write the routing file");
+    let loaded = inlet::config::Config::from_str(&config, &text, env)
+        .unwrap_or_else(|e| panic!("test routing file is invalid:\n{e}"));
     let mut options = inlet::app::Options {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         poll: Duration::from_millis(20),

@@ -141,3 +141,69 @@ pub async fn assert_drained(emulator: &PubSubEmulator, subscription: &str, quiet
         "subscription {subscription} is not drained: messages arrived that nobody acked: {report}"
     );
 }
+
+/// A message [`TopicReader`] received.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct ReadMessage {
+    pub message_id: String,
+    pub ordering_key: String,
+    pub attributes: std::collections::BTreeMap<String, String>,
+    pub data: String,
+}
+
+/// Google's Python client reading a subscription for as long as this lives
+/// (`tests/pubsub/read_topic.py`): every message is acked and written to a file,
+/// which [`TopicReader::messages`] reads in arrival order.
+pub struct TopicReader {
+    child: std::process::Child,
+    out: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TopicReader {
+    pub fn start(emulator: &PubSubEmulator, subscription: &str) -> TopicReader {
+        let dir = tempfile::Builder::new().prefix("inlet-topic-reader-").tempdir().expect("tempdir for the reader");
+        let out = dir.path().join("messages.jsonl");
+        let err = dir.path().join("stderr.txt");
+        let child = std::process::Command::new(pubsub_python())
+            .arg(repo_root().join("tests/pubsub/read_topic.py"))
+            .args(["--subscription", &emulator.subscription_path(subscription)])
+            .env("PUBSUB_EMULATOR_HOST", &emulator.host)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("create the reader's output"))
+            .stderr(std::fs::File::create(&err).expect("create the reader's stderr"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start tests/pubsub/read_topic.py: {e}"));
+        TopicReader { child, out, _dir: dir }
+    }
+
+    /// Every message received so far, in the order the client called back. Panics
+    /// if the reader died.
+    pub fn messages(&mut self) -> Vec<ReadMessage> {
+        if let Some(status) = self.child.try_wait().expect("poll the reader") {
+            let stderr = std::fs::read_to_string(self.out.with_file_name("stderr.txt")).unwrap_or_default();
+            panic!("the topic reader exited ({status}):\n{stderr}");
+        }
+        let text = std::fs::read_to_string(&self.out).expect("read the reader's output");
+        // The last line may be half written.
+        text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    }
+
+    /// Stops the reader (SIGTERM, then waits for it) and returns everything it read.
+    pub fn stop(mut self) -> Vec<ReadMessage> {
+        let messages = self.messages();
+        let pid = self.child.id().to_string();
+        let _ = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+        let _ = self.child.wait();
+        let text = std::fs::read_to_string(&self.out).expect("read the reader's output");
+        let all: Vec<ReadMessage> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        if all.len() >= messages.len() { all } else { messages }
+    }
+}
+
+impl Drop for TopicReader {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
