@@ -248,6 +248,31 @@ pub struct RouteConfig {
     /// Push routes: the route's `source.auth`, else `[push] auth`; `None` when
     /// neither is written (or the source is not push).
     pub push_auth: Option<PushAuth>,
+    /// Claim check: the store a message's payload is fetched from when the message
+    /// names an object.
+    pub fetch: Option<FetchConfig>,
+}
+
+/// Claim check (docs/claim-check.md): a message that carries only a reference (an
+/// object name and its SHA-256, as attributes) has its payload fetched before
+/// `decode`, which gets the object's bytes as the message's data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchConfig {
+    pub store: FetchStore,
+    pub token: Option<Secret>,
+    pub object_attribute: String,
+    pub sha256_attribute: String,
+    pub max_bytes: u64,
+    pub timeout: Duration,
+}
+
+/// Where objects are fetched from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FetchStore {
+    /// Cloud Storage's JSON API: `GET {endpoint}/storage/v1/b/{bucket}/o/{object}?alt=media`.
+    Gcs { endpoint: String, bucket: String },
+    /// `GET {prefix}{object}`.
+    Http { prefix: String },
 }
 
 /// A plugin file a route names besides its serving one (`candidate`, `previous`).

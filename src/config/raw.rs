@@ -396,6 +396,45 @@ pub(super) struct RawRoute {
     pub not_yet: Option<RawNotYet>,
     /// Sandbox limits for each plugin call.
     pub limits: Option<RawLimits>,
+    /// Claim check (docs/claim-check.md): where a message that carries only a
+    /// reference to its payload has the payload fetched from, before `decode`.
+    pub fetch: Option<Spanned<RawFetch>>,
+}
+
+/// `fetch`: the object store a route's messages refer to.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFetch {
+    /// `"gcs"`: Google Cloud Storage's JSON API; `"http"`: a plain HTTP(S) prefix.
+    pub kind: Spanned<FetchKind>,
+    /// gcs: the bucket.
+    pub bucket: Option<Spanned<String>>,
+    /// gcs: the API's address (default `https://storage.googleapis.com`; a local
+    /// server's for tests).
+    pub endpoint: Option<Spanned<String>>,
+    /// http: the URL the object's name is appended to, e.g. `https://blobs.example.com/payloads/`.
+    pub prefix: Option<Spanned<String>>,
+    /// A bearer token sent with each fetch, by reference only: exactly `"${NAME}"`.
+    pub token: Option<Spanned<String>>,
+    /// The message attribute naming the object (default `objectId`, as Cloud
+    /// Storage's own notifications name it). A message without it is decoded as it is.
+    pub object_attribute: Option<Spanned<String>>,
+    /// The message attribute holding the object's SHA-256, lowercase hex (default
+    /// `sha256`). Required: a message naming an object without it is parked.
+    pub sha256_attribute: Option<Spanned<String>>,
+    /// Largest object fetched, in MiB (default 64). A larger one is parked.
+    pub max_mib: Option<Spanned<u32>>,
+    /// Time allowed for one fetch (default `30s`). A fetch that takes longer is a
+    /// temporary failure: the message is redelivered, and parked after
+    /// `limits.timeout_tries` of them.
+    pub timeout: Option<Spanned<HumanDuration>>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum FetchKind {
+    Gcs,
+    Http,
 }
 
 /// `"path.wasm"`, or `{ path = "path.wasm", sha256 = "…" }`.

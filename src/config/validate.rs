@@ -12,13 +12,14 @@ use toml::Spanned;
 use super::access::{AdminConfig, PushAuth};
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors, line_col};
 use super::raw::{
-    HumanDuration, RawConfig, RawGrant, RawLimits, RawPlugin, RawPlugins, RawRoute, RawSelect, RawServer, RawSource,
-    RawStore, SourceKind, TargetKind,
+    FetchKind, HumanDuration, RawConfig, RawFetch, RawGrant, RawLimits, RawPlugin, RawPlugins, RawRoute, RawSelect,
+    RawServer, RawSource, RawStore, SourceKind, TargetKind,
 };
 use super::{
-    AfterPublish, HttpTarget, KeySource, NotYetPolicy, Ordering, OutboxColumns, OutboxSource, ParkedPolicy, PluginFile,
-    PluginLimits, PluginsConfig, PubsubSource, PubsubTarget, PushSource, PushSubscription, RetryPolicy, RouteConfig,
-    RouteName, Select, ServerConfig, SourceConfig, StoreConfig, SubscriptionSetup, TargetConfig, Unwrapped,
+    AfterPublish, FetchConfig, FetchStore, HttpTarget, KeySource, NotYetPolicy, Ordering, OutboxColumns, OutboxSource,
+    ParkedPolicy, PluginFile, PluginLimits, PluginsConfig, PubsubSource, PubsubTarget, PushSource, PushSubscription,
+    RetryPolicy, RouteConfig, RouteName, Select, ServerConfig, SourceConfig, StoreConfig, SubscriptionSetup,
+    TargetConfig, Unwrapped,
 };
 
 /// Collects errors while a file is checked, so all of them are reported at once.
@@ -295,12 +296,7 @@ fn outbox_source(c: &mut Checker<'_>, s: &RawSource, whole: &Spanned<RawSource>,
         None => c.error(whole.span(), at, ConfigErrorKind::MissingField { field: "url", kind: "an outbox source" }),
         Some(u) => {
             let field = format!("{at}.url");
-            let reference = u
-                .get_ref()
-                .strip_prefix("${")
-                .and_then(|t| t.strip_suffix('}'))
-                .is_some_and(|n| !n.is_empty() && n.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_'));
-            if !reference {
+            if !is_reference(u.get_ref()) {
                 c.error::<()>(
                     u.span(),
                     &field,
@@ -403,6 +399,14 @@ fn outbox_source(c: &mut Checker<'_>, s: &RawSource, whole: &Spanned<RawSource>,
         batch_size,
         channel: channel?,
     })
+}
+
+/// Whether a value is exactly `${NAME}`: a secret given by reference, never written
+/// into the routing file itself.
+fn is_reference(text: &str) -> bool {
+    text.strip_prefix("${")
+        .and_then(|t| t.strip_suffix('}'))
+        .is_some_and(|n| !n.is_empty() && n.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_'))
 }
 
 /// A name written into SQL as it is: lowercase ASCII letters, digits and `_`, not
@@ -1136,6 +1140,83 @@ fn route(c: &mut Checker<'_>, base: &Path, i: usize, r: &RawRoute) -> Option<Rou
         not_yet,
         limits,
         push_auth: None,
+        fetch: match &r.fetch {
+            Some(f) => Some(fetch(c, f, &at("fetch"))?),
+            None => None,
+        },
+    })
+}
+
+/// A route's claim-check store: an address, a token by reference only, attribute
+/// names, and limits.
+fn fetch(c: &mut Checker<'_>, f: &Spanned<RawFetch>, at: &str) -> Option<FetchConfig> {
+    let raw = f.get_ref();
+    let fields = [
+        ("bucket", raw.bucket.as_ref().map(|v| v.span())),
+        ("endpoint", raw.endpoint.as_ref().map(|v| v.span())),
+        ("prefix", raw.prefix.as_ref().map(|v| v.span())),
+    ];
+    let http_url = |c: &mut Checker<'_>, v: &Spanned<String>, field: &str| -> Option<String> {
+        let url = c.expand(v, field)?;
+        if url.starts_with("http://") || url.starts_with("https://") {
+            Some(url)
+        } else {
+            c.error(
+                v.span(),
+                field,
+                ConfigErrorKind::Invalid(format!("`{}` is not an http:// or https:// URL", v.get_ref())),
+            )
+        }
+    };
+    let store = match raw.kind.get_ref() {
+        FetchKind::Gcs => {
+            c.stray(&fields, &["bucket", "endpoint"], at, "a gcs store");
+            let endpoint = match &raw.endpoint {
+                Some(e) => http_url(c, e, &format!("{at}.endpoint")),
+                None => Some("https://storage.googleapis.com".to_string()),
+            };
+            let bucket = match &raw.bucket {
+                Some(b) => c.expand(b, &format!("{at}.bucket")),
+                None => c.error(f.span(), at, ConfigErrorKind::MissingField { field: "bucket", kind: "a gcs store" }),
+            };
+            endpoint.zip(bucket).map(|(endpoint, bucket)| FetchStore::Gcs {
+                endpoint: endpoint.trim_end_matches('/').to_string(),
+                bucket,
+            })
+        }
+        FetchKind::Http => {
+            c.stray(&fields, &["prefix"], at, "an http store");
+            let prefix = match &raw.prefix {
+                Some(p) => http_url(c, p, &format!("{at}.prefix")),
+                None => c.error(f.span(), at, ConfigErrorKind::MissingField { field: "prefix", kind: "an http store" }),
+            };
+            prefix.map(|prefix| FetchStore::Http { prefix })
+        }
+    };
+    let token = match &raw.token {
+        Some(t) if is_reference(t.get_ref()) => {
+            c.expand(t, &format!("{at}.token")).map(|v| Some(crate::config::Secret::new(v)))
+        }
+        Some(t) => c.error(
+            t.span(),
+            format!("{at}.token"),
+            ConfigErrorKind::Invalid(
+                "must be a reference, exactly `\"${NAME}\"`: the routing file must not hold the secret itself".into(),
+            ),
+        ),
+        None => Some(None),
+    };
+    let name =
+        |v: &Option<Spanned<String>>, default: &str| v.as_ref().map_or(default.to_string(), |v| v.get_ref().clone());
+    let max_mib = c.within(&raw.max_mib, &format!("{at}.max_mib"), 1..=4096).unwrap_or(64);
+    let timeout = c.at_most(&raw.timeout, &format!("{at}.timeout"), Duration::from_secs(600));
+    Some(FetchConfig {
+        store: store?,
+        token: token?,
+        object_attribute: name(&raw.object_attribute, "objectId"),
+        sha256_attribute: name(&raw.sha256_attribute, "sha256"),
+        max_bytes: u64::from(max_mib) << 20,
+        timeout: timeout.unwrap_or(Duration::from_secs(30)),
     })
 }
 

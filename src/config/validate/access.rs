@@ -96,12 +96,7 @@ fn token(c: &mut Checker<'_>, base: &Path, i: usize, t: &RawToken, name: String)
 /// A token given as exactly `${NAME}`: anything else would put the secret itself in
 /// the routing file, which is read by many and often committed.
 fn env_reference(c: &mut Checker<'_>, s: &Spanned<String>, field: &str) -> Option<String> {
-    let text = s.get_ref();
-    let is_reference = text
-        .strip_prefix("${")
-        .and_then(|t| t.strip_suffix('}'))
-        .is_some_and(|n| !n.is_empty() && n.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_'));
-    if !is_reference {
+    if !super::is_reference(s.get_ref()) {
         return c.error(
             s.span(),
             field,
