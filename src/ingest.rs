@@ -42,6 +42,11 @@ pub enum IngestError {
     /// answers for one message it is parked instead.
     #[error("{0}; the message will be redelivered")]
     PluginBusy(PluginFault),
+    /// The route's claim-check store did not give the payload the message refers to,
+    /// for a reason that may pass; after `limits.timeout_tries` such failures for one
+    /// message it is parked instead.
+    #[error("{0}; the message will be redelivered")]
+    FetchBusy(crate::claim_check::FetchError),
 }
 
 /// What became of a message that was accepted: the `outcome` of the push answer and
@@ -413,7 +418,7 @@ impl Ingest {
     /// Runs the plugin's `decode` and turns its answer into the row to store, or
     /// into [`IngestError::PluginBusy`] while a transient fault has tries left.
     pub async fn decode(&self, route: &Route, msg: Incoming) -> Result<NewEntry, IngestError> {
-        let wit_msg = wit::Message {
+        let mut wit_msg = wit::Message {
             data: msg.data.clone(),
             attributes: msg.attributes.clone(),
             message_id: msg.message_id.clone(),
@@ -433,6 +438,14 @@ impl Ingest {
             status: Status::Parked,
             last_error: None,
         };
+        if let Some(fetcher) = route.fetcher()
+            && let Some(fetched) = fetcher.fetch(&entry.attributes).await
+        {
+            match fetched {
+                Ok(bytes) => wit_msg.data = bytes,
+                Err(error) => return self.fetch_failed(route, entry, error),
+            }
+        }
         let plugin = route.plugin();
         let started = std::time::Instant::now();
         // The shadow's copy is taken only when there is a candidate to hand it to.
@@ -442,7 +455,8 @@ impl Ingest {
         if let (Some(shadow), Some(message)) = (route.shadow(), shadow_copy) {
             shadow.offer(crate::shadow::Job::Decode { message, serving: crate::shadow::DecodeSide::of(&answer) });
         }
-        let tries = self.count_transient(route.name(), &entry.message_id, answer.as_ref().err());
+        let transient = answer.as_ref().err().is_some_and(PluginFault::is_transient);
+        let tries = self.count_transient(route.name(), &entry.message_id, transient);
         match answer {
             Err(fault) if fault.is_transient() && tries < plugin.limits().timeout_tries => {
                 tracing::warn!(route = route.name(), message_id = %entry.message_id, %fault, tries, "plugin could not decode the message in time; it will be redelivered");
@@ -487,12 +501,35 @@ impl Ingest {
         Ok(entry)
     }
 
-    /// Counts a transient fault for this message and returns how many it has had;
-    /// any other answer forgets the message.
-    fn count_transient(&self, route: &str, message_id: &str, fault: Option<&PluginFault>) -> u32 {
+    /// A claim-check fetch that failed: a temporary failure is a nack while the
+    /// message has tries left, else (and for a definitive one) the message is stored
+    /// PARKED with the reason.
+    fn fetch_failed(
+        &self,
+        route: &Route,
+        mut entry: NewEntry,
+        error: crate::claim_check::FetchError,
+    ) -> Result<NewEntry, IngestError> {
+        let reason = crate::telemetry::RouteReason { route: route.name().to_string(), reason: error.kind };
+        self.metrics.fetch_failures.get_or_create(&reason).inc();
+        let tries = self.count_transient(route.name(), &entry.message_id, error.transient);
+        if error.transient && tries < route.config.limits.timeout_tries {
+            tracing::warn!(route = route.name(), message_id = %entry.message_id, %error, tries, "could not fetch the message's payload; it will be redelivered");
+            return Err(IngestError::FetchBusy(error));
+        }
+        tracing::warn!(route = route.name(), message_id = %entry.message_id, %error, "could not fetch the message's payload; parking the message");
+        let tried = if error.transient { format!(" ({tries} times)") } else { String::new() };
+        let limits = &route.config.limits;
+        entry.last_error = Some(rules::storable(&format!("{error}{tried}"), limits.max_reason_bytes).into_owned());
+        Ok(entry)
+    }
+
+    /// Counts a transient failure (a plugin fault, a fetch) for this message and
+    /// returns how many it has had; any other answer forgets the message.
+    fn count_transient(&self, route: &str, message_id: &str, transient: bool) -> u32 {
         let mut seen = self.transient.lock().expect("transient faults lock");
         let key = (route.to_string(), message_id.to_string());
-        if !fault.is_some_and(PluginFault::is_transient) {
+        if !transient {
             seen.remove(&key);
             return 0;
         }

@@ -15,6 +15,7 @@
 pub mod admin;
 pub mod app;
 pub mod build_info;
+pub mod claim_check;
 pub mod cli;
 pub mod clock;
 pub mod config;

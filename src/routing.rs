@@ -54,6 +54,8 @@ pub struct Route {
     pub stored: Notify,
     /// The candidate plugin run in shadow, when the route names one.
     shadow: Option<Shadow>,
+    /// The claim-check store, when the route names one.
+    fetcher: Option<crate::claim_check::Fetcher>,
 }
 
 /// A version of a route's plugin file that was refused.
@@ -89,6 +91,11 @@ impl Route {
     /// offers it copies of its inputs and answers.
     pub fn shadow(&self) -> Option<&Shadow> {
         self.shadow.as_ref().filter(|s| s.running())
+    }
+
+    /// The claim-check store the route fetches referenced payloads from, if any.
+    pub fn fetcher(&self) -> Option<&crate::claim_check::Fetcher> {
+        self.fetcher.as_ref()
     }
 
     /// The route's shadow whatever its candidate's state (for its report).
@@ -179,6 +186,7 @@ impl Route {
         });
         Ok(Route {
             shadow,
+            fetcher: config.fetch.clone().map(|f| crate::claim_check::Fetcher::new(f, clients.http.clone())),
             target: Target::new(config.name.as_str(), &config.target, clients),
             config,
             plugin: RwLock::new(plugin),

@@ -215,6 +215,8 @@ pub struct Metrics {
     /// they come again (and go to the dead-letter topic where there is one). By the
     /// subscription's first route by name.
     pub pubsub_unrouted: Family<RouteLabel, Counter>,
+    /// Claim-check fetches that failed, by kind (`crate::claim_check::FAILURE_KINDS`).
+    pub fetch_failures: Family<RouteReason, Counter>,
     /// 1 while this instance is the one reading a route's outbox table (at most one
     /// instance reads an outbox at a time; the others stand by).
     pub outbox_reading: Family<RouteLabel, Gauge>,
@@ -344,6 +346,7 @@ impl Metrics {
             pubsub_acks_refused: Family::default(),
             pubsub_near_dead_letter: Family::default(),
             pubsub_unrouted: Family::default(),
+            fetch_failures: Family::default(),
             outbox_reading: Family::default(),
             outbox_rows_waiting: Family::default(),
             outbox_oldest_seconds: Family::default(),
@@ -513,6 +516,11 @@ impl Metrics {
             m.pubsub_unrouted.clone(),
         );
         registry.register(
+            "fetch_failures",
+            "Claim-check fetches that failed, by kind (temporary ones are retried)",
+            m.fetch_failures.clone(),
+        );
+        registry.register(
             "outbox_reading",
             "1 while this instance reads the route's outbox table",
             m.outbox_reading.clone(),
@@ -680,6 +688,9 @@ impl Metrics {
             let _ = family.get_or_create(&label);
         }
         let _ = self.route_paused.get_or_create(&label);
+        for reason in crate::claim_check::FAILURE_KINDS {
+            let _ = self.fetch_failures.get_or_create(&RouteReason { route: route.to_string(), reason });
+        }
         if pull {
             let _ = self.pubsub_received.get_or_create(&label);
             let _ = self.pubsub_connected.get_or_create(&label);

@@ -547,13 +547,30 @@ impl Relay {
     /// the plugin as it is today. On success it goes back to OPEN, so ordering applies.
     /// A transient plugin fault comes back as a retry for the policy to settle.
     async fn redecode(&self, c: &Claimed) -> Result<Settlement, Disposition> {
-        let msg = wit::Message {
+        let mut msg = wit::Message {
             data: c.entry.raw_data.clone(),
             attributes: c.entry.attributes.clone(),
             message_id: c.entry.message_id.clone(),
             publish_time: c.entry.publish_time.clone(),
             delivery_attempt: c.entry.delivery_attempt.map(|a| a.max(0) as u32),
         };
+        // A message that refers to its payload is decoded from the payload, fetched
+        // again (its digest makes it the same bytes).
+        if let Some(fetcher) = self.route.fetcher()
+            && let Some(fetched) = fetcher.fetch(&c.entry.attributes).await
+        {
+            match fetched {
+                Ok(bytes) => msg.data = bytes,
+                Err(e) => {
+                    let reason = crate::telemetry::RouteReason { route: self.route.name().to_string(), reason: e.kind };
+                    self.metrics.fetch_failures.get_or_create(&reason).inc();
+                    if e.transient {
+                        return Err(Disposition::Retry { error: e.to_string(), hint: None });
+                    }
+                    return Ok(Settlement::Parked { error: e.to_string() });
+                }
+            }
+        }
         let started = Instant::now();
         let decoded = self.route.plugin().decode(msg).await;
         self.metrics.plugin_call(self.route.name(), "decode", started);

@@ -520,6 +520,7 @@ pub async fn handle(
             let reason = match error {
                 IngestError::Store(_) => "store_unavailable",
                 IngestError::PluginBusy(_) => "plugin_busy",
+                IngestError::FetchBusy(_) => "fetch_unavailable",
             };
             let error = PushError::new(StatusCode::SERVICE_UNAVAILABLE, reason, error.to_string());
             Err(refused(&shared, route.name(), error))
