@@ -14,6 +14,7 @@
 pub mod camunda;
 pub mod emulator;
 pub mod in_process;
+pub mod object_store;
 pub mod paths;
 mod per_key;
 pub mod pg;

@@ -1,0 +1,192 @@
+//! Claim check (docs/claim-check.md): a message carries only a reference to its
+//! payload (attributes `objectId` and `sha256`); the route's store is asked for it
+//! before `decode`, and the plugin — the template plugin, of the current contract,
+//! unchanged — decodes the object's bytes. The store is a local server speaking
+//! Cloud Storage's JSON API download (`inlet_testkit::object_store`); the target a
+//! local server that records what it receives.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use inlet::inbox::Status;
+use inlet_testkit::in_process::start_on_sqlite_with_env;
+use inlet_testkit::object_store::ObjectStore;
+use inlet_testkit::paths::plugin_path;
+use inlet_testkit::push::{push_envelope, send_push};
+use inlet_testkit::wait::wait_until;
+use sha2::{Digest, Sha256};
+
+const TOKEN: &str = "store-token-for-the-claim-check-test";
+
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A target that records the length and digest of every body it is sent.
+async fn recording_target() -> (String, Arc<Mutex<Vec<(usize, String)>>>) {
+    let seen: Arc<Mutex<Vec<(usize, String)>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    let app = axum::Router::new()
+        .fallback(axum::routing::post(move |body: Bytes| {
+            let record = Arc::clone(&record);
+            async move {
+                record.lock().unwrap().push((body.len(), sha256(&body)));
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }))
+        .layer(axum::extract::DefaultBodyLimit::disable());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, seen)
+}
+
+/// An event the template plugin reads (`id`, `key`) with `filler` bytes beside them.
+fn event(id: &str, filler: usize) -> Vec<u8> {
+    let mut text = format!(r#"{{"id":"{id}","key":"order-1","filler":""#);
+    text.push_str(&"x".repeat(filler));
+    text.push_str("\"}");
+    text.into_bytes()
+}
+
+/// Pushes a message that refers to `object` (with `digest`, if any); the status and
+/// the answer's outcome.
+async fn push_reference(
+    http: &reqwest::Client,
+    base: &str,
+    route: &str,
+    id: &str,
+    object: &str,
+    digest: Option<&str>,
+) -> (u16, String) {
+    let mut attributes = vec![("objectId", object)];
+    if let Some(d) = digest {
+        attributes.push(("sha256", d));
+    }
+    let envelope = push_envelope(b"{}", &attributes, id);
+    let answer = send_push(http, base, route, &envelope).await;
+    let status = answer.status().as_u16();
+    let body: serde_json::Value = serde_json::from_str(&answer.text().await.unwrap()).unwrap();
+    let outcome = body.get("outcome").or_else(|| body.get("reason")).and_then(|o| o.as_str()).unwrap_or("").to_string();
+    (status, outcome)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn referenced_payloads_are_fetched_checked_and_delivered_and_every_failure_is_visible() {
+    let store = ObjectStore::start().await;
+    let (target, received) = recording_target().await;
+    let plugin = plugin_path("template");
+    let routes = format!(
+        r#"[[route]]
+name   = "claims"
+plugin = "{plugin}"
+source = {{ kind = "push" }}
+target = {{ kind = "http", url = "{target}", timeout = "30s" }}
+max_steps = 1
+fetch  = {{ kind = "gcs", bucket = "payloads", endpoint = "{endpoint}", token = "${{STORE_TOKEN}}", max_mib = 64, timeout = "2s" }}
+limits = {{ fuel = 20_000_000_000, call_timeout = "60s", memory_mib = 512, max_output_mib = 128, timeout_tries = 2 }}
+
+[[route]]
+name   = "claims-small"
+plugin = "{plugin}"
+source = {{ kind = "push" }}
+target = {{ kind = "http", url = "{target}" }}
+fetch  = {{ kind = "http", prefix = "{prefix}", max_mib = 1 }}
+"#,
+        plugin = plugin.display(),
+        endpoint = store.endpoint(),
+        prefix = store.plain_prefix(),
+    );
+    let env = |name: &str| (name == "STORE_TOKEN").then(|| TOKEN.to_string());
+    let inlet = start_on_sqlite_with_env(&routes, &env, |_| {}).await;
+    let base = inlet.base();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
+
+    // 50 MB behind a reference: fetched with the route's token, checked, decoded by
+    // a plugin of the current contract, delivered whole.
+    let big = event("big-1", 50 * 1000 * 1000);
+    let big_digest = sha256(&big);
+    store.put("payloads", "orders/big-1.json", big);
+    let (status, outcome) =
+        push_reference(&http, &base, "claims", "m-big", "orders/big-1.json", Some(&big_digest)).await;
+    assert_eq!((status, outcome.as_str()), (200, "inserted"));
+    wait_until("the 50 MB payload delivered", Duration::from_secs(120), || async {
+        received.lock().unwrap().iter().any(|(_, d)| *d == big_digest)
+    })
+    .await;
+    let (length, _) = received.lock().unwrap().iter().find(|(_, d)| *d == big_digest).cloned().unwrap();
+    assert!(length > 50_000_000, "the whole payload reached the target: {length} bytes");
+    let asked = store.requests();
+    assert_eq!(asked[0].0, "payloads/orders/big-1.json");
+    assert_eq!(asked[0].1.as_deref(), Some(format!("Bearer {TOKEN}").as_str()), "fetched with the route's token");
+
+    // Each failure ends as a parked entry that says why; nothing is dropped.
+    let small = event("small-1", 10);
+    store.put("payloads", "tampered.json", small.clone());
+    let other_digest = sha256(b"what the publisher meant");
+    let cases = [
+        ("claims", "m-digest", "tampered.json", Some(other_digest.as_str()), "SHA-256"),
+        ("claims", "m-missing", "missing.json", Some(other_digest.as_str()), "does not exist"),
+        ("claims", "m-no-digest", "tampered.json", None, "no `sha256` attribute"),
+    ];
+    for (route, id, object, digest, reason) in cases {
+        let (status, outcome) = push_reference(&http, &base, route, id, object, digest).await;
+        assert_eq!((status, outcome.as_str()), (200, "parked"), "{id}");
+        let entry = inlet.running.shared.store.find_by_dedup_key(route, id).await.unwrap().expect("stored");
+        assert_eq!(entry.status, Status::Parked, "{id}");
+        let error = entry.last_error.unwrap_or_default();
+        assert!(error.contains(reason) && error.starts_with("claim check:"), "{id}: {error}");
+        assert_eq!(entry.raw_data, b"{}", "{id}: the row keeps the message as it came, the reference");
+    }
+    // Over the limit, through an http store.
+    let huge = event("huge-1", 2 << 20);
+    let huge_digest = sha256(&huge);
+    store.put("plain", "huge.json", huge);
+    let (status, outcome) =
+        push_reference(&http, &base, "claims-small", "m-huge", "huge.json", Some(&huge_digest)).await;
+    assert_eq!((status, outcome.as_str()), (200, "parked"));
+    let entry = inlet.running.shared.store.find_by_dedup_key("claims-small", "m-huge").await.unwrap().unwrap();
+    assert!(entry.last_error.as_deref().unwrap_or("").contains("over the route's limit"), "{:?}", entry.last_error);
+
+    // A slow store: a temporary failure, redelivered (503) until the route's
+    // timeout_tries, then parked saying so.
+    store.set_delay(Some(Duration::from_secs(4)));
+    let small_digest = sha256(&small);
+    let first = push_reference(&http, &base, "claims", "m-slow", "tampered.json", Some(&small_digest)).await;
+    assert_eq!(first, (503, "fetch_unavailable".to_string()), "the first try is a temporary failure");
+    let second = push_reference(&http, &base, "claims", "m-slow", "tampered.json", Some(&small_digest)).await;
+    assert_eq!(second, (200, "parked".to_string()), "the second (timeout_tries = 2) parks it");
+    let entry = inlet.running.shared.store.find_by_dedup_key("claims", "m-slow").await.unwrap().unwrap();
+    assert!(entry.last_error.as_deref().unwrap_or("").contains("did not arrive within"), "{:?}", entry.last_error);
+
+    // Repair: the store is fast again; a requeue fetches the payload again and the
+    // entry is delivered (the row holds the reference, not the bytes).
+    store.set_delay(None);
+    assert!(inlet.running.shared.store.requeue(entry.id, inlet.running.shared.clock.now()).await.unwrap());
+    inlet.running.shared.wake("claims");
+    wait_until("the requeued entry delivered", Duration::from_secs(30), || async {
+        received.lock().unwrap().iter().any(|(_, d)| *d == small_digest)
+    })
+    .await;
+
+    // A message without a reference is decoded as it came.
+    let plain = event("plain-1", 5);
+    let answer = send_push(&http, &base, "claims", &push_envelope(&plain, &[], "m-plain")).await;
+    assert_eq!(answer.status().as_u16(), 200);
+    let plain_digest = sha256(&plain);
+    wait_until("the plain message delivered", Duration::from_secs(30), || async {
+        received.lock().unwrap().iter().any(|(_, d)| *d == plain_digest)
+    })
+    .await;
+
+    let metrics = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    for kind in ["digest", "not_found", "no_digest", "too_large", "timeout"] {
+        let line = metrics.lines().find(|l| {
+            l.starts_with("inlet_fetch_failures_total")
+                && l.contains(&format!("reason=\"{kind}\""))
+                && !l.ends_with(" 0")
+        });
+        assert!(line.is_some(), "inlet_fetch_failures_total counts {kind}:\n{metrics}");
+    }
+}
