@@ -182,6 +182,32 @@ pub(super) fn from_text(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<St
 
 pub(super) fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
     let is_dir = path.is_dir();
+    // A directory can change while it is read: kubelet swaps `..data` under a mounted
+    // ConfigMap, and a key's link resolved through the old target while that is being
+    // removed looks missing for a moment (to the listing, too). So a directory is read
+    // until the looks before and after the read agree (its listing and where `..data`
+    // points), a few times at most: one read of a swap in progress would take a key
+    // that is there for a file that was removed (seen as a refused reload, 1 in
+    // thousands, in tests/configmap.rs).
+    let mut tries = 0;
+    let texts = loop {
+        let before = look(path, is_dir);
+        let texts = read_texts(path, is_dir)?;
+        tries += 1;
+        if !is_dir || tries >= 5 || look(path, is_dir) == before {
+            break texts;
+        }
+    };
+    check_texts(path, is_dir, texts, env)
+}
+
+/// What a directory holds now: its routing files and the target of its `..data` link.
+fn look(path: &Path, is_dir: bool) -> Option<(Vec<PathBuf>, Option<PathBuf>)> {
+    is_dir.then(|| (routing_files(path).unwrap_or_default(), std::fs::read_link(path.join("..data")).ok()))
+}
+
+/// The routing files of `path` and their texts.
+fn read_texts(path: &Path, is_dir: bool) -> Result<Vec<(PathBuf, Text)>, ConfigErrors> {
     let files = routing_files(path).map_err(|e| read_error(path, &e))?;
     let mut texts = Vec::new();
     for file in files {
@@ -195,6 +221,16 @@ pub(super) fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<
         };
         texts.push((file, text));
     }
+    Ok(texts)
+}
+
+/// Checks the texts of a routing file or directory, each against what it may read.
+fn check_texts(
+    path: &Path,
+    is_dir: bool,
+    texts: Vec<(PathBuf, Text)>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigErrors> {
     // The grants come from the shared file, and every team file is checked against
     // them: a team file reads only the variables granted to it, by its name.
     let shared = if is_dir {
