@@ -575,21 +575,50 @@ async fn housekeeping(shared: Arc<Shared>, retention: Duration, mut shutdown: wa
             let before = crate::clock::ago(shared.clock.now(), retention);
             // Small batches with a pause between them: the relay's claims and settles
             // get the database in between, and any backlog is cleared in one round.
-            let outcome =
-                match inbox::purge_all(shared.store.as_ref(), before, PURGE_BATCH, Duration::from_millis(20)).await {
-                    Ok(0) => "ok",
-                    Ok(n) => {
-                        tracing::info!(purged = n, "purged finished entries past their retention");
-                        "ok"
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "retention purge failed; will try again");
-                        "failed"
-                    }
-                };
+            let outcome = match purge_expired(&shared, before).await {
+                Ok(0) => "ok",
+                Ok(n) => {
+                    tracing::info!(purged = n, "purged finished entries past their retention");
+                    "ok"
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "retention purge failed; will try again");
+                    "failed"
+                }
+            };
             shared.metrics.retention_runs.get_or_create(&crate::telemetry::OutcomeLabel { outcome }).inc();
         }
     }
+}
+
+/// Purges the finished entries that finished before `before`, first deleting the
+/// claim-check objects of routes that ask for it (`fetch.delete_on_purge`). An object
+/// whose delete fails is counted and logged and its entry purged all the same: the
+/// object outlives its message (the store's lifecycle rules can take it), nothing the
+/// inbox needs is lost. Returns how many entries were purged.
+pub async fn purge_expired(shared: &Shared, before: crate::clock::Millis) -> Result<u64, inbox::StoreError> {
+    for route in shared.routes().iter() {
+        let Some(fetcher) = route.fetcher().filter(|f| f.deletes_on_purge()) else { continue };
+        let mut after = 0;
+        loop {
+            let page = shared.store.purgeable(route.name(), before, after, PURGE_BATCH).await?;
+            let Some(&(last, _)) = page.last() else { break };
+            for (id, attributes) in &page {
+                let outcome = match fetcher.delete(attributes).await {
+                    Ok(false) => continue,
+                    Ok(true) => "deleted",
+                    Err(error) => {
+                        tracing::warn!(route = route.name(), entry = id, %error, "could not delete the claim-check object of a purged entry; it stays in the store");
+                        "failed"
+                    }
+                };
+                let label = crate::telemetry::Metrics::outcome(route.name(), outcome);
+                shared.metrics.fetch_deletes.get_or_create(&label).inc();
+            }
+            after = last;
+        }
+    }
+    inbox::purge_all(shared.store.as_ref(), before, PURGE_BATCH, Duration::from_millis(20)).await
 }
 
 /// Sets `inlet_store_up` (every instance) and, on the one instance holding the gauge

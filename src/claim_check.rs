@@ -80,8 +80,35 @@ impl Fetcher {
         })
     }
 
+    /// Whether the route deletes an entry's object when its entry is purged.
+    pub fn deletes_on_purge(&self) -> bool {
+        self.config.delete_on_purge
+    }
+
+    /// Deletes the object an entry's message named, if it named one: `Ok(true)` once
+    /// it is gone (a 404 counts: it was gone already), `Ok(false)` when the message
+    /// named none, `Err` with why it is still there.
+    pub async fn delete(&self, attributes: &[(String, String)]) -> Result<bool, String> {
+        let Some(object) = attributes.iter().find(|(k, _)| *k == self.config.object_attribute).map(|(_, v)| v) else {
+            return Ok(false);
+        };
+        let url = self.url(object, false);
+        let mut request = self.http.delete(&url);
+        if let Some(token) = &self.config.token {
+            request = request.bearer_auth(token.expose());
+        }
+        let shown_url = crate::redact::url(&url);
+        let answer = tokio::time::timeout(self.config.timeout, request.send()).await;
+        match answer {
+            Ok(Ok(r)) if r.status().is_success() || r.status().as_u16() == 404 => Ok(true),
+            Ok(Ok(r)) => Err(format!("{shown_url} answered {} to the delete", r.status().as_u16())),
+            Ok(Err(e)) => Err(format!("the store at {shown_url} did not answer the delete: {e}")),
+            Err(_) => Err(format!("the delete of {shown_url} did not finish within {:?}", self.config.timeout)),
+        }
+    }
+
     async fn get(&self, object: &str, expected: &str) -> Result<Vec<u8>, FetchError> {
-        let url = self.url(object);
+        let url = self.url(object, true);
         let mut request = self.http.get(&url);
         if let Some(token) = &self.config.token {
             request = request.bearer_auth(token.expose());
@@ -139,10 +166,14 @@ impl Fetcher {
         Ok(bytes)
     }
 
-    fn url(&self, object: &str) -> String {
+    /// The object's address; for Cloud Storage, its content (`download`) or the
+    /// object itself (what a delete names).
+    fn url(&self, object: &str, download: bool) -> String {
         match &self.config.store {
             FetchStore::Gcs { endpoint, bucket } => {
-                format!("{endpoint}/storage/v1/b/{}/o/{}?alt=media", percent_encode(bucket), percent_encode(object))
+                let (bucket, object) = (percent_encode(bucket), percent_encode(object));
+                let media = if download { "?alt=media" } else { "" };
+                format!("{endpoint}/storage/v1/b/{bucket}/o/{object}{media}")
             }
             FetchStore::Http { prefix } => format!("{prefix}{}", percent_encode_path(object)),
         }

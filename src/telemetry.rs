@@ -217,6 +217,9 @@ pub struct Metrics {
     pub pubsub_unrouted: Family<RouteLabel, Counter>,
     /// Claim-check fetches that failed, by kind (`crate::claim_check::FAILURE_KINDS`).
     pub fetch_failures: Family<RouteReason, Counter>,
+    /// Claim-check objects deleted with their purged entries (`deleted`), or left in
+    /// the store because the delete failed (`failed`).
+    pub fetch_deletes: Family<RouteOutcome, Counter>,
     /// 1 while this instance is the one reading a route's outbox table (at most one
     /// instance reads an outbox at a time; the others stand by).
     pub outbox_reading: Family<RouteLabel, Gauge>,
@@ -347,6 +350,7 @@ impl Metrics {
             pubsub_near_dead_letter: Family::default(),
             pubsub_unrouted: Family::default(),
             fetch_failures: Family::default(),
+            fetch_deletes: Family::default(),
             outbox_reading: Family::default(),
             outbox_rows_waiting: Family::default(),
             outbox_oldest_seconds: Family::default(),
@@ -514,6 +518,11 @@ impl Metrics {
             "pubsub_unrouted",
             "Deliveries of messages no route of the subscription selects, nacked (by its first route by name)",
             m.pubsub_unrouted.clone(),
+        );
+        registry.register(
+            "fetch_deletes",
+            "Claim-check objects deleted with their purged entries, or left because the delete failed",
+            m.fetch_deletes.clone(),
         );
         registry.register(
             "fetch_failures",

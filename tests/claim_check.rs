@@ -190,3 +190,61 @@ fetch  = {{ kind = "http", prefix = "{prefix}", max_mib = 1 }}
         assert!(line.is_some(), "inlet_fetch_failures_total counts {kind}:\n{metrics}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_the_object_of_a_purged_entry_where_the_route_asks() {
+    let store = ObjectStore::start().await;
+    let (target, received) = recording_target().await;
+    let plugin = plugin_path("template");
+    let routes = format!(
+        r#"[[route]]
+name   = "kept"
+plugin = "{plugin}"
+source = {{ kind = "push" }}
+target = {{ kind = "http", url = "{target}" }}
+fetch  = {{ kind = "gcs", bucket = "payloads", endpoint = "{endpoint}" }}
+
+[[route]]
+name   = "deleted"
+plugin = "{plugin}"
+source = {{ kind = "push" }}
+target = {{ kind = "http", url = "{target}" }}
+fetch  = {{ kind = "gcs", bucket = "payloads", endpoint = "{endpoint}", delete_on_purge = true }}
+"#,
+        plugin = plugin.display(),
+        endpoint = store.endpoint(),
+    );
+    let inlet = start_on_sqlite_with_env(&routes, &|_| None, |_| {}).await;
+    let base = inlet.base();
+    let http = reqwest::Client::new();
+    for (route, object) in [("kept", "a.json"), ("deleted", "b.json")] {
+        let payload = event(object, 10);
+        let digest = sha256(&payload);
+        store.put("payloads", object, payload);
+        let (status, outcome) = push_reference(&http, &base, route, object, object, Some(&digest)).await;
+        assert_eq!((status, outcome.as_str()), (200, "inserted"));
+    }
+    wait_until("both delivered", Duration::from_secs(30), || async { received.lock().unwrap().len() == 2 }).await;
+    let shared = &inlet.running.shared;
+    wait_until("both entries DONE", Duration::from_secs(30), || async {
+        let mut done = 0;
+        for route in ["kept", "deleted"] {
+            let entry = shared.store.find_by_dedup_key(route, if route == "kept" { "a.json" } else { "b.json" }).await;
+            done += usize::from(entry.ok().flatten().is_some_and(|e| e.status == Status::Done));
+        }
+        done == 2
+    })
+    .await;
+
+    // Retention's pass, as the running instance makes it every minute, for entries
+    // finished before a moment from now.
+    let purged = inlet::app::purge_expired(shared, shared.clock.now() + 1_000).await.unwrap();
+    assert_eq!(purged, 2, "both finished entries purged");
+    assert!(store.contains("payloads", "a.json"), "the route that does not ask keeps its object");
+    assert!(!store.contains("payloads", "b.json"), "delete_on_purge deleted the purged entry's object");
+    let metrics = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l == r#"inlet_fetch_deletes_total{route="deleted",outcome="deleted"} 1"#),
+        "the delete counted:\n{metrics}"
+    );
+}

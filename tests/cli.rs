@@ -209,6 +209,10 @@ fn the_shipped_example_configs_pass_check() {
     let out =
         inlet_with(&["check", path.to_str().unwrap()], &[("ORDERS_DB_URL", "postgres://orders@127.0.0.1:5432/orders")]);
     assert!(out.status.success(), "outbox-example.toml: {}{}", text(&out.stdout), text(&out.stderr));
+    // The claim-check example reads its store's token from the environment.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/claim-check-example.toml");
+    let out = inlet_with(&["check", path.to_str().unwrap()], &[("PAYLOADS_TOKEN", "a-token-for-the-example-check")]);
+    assert!(out.status.success(), "claim-check-example.toml: {}{}", text(&out.stdout), text(&out.stderr));
 }
 
 /// A directory of routing files: the platform's (shared settings) and two teams'.

@@ -264,6 +264,8 @@ pub struct FetchConfig {
     pub sha256_attribute: String,
     pub max_bytes: u64,
     pub timeout: Duration,
+    /// Delete an entry's object when retention purges the entry.
+    pub delete_on_purge: bool,
 }
 
 /// Where objects are fetched from.

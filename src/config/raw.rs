@@ -428,6 +428,9 @@ pub(super) struct RawFetch {
     /// temporary failure: the message is redelivered, and parked after
     /// `limits.timeout_tries` of them.
     pub timeout: Option<Spanned<HumanDuration>>,
+    /// Delete an entry's object from the store when retention purges the entry
+    /// (default `false`): the payload lives as long as the inbox keeps its message.
+    pub delete_on_purge: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]

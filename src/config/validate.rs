@@ -1217,6 +1217,7 @@ fn fetch(c: &mut Checker<'_>, f: &Spanned<RawFetch>, at: &str) -> Option<FetchCo
         sha256_attribute: name(&raw.sha256_attribute, "sha256"),
         max_bytes: u64::from(max_mib) << 20,
         timeout: timeout.unwrap_or(Duration::from_secs(30)),
+        delete_on_purge: raw.delete_on_purge.as_ref().is_some_and(|d| *d.get_ref()),
     })
 }
 

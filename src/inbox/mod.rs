@@ -889,6 +889,17 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes DONE and IGNORED entries finished before `before`; never PARKED ones.
     async fn purge_finished(&self, before: Millis, limit: u32) -> Result<u64, StoreError>;
 
+    /// The finished entries of `route` that [`Store::purge_finished`] with `before`
+    /// would delete, after entry `after_id`, at most `limit`, as `(id, attributes)`:
+    /// what the claim check's objects are found by before their entries go.
+    async fn purgeable(
+        &self,
+        route: &str,
+        before: Millis,
+        after_id: i64,
+        limit: u32,
+    ) -> Result<Vec<(i64, Vec<(String, String)>)>, StoreError>;
+
     /// Opens a replay window; returns its id.
     async fn open_replay_window(&self, window: &NewReplayWindow) -> Result<i64, StoreError>;
 

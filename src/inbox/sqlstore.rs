@@ -890,6 +890,27 @@ macro_rules! store_impl {
                 Ok(r.rows_affected())
             }
 
+            async fn purgeable(
+                &self,
+                route: &str,
+                before: $crate::clock::Millis,
+                after_id: i64,
+                limit: u32,
+            ) -> Result<Vec<(i64, Vec<(String, String)>)>, $crate::inbox::StoreError> {
+                let rows: Vec<(i64, String)> = sqlx::query_as(
+                    "SELECT id, attributes FROM inbox_entry WHERE route = $1 AND status IN ('DONE', 'IGNORED') \
+                     AND finished_at < $2 AND id > $3 ORDER BY id LIMIT $4",
+                )
+                .bind(route)
+                .bind(before)
+                .bind(after_id)
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?;
+                // Attributes that do not parse name no object.
+                Ok(rows.into_iter().map(|(id, text)| (id, serde_json::from_str(&text).unwrap_or_default())).collect())
+            }
+
             async fn counts(&self) -> Result<Vec<$crate::inbox::RouteStatusCount>, $crate::inbox::StoreError> {
                 use sqlx::Row;
                 let rows = sqlx::query(include_str!("sql/counts.sql")).fetch_all(&self.pool).await?;

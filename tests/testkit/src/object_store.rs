@@ -1,7 +1,8 @@
 //! A local object store for the claim-check tests: the object download of Cloud
 //! Storage's JSON API as Google documents it (`GET /storage/v1/b/BUCKET/o/OBJECT?alt=media`,
 //! the object name one percent-encoded path segment; `404` with a JSON error for a
-//! missing object), plus the plain `GET /plain/OBJECT` an `http` store reads. No
+//! missing object) and delete (`DELETE /storage/v1/b/BUCKET/o/OBJECT`, `204`), plus the
+//! plain `GET`/`DELETE /plain/OBJECT` of an `http` store. No
 //! emulator of Cloud Storage is packaged in the registries this project may use, so
 //! this one is written to the documented request and answer.
 
@@ -33,8 +34,8 @@ impl ObjectStore {
     pub async fn start() -> ObjectStore {
         let inner: Arc<Mutex<Inner>> = Arc::default();
         let app = axum::Router::new()
-            .route("/storage/v1/b/{bucket}/o/{object}", axum::routing::get(gcs_object))
-            .route("/plain/{*object}", axum::routing::get(plain_object))
+            .route("/storage/v1/b/{bucket}/o/{object}", axum::routing::get(gcs_object).delete(gcs_delete))
+            .route("/plain/{*object}", axum::routing::get(plain_object).delete(plain_delete))
             .with_state(Arc::clone(&inner));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the object store");
         let addr = listener.local_addr().expect("object store address");
@@ -57,6 +58,11 @@ impl ObjectStore {
     /// Stores `bytes` as `object` of `bucket` (an `http` store reads bucket `plain`).
     pub fn put(&self, bucket: &str, object: &str, bytes: Vec<u8>) {
         self.lock().objects.insert((bucket.to_string(), object.to_string()), bytes.into());
+    }
+
+    /// Whether `object` of `bucket` is stored.
+    pub fn contains(&self, bucket: &str, object: &str) -> bool {
+        self.lock().objects.contains_key(&(bucket.to_string(), object.to_string()))
     }
 
     /// Every answer waits `delay` first.
@@ -104,6 +110,23 @@ async fn plain_object(
     headers: HeaderMap,
 ) -> Response {
     answer(&inner, "plain".into(), object, &headers).await
+}
+
+async fn gcs_delete(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    Path((bucket, object)): Path<(String, String)>,
+) -> Response {
+    remove(&inner, bucket, object)
+}
+
+async fn plain_delete(State(inner): State<Arc<Mutex<Inner>>>, Path(object): Path<String>) -> Response {
+    remove(&inner, "plain".into(), object)
+}
+
+/// `204` once removed, `404` for an object that is not there (as the JSON API answers).
+fn remove(inner: &Mutex<Inner>, bucket: String, object: String) -> Response {
+    let removed = inner.lock().expect("object store lock").objects.remove(&(bucket, object));
+    if removed.is_some() { StatusCode::NO_CONTENT } else { StatusCode::NOT_FOUND }.into_response()
 }
 
 async fn answer(inner: &Mutex<Inner>, bucket: String, object: String, headers: &HeaderMap) -> Response {
