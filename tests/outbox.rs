@@ -411,3 +411,56 @@ async fn a_table_without_a_named_column_is_reported_and_read_once_a_migration_ad
     assert_eq!(got.get("order-1"), Some(&vec![1]), "the row published once: {got:?}");
     inlet.sigterm_and_wait(Duration::from_secs(30));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_of_its_own_shape_in_a_schema_is_published_and_its_rows_deleted() {
+    let emulator = PubSubEmulator::start(PROJECT).await;
+    emulator.create_topic("shaped").await;
+    emulator.create_subscription("shaped", "shaped-consumer", true).await;
+    let reader = TopicReader::start(&emulator, "shaped-consumer");
+    // Another naming, in a schema of its own, with no `published` column: rows are
+    // deleted once published.
+    let app = TestPg::new().await;
+    let mut conn = app.connect().await;
+    sqlx::raw_sql(
+        "CREATE SCHEMA sales;
+         CREATE TABLE sales.events (event_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                                    order_ref text NOT NULL, kind text NOT NULL, body text NOT NULL,
+                                    at timestamptz NOT NULL DEFAULT now());
+         INSERT INTO sales.events (order_ref, kind, body) VALUES
+             ('o-1', 'placed', 'first'), ('o-2', 'placed', 'second'), ('o-1', 'paid', 'third');",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let inbox = TestPg::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = routing_file(dir.path(), &inbox.url, "shaped", "");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        r#"source   = { kind = "outbox", url = "${APP_DB_URL}", poll = "200ms", batch_size = 200 }"#,
+        r#"source   = { kind = "outbox", url = "${APP_DB_URL}", poll = "200ms", table = "sales.events",
+             columns = { id = "event_id", aggregate = "order_ref", type = "kind", payload = "body", created = "at" },
+             after_publish = "delete" }"#,
+    );
+    assert!(text.contains("sales.events"), "the route reads the shaped table");
+    std::fs::write(&config, text).unwrap();
+    let mut inlet = spawn(&config, "one", &app, &emulator);
+    inlet.wait_healthy(Duration::from_secs(30)).await;
+    wait_until("every row published and deleted", Duration::from_secs(60), || {
+        let url = app.url.clone();
+        async move {
+            let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM sales.events").fetch_one(&mut conn).await.unwrap() == 0
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await; // time for the last message to reach the reader
+    let messages = reader.stop();
+    let got = by_aggregate(&messages);
+    assert_eq!(got.get("o-1"), Some(&vec![1, 3]), "{got:?}");
+    assert_eq!(got.get("o-2"), Some(&vec![2]), "{got:?}");
+    let first = messages.iter().find(|m| m.attributes.get("outbox_id").map(String::as_str) == Some("1")).unwrap();
+    assert_eq!(first.data, "first", "the text payload is the message's data");
+    assert_eq!(first.attributes.get("event_type").map(String::as_str), Some("placed"));
+    inlet.sigterm_and_wait(Duration::from_secs(30));
+}
