@@ -88,6 +88,13 @@ fetch  = {{ kind = "gcs", bucket = "payloads", endpoint = "{endpoint}", token = 
 limits = {{ fuel = 20_000_000_000, call_timeout = "60s", memory_mib = 512, max_output_mib = 128, timeout_tries = 2 }}
 
 [[route]]
+name   = "claims-s3"
+plugin = "{plugin}"
+source = {{ kind = "push" }}
+target = {{ kind = "http", url = "{target}" }}
+fetch  = {{ kind = "s3", endpoint = "{s3}", bucket = "payloads", region = "eu-west-1", access_key_id = "${{S3_KEY_ID}}", secret_access_key = "${{S3_SECRET}}" }}
+
+[[route]]
 name   = "claims-small"
 plugin = "{plugin}"
 source = {{ kind = "push" }}
@@ -97,8 +104,14 @@ fetch  = {{ kind = "http", prefix = "{prefix}", max_mib = 1 }}
         plugin = plugin.display(),
         endpoint = store.endpoint(),
         prefix = store.plain_prefix(),
+        s3 = store.s3_endpoint(),
     );
-    let env = |name: &str| (name == "STORE_TOKEN").then(|| TOKEN.to_string());
+    let env = |name: &str| match name {
+        "STORE_TOKEN" => Some(TOKEN.to_string()),
+        "S3_KEY_ID" => Some("AKIDCLAIMCHECKTEST".to_string()),
+        "S3_SECRET" => Some("a-secret-access-key-for-the-test".to_string()),
+        _ => None,
+    };
     let inlet = start_on_sqlite_with_env(&routes, &env, |_| {}).await;
     let base = inlet.base();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
@@ -120,6 +133,26 @@ fetch  = {{ kind = "http", prefix = "{prefix}", max_mib = 1 }}
     let asked = store.requests();
     assert_eq!(asked[0].0, "payloads/orders/big-1.json");
     assert_eq!(asked[0].1.as_deref(), Some(format!("Bearer {TOKEN}").as_str()), "fetched with the route's token");
+
+    // The same through an S3-compatible store: path-style, signed (Signature Version 4).
+    let s3 = event("s3-1", 100);
+    let s3_digest = sha256(&s3);
+    store.put("payloads", "orders/s3 1.json", s3);
+    let (status, outcome) =
+        push_reference(&http, &base, "claims-s3", "m-s3", "orders/s3 1.json", Some(&s3_digest)).await;
+    assert_eq!((status, outcome.as_str()), (200, "inserted"));
+    wait_until("the S3 payload delivered", Duration::from_secs(30), || async {
+        received.lock().unwrap().iter().any(|(_, d)| *d == s3_digest)
+    })
+    .await;
+    let (_, auth) = store.requests().into_iter().find(|(o, _)| o == "payloads/orders/s3 1.json").expect("asked for");
+    let auth = auth.unwrap_or_default();
+    assert!(
+        auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDCLAIMCHECKTEST/")
+            && auth
+                .contains("/eu-west-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature="),
+        "signed for the route's key and region: {auth}"
+    );
 
     // Each failure ends as a parked entry that says why; nothing is dropped.
     let small = event("small-1", 10);

@@ -273,6 +273,9 @@ pub struct FetchConfig {
 pub enum FetchStore {
     /// Cloud Storage's JSON API: `GET {endpoint}/storage/v1/b/{bucket}/o/{object}?alt=media`.
     Gcs { endpoint: String, bucket: String },
+    /// An S3-compatible store, path-style: `GET {endpoint}/{bucket}/{object}`, signed
+    /// with AWS Signature Version 4.
+    S3 { endpoint: String, bucket: String, region: String, access_key_id: Secret, secret_access_key: Secret },
     /// `GET {prefix}{object}`.
     Http { prefix: String },
 }

@@ -405,13 +405,22 @@ pub(super) struct RawRoute {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawFetch {
-    /// `"gcs"`: Google Cloud Storage's JSON API; `"http"`: a plain HTTP(S) prefix.
+    /// `"gcs"`: Google Cloud Storage's JSON API; `"s3"`: an S3-compatible store
+    /// (path-style requests signed with AWS Signature Version 4); `"http"`: a plain
+    /// HTTP(S) prefix.
     pub kind: Spanned<FetchKind>,
-    /// gcs: the bucket.
+    /// gcs, s3: the bucket.
     pub bucket: Option<Spanned<String>>,
     /// gcs: the API's address (default `https://storage.googleapis.com`; a local
-    /// server's for tests).
+    /// server's for tests). s3: the store's address (required), e.g.
+    /// `https://s3.eu-west-1.amazonaws.com` or a MinIO's.
     pub endpoint: Option<Spanned<String>>,
+    /// s3: the region requests are signed for (default `us-east-1`).
+    pub region: Option<Spanned<String>>,
+    /// s3: the access key id, by reference only: exactly `"${NAME}"`.
+    pub access_key_id: Option<Spanned<String>>,
+    /// s3: the secret access key, by reference only: exactly `"${NAME}"`.
+    pub secret_access_key: Option<Spanned<String>>,
     /// http: the URL the object's name is appended to, e.g. `https://blobs.example.com/payloads/`.
     pub prefix: Option<Spanned<String>>,
     /// A bearer token sent with each fetch, by reference only: exactly `"${NAME}"`.
@@ -437,6 +446,7 @@ pub(super) struct RawFetch {
 #[serde(rename_all = "kebab-case")]
 pub(super) enum FetchKind {
     Gcs,
+    S3,
     Http,
 }
 

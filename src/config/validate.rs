@@ -1155,7 +1155,28 @@ fn fetch(c: &mut Checker<'_>, f: &Spanned<RawFetch>, at: &str) -> Option<FetchCo
         ("bucket", raw.bucket.as_ref().map(|v| v.span())),
         ("endpoint", raw.endpoint.as_ref().map(|v| v.span())),
         ("prefix", raw.prefix.as_ref().map(|v| v.span())),
+        ("region", raw.region.as_ref().map(|v| v.span())),
+        ("access_key_id", raw.access_key_id.as_ref().map(|v| v.span())),
+        ("secret_access_key", raw.secret_access_key.as_ref().map(|v| v.span())),
+        ("token", raw.token.as_ref().map(|v| v.span())),
     ];
+    let required = |c: &mut Checker<'_>, v: &Option<Spanned<String>>, field: &'static str, kind: &'static str| match v {
+        Some(v) => Some(v.clone()),
+        None => c.error(f.span(), at, ConfigErrorKind::MissingField { field, kind }),
+    };
+    let reference = |c: &mut Checker<'_>, v: &Spanned<String>, field: &str| -> Option<crate::config::Secret> {
+        if !is_reference(v.get_ref()) {
+            return c.error(
+                v.span(),
+                field,
+                ConfigErrorKind::Invalid(
+                    "must be a reference, exactly `\"${NAME}\"`: the routing file must not hold the secret itself"
+                        .into(),
+                ),
+            );
+        }
+        c.expand(v, field).map(crate::config::Secret::new)
+    };
     let http_url = |c: &mut Checker<'_>, v: &Spanned<String>, field: &str| -> Option<String> {
         let url = c.expand(v, field)?;
         if url.starts_with("http://") || url.starts_with("https://") {
@@ -1169,8 +1190,35 @@ fn fetch(c: &mut Checker<'_>, f: &Spanned<RawFetch>, at: &str) -> Option<FetchCo
         }
     };
     let store = match raw.kind.get_ref() {
+        FetchKind::S3 => {
+            let kind = "an s3 store";
+            c.stray(&fields, &["bucket", "endpoint", "region", "access_key_id", "secret_access_key"], at, kind);
+            let endpoint =
+                required(c, &raw.endpoint, "endpoint", kind).and_then(|e| http_url(c, &e, &format!("{at}.endpoint")));
+            let bucket = required(c, &raw.bucket, "bucket", kind).and_then(|b| c.expand(&b, &format!("{at}.bucket")));
+            let region = match &raw.region {
+                Some(r) => c.expand(r, &format!("{at}.region")),
+                None => Some("us-east-1".to_string()),
+            };
+            let access_key_id = required(c, &raw.access_key_id, "access_key_id", kind)
+                .and_then(|k| reference(c, &k, &format!("{at}.access_key_id")));
+            let secret_access_key = required(c, &raw.secret_access_key, "secret_access_key", kind)
+                .and_then(|k| reference(c, &k, &format!("{at}.secret_access_key")));
+            match (endpoint, bucket, region, access_key_id, secret_access_key) {
+                (Some(endpoint), Some(bucket), Some(region), Some(access_key_id), Some(secret_access_key)) => {
+                    Some(FetchStore::S3 {
+                        endpoint: endpoint.trim_end_matches('/').to_string(),
+                        bucket,
+                        region,
+                        access_key_id,
+                        secret_access_key,
+                    })
+                }
+                _ => None,
+            }
+        }
         FetchKind::Gcs => {
-            c.stray(&fields, &["bucket", "endpoint"], at, "a gcs store");
+            c.stray(&fields, &["bucket", "endpoint", "token"], at, "a gcs store");
             let endpoint = match &raw.endpoint {
                 Some(e) => http_url(c, e, &format!("{at}.endpoint")),
                 None => Some("https://storage.googleapis.com".to_string()),
@@ -1185,7 +1233,7 @@ fn fetch(c: &mut Checker<'_>, f: &Spanned<RawFetch>, at: &str) -> Option<FetchCo
             })
         }
         FetchKind::Http => {
-            c.stray(&fields, &["prefix"], at, "an http store");
+            c.stray(&fields, &["prefix", "token"], at, "an http store");
             let prefix = match &raw.prefix {
                 Some(p) => http_url(c, p, &format!("{at}.prefix")),
                 None => c.error(f.span(), at, ConfigErrorKind::MissingField { field: "prefix", kind: "an http store" }),
@@ -1194,16 +1242,7 @@ fn fetch(c: &mut Checker<'_>, f: &Spanned<RawFetch>, at: &str) -> Option<FetchCo
         }
     };
     let token = match &raw.token {
-        Some(t) if is_reference(t.get_ref()) => {
-            c.expand(t, &format!("{at}.token")).map(|v| Some(crate::config::Secret::new(v)))
-        }
-        Some(t) => c.error(
-            t.span(),
-            format!("{at}.token"),
-            ConfigErrorKind::Invalid(
-                "must be a reference, exactly `\"${NAME}\"`: the routing file must not hold the secret itself".into(),
-            ),
-        ),
+        Some(t) => reference(c, t, &format!("{at}.token")).map(Some),
         None => Some(None),
     };
     let name =

@@ -2,7 +2,10 @@
 //! Storage's JSON API as Google documents it (`GET /storage/v1/b/BUCKET/o/OBJECT?alt=media`,
 //! the object name one percent-encoded path segment; `404` with a JSON error for a
 //! missing object) and delete (`DELETE /storage/v1/b/BUCKET/o/OBJECT`, `204`), plus the
-//! plain `GET`/`DELETE /plain/OBJECT` of an `http` store. No
+//! plain `GET`/`DELETE /plain/OBJECT` of an `http` store, and an S3-compatible store's
+//! path-style `GET`/`DELETE /s3/BUCKET/KEY` (the request's `Authorization` is recorded;
+//! the signature itself is checked by `src/claim_check.rs`'s tests against AWS's worked
+//! example). No
 //! emulator of Cloud Storage is packaged in the registries this project may use, so
 //! this one is written to the documented request and answer.
 
@@ -36,6 +39,7 @@ impl ObjectStore {
         let app = axum::Router::new()
             .route("/storage/v1/b/{bucket}/o/{object}", axum::routing::get(gcs_object).delete(gcs_delete))
             .route("/plain/{*object}", axum::routing::get(plain_object).delete(plain_delete))
+            .route("/s3/{bucket}/{*object}", axum::routing::get(s3_object).delete(s3_delete))
             .with_state(Arc::clone(&inner));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the object store");
         let addr = listener.local_addr().expect("object store address");
@@ -48,6 +52,11 @@ impl ObjectStore {
     /// `http://127.0.0.1:PORT`: the `endpoint` of a `gcs` store.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The `endpoint` of an `s3` store (path-style).
+    pub fn s3_endpoint(&self) -> String {
+        format!("http://{}/s3", self.addr)
     }
 
     /// The `prefix` of an `http` store.
@@ -110,6 +119,18 @@ async fn plain_object(
     headers: HeaderMap,
 ) -> Response {
     answer(&inner, "plain".into(), object, &headers).await
+}
+
+async fn s3_object(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    Path((bucket, object)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    answer(&inner, bucket, object, &headers).await
+}
+
+async fn s3_delete(State(inner): State<Arc<Mutex<Inner>>>, Path((bucket, object)): Path<(String, String)>) -> Response {
+    remove(&inner, bucket, object)
 }
 
 async fn gcs_delete(
