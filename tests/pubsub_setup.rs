@@ -206,10 +206,8 @@ async fn setup_creates_a_push_subscription_as_its_route_takes_pushes_and_reports
         "[[route]]\nname = \"pulled\"\nplugin = \"plugin.wasm\"\ntarget = {{ kind = \"log\" }}\nordering = \"none\"\n\
          source = {{ kind = \"pubsub\", subscription = \"projects/{PROJECT}/subscriptions/pushed-by-hand\" }}\n"
     );
-    let config = routing_file(
-        dir.path(),
-        &format!("{}\n{}\n{pulled}", push("pushed", "push-made"), push("by-hand", "pushed-by-hand")),
-    );
+    let config =
+        routing_file(dir.path(), &format!("{}\n{}\n", push("pushed", "push-made"), push("by-hand", "pushed-by-hand")));
 
     let steps = setup(&config, &connection).await.expect("setup");
     let shown: Vec<String> = steps.iter().map(ToString::to_string).collect();
@@ -227,9 +225,14 @@ async fn setup_creates_a_push_subscription_as_its_route_takes_pushes_and_reports
     assert_eq!(made["ackDeadlineSeconds"], 60, "{made}");
     assert!(drift_of(&steps, "push-made").is_none(), "what setup made agrees with the file: {shown:#?}");
 
-    // The hand-made push subscription, seen by the push route and by a pull route.
+    // The hand-made push subscription, seen by the push route and by a pull route (in
+    // a file of its own: one file may not both push and pull a subscription).
+    let pull_dir = tempfile::tempdir().expect("a folder");
+    let pull_config = routing_file(pull_dir.path(), &pulled);
+    let pull_steps = setup(&pull_config, &connection).await.expect("setup of the pull route");
     let differences: Vec<&String> = steps
         .iter()
+        .chain(&pull_steps)
         .filter_map(|s| match s {
             SetupStep::Drift { name, differences } if name.ends_with("/pushed-by-hand") => Some(differences),
             _ => None,

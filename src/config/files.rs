@@ -471,7 +471,12 @@ fn assemble(path: &Path, checked: Vec<Checked>, is_dir: bool) -> Result<Config, 
 /// each with a `select` by the same attribute, no two selecting the same value, all
 /// giving the subscription the same settings and ordering.
 #[derive(Default)]
-struct Readers(BTreeMap<String, Vec<Reader>>, BTreeMap<(String, String), (String, usize, usize)>);
+struct Readers(
+    BTreeMap<String, Vec<Reader>>,
+    BTreeMap<(String, String), (String, usize, usize)>,
+    /// Push subscriptions by name: the route each sends to, its file and line.
+    BTreeMap<String, (String, usize, usize)>,
+);
 
 struct Reader {
     route: String,
@@ -508,7 +513,35 @@ impl Readers {
             self.1.insert(key, (route.name.to_string(), file, at.0));
             return None;
         }
+        if let SourceConfig::Push(push) = &route.source {
+            // A push subscription sends to one endpoint, and is not pulled as well:
+            // whoever got a message first would take it from the other.
+            let name = &push.subscription.as_ref()?.name;
+            if let Some((other, f, line)) = self.2.get(name) {
+                let problem = format!(
+                    "subscription {name} already pushes to route {other} at {}:{line}: it has one push endpoint",
+                    names[*f]
+                );
+                return Some(("subscription", problem));
+            }
+            if let Some(r) = self.0.get(name).and_then(|readers| readers.first()) {
+                let problem = format!(
+                    "subscription {name} is pulled by route {} at {}:{}: a subscription is pushed or pulled, not both",
+                    r.route, names[r.file], r.line
+                );
+                return Some(("subscription", problem));
+            }
+            self.2.insert(name.clone(), (route.name.to_string(), file, at.0));
+            return None;
+        }
         let SourceConfig::Pubsub(source) = &route.source else { return None };
+        if let Some((other, f, line)) = self.2.get(&source.subscription) {
+            let problem = format!(
+                "subscription {} pushes to route {other} at {}:{line}: a subscription is pushed or pulled, not both",
+                source.subscription, names[*f]
+            );
+            return Some(("subscription", problem));
+        }
         let readers = self.0.entry(source.subscription.clone()).or_default();
         for r in readers.iter() {
             let first = format!("route {} at {}:{}", r.route, names[r.file], r.line);
