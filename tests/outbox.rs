@@ -84,6 +84,16 @@ async fn metric(base: &str, name: &str, label: &str) -> Option<f64> {
     text.lines().filter(|l| l.starts_with(name) && l.contains(label)).find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
+/// Waits until the reader has received `n` messages (a published row can be marked
+/// before the consumer has it).
+async fn read_at_least(reader: &mut TopicReader, n: usize) {
+    wait_until(&format!("{n} messages read"), Duration::from_secs(30), || {
+        let read = reader.messages().len();
+        async move { read >= n }
+    })
+    .await;
+}
+
 async fn unpublished(app: &TestPg) -> i64 {
     let mut conn = app.connect().await;
     sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
@@ -279,7 +289,7 @@ async fn a_refused_publish_holds_back_its_aggregate_while_the_others_flow_until_
     let topic = emulator.rest(reqwest::Method::PUT, "topics/steps", &settings).await;
     assert!(topic.get("schemaSettings").is_some(), "the topic has the schema: {topic}");
     emulator.create_subscription("steps", "steps-consumer", true).await;
-    let reader = TopicReader::start(&emulator, "steps-consumer");
+    let mut reader = TopicReader::start(&emulator, "steps-consumer");
 
     let app = app_database().await;
     let inbox = TestPg::new().await;
@@ -365,7 +375,7 @@ async fn a_refused_publish_holds_back_its_aggregate_while_the_others_flow_until_
     assert!(requeue.status.success(), "requeue: {}", String::from_utf8_lossy(&requeue.stderr));
     wait_until("every row published and marked", Duration::from_secs(60), || async { unpublished(&app).await == 0 })
         .await;
-    tokio::time::sleep(Duration::from_secs(2)).await; // time for the last messages to reach the reader
+    read_at_least(&mut reader, 30).await;
     let got = by_aggregate(&reader.stop());
     for (aggregate, ids) in &rows {
         assert_eq!(got.get(aggregate), Some(ids), "{aggregate}: every row once, in insert order");
@@ -378,7 +388,7 @@ async fn a_table_without_a_named_column_is_reported_and_read_once_a_migration_ad
     let emulator = PubSubEmulator::start(PROJECT).await;
     emulator.create_topic("late").await;
     emulator.create_subscription("late", "late-consumer", true).await;
-    let reader = TopicReader::start(&emulator, "late-consumer");
+    let mut reader = TopicReader::start(&emulator, "late-consumer");
     // The application has not yet migrated: no `published_at`.
     let app = TestPg::new().await;
     let mut conn = app.connect().await;
@@ -406,7 +416,7 @@ async fn a_table_without_a_named_column_is_reported_and_read_once_a_migration_ad
     sqlx::raw_sql("ALTER TABLE outbox ADD COLUMN published_at timestamptz").execute(&mut conn).await.unwrap();
     wait_until("the row published and marked", Duration::from_secs(60), || async { unpublished(&app).await == 0 })
         .await;
-    tokio::time::sleep(Duration::from_secs(1)).await; // time for the message to reach the reader
+    read_at_least(&mut reader, 1).await;
     let got = by_aggregate(&reader.stop());
     assert_eq!(got.get("order-1"), Some(&vec![1]), "the row published once: {got:?}");
     inlet.sigterm_and_wait(Duration::from_secs(30));
@@ -417,7 +427,7 @@ async fn a_table_of_its_own_shape_in_a_schema_is_published_and_its_rows_deleted(
     let emulator = PubSubEmulator::start(PROJECT).await;
     emulator.create_topic("shaped").await;
     emulator.create_subscription("shaped", "shaped-consumer", true).await;
-    let reader = TopicReader::start(&emulator, "shaped-consumer");
+    let mut reader = TopicReader::start(&emulator, "shaped-consumer");
     // Another naming, in a schema of its own, with no `published` column: rows are
     // deleted once published.
     let app = TestPg::new().await;
@@ -454,7 +464,7 @@ async fn a_table_of_its_own_shape_in_a_schema_is_published_and_its_rows_deleted(
         }
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await; // time for the last message to reach the reader
+    read_at_least(&mut reader, 3).await;
     let messages = reader.stop();
     let got = by_aggregate(&messages);
     assert_eq!(got.get("o-1"), Some(&vec![1, 3]), "{got:?}");

@@ -68,7 +68,7 @@ fn at(stage: &'static str) -> impl Fn(sqlx::Error) -> OutboxError {
 }
 
 /// A row as read.
-struct Row_ {
+struct OutboxRow {
     id: i64,
     aggregate: String,
     event_type: String,
@@ -304,7 +304,7 @@ impl OutboxReader {
     }
 
     /// Hands rows to ingest in one batch, in id order.
-    async fn store(&self, rows: Vec<Row_>) -> Result<(), OutboxError> {
+    async fn store(&self, rows: Vec<OutboxRow>) -> Result<(), OutboxError> {
         let messages: Vec<Incoming> = rows.into_iter().map(incoming).collect();
         let outcomes = self.ingest.accept_batch(&self.route, messages).await?;
         let new = outcomes.iter().filter(|o| matches!(o, crate::inbox::InsertOutcome::Inserted { .. })).count();
@@ -355,7 +355,7 @@ impl OutboxReader {
                 }
             }
             if !missing.is_empty() {
-                let rows: Vec<Row_> = sqlx::query(&q.reread)
+                let rows: Vec<OutboxRow> = sqlx::query(&q.reread)
                     .bind(&missing)
                     .fetch_all(&mut *conn)
                     .await
@@ -433,14 +433,14 @@ async fn read_rows(
     cursor: i64,
     horizon: i64,
     limit: usize,
-) -> Result<Vec<Row_>, OutboxError> {
+) -> Result<Vec<OutboxRow>, OutboxError> {
     let rows =
         sqlx::query(sql).bind(cursor).bind(horizon).bind(limit as i64).fetch_all(conn).await.map_err(at("read"))?;
     rows.iter().map(row_of).collect::<Result<_, _>>().map_err(at("read"))
 }
 
-fn row_of(row: &sqlx::postgres::PgRow) -> Result<Row_, sqlx::Error> {
-    Ok(Row_ {
+fn row_of(row: &sqlx::postgres::PgRow) -> Result<OutboxRow, sqlx::Error> {
+    Ok(OutboxRow {
         id: row.try_get("id")?,
         aggregate: row.try_get("aggregate")?,
         event_type: row.try_get("event_type")?,
@@ -451,7 +451,7 @@ fn row_of(row: &sqlx::postgres::PgRow) -> Result<Row_, sqlx::Error> {
 
 /// A row as a message: the id names it, the aggregate is its ordering key (the
 /// last attribute, where the rules look for it).
-fn incoming(row: Row_) -> Incoming {
+fn incoming(row: OutboxRow) -> Incoming {
     let created = std::time::UNIX_EPOCH + Duration::from_millis(row.created_ms.max(0) as u64);
     let created = humantime::format_rfc3339_millis(created).to_string();
     Incoming {
