@@ -271,6 +271,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     // A route whose settings or plugin do not load is kept out (reported below); the
     // others start.
     crate::plugin::sandbox::SHADOW_BUDGET.set_limit(config.plugins.shadow_memory_budget_bytes);
+    crate::plugin::resident::keep_at_most(config.plugins.shadow_memory_budget_bytes);
     crate::shadow::set_cpu_percent(config.plugins.shadow_cpu_percent);
     crate::shadow::set_memory_churn_mib_per_s(config.plugins.shadow_memory_churn_mib_per_s);
     let metrics = Arc::new(Metrics::new());

@@ -694,8 +694,11 @@ const CHURN_BURST: u64 = 64 << 20;
 ///   unmapping linear memory costs more than the shadow thread's own CPU: every
 ///   unmap interrupts the other cores running the process to flush their TLBs, and
 ///   changing the memory map takes the process's map lock for writing, which stalls
-///   the serving threads' own page faults and allocations. The CPU bucket cannot
-///   see that cost, so it is bounded apart, by the bytes that cause it.
+///   the serving threads' own page faults and allocations. Candidates' memories and
+///   stacks therefore stay mapped and are reused ([`crate::plugin::resident`]), which
+///   removes that cost once the regions are warm; this bucket still bounds what is
+///   left (regions made while the pool warms up or past what it keeps, and the
+///   clearing of reused ones), since the CPU bucket sees only part of it.
 static PACING: Mutex<Pacing> =
     Mutex::new(Pacing { cpu: Bucket::full(CPU_BURST.as_nanos() as u64), churn: Bucket::full(CHURN_BURST) });
 

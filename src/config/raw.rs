@@ -326,7 +326,8 @@ pub(super) struct RawPlugins {
     pub memory_budget_mib: Option<Spanned<u32>>,
     /// Memory all shadow candidates (a route's `candidate`) may hold together, in
     /// MiB (default 256), apart from `memory_budget_mib`: a candidate that hoards
-    /// memory faults in the shadow, never takes memory from a serving plugin.
+    /// memory faults in the shadow, never takes memory from a serving plugin. Idle
+    /// memory regions kept for candidates' next instances hold at most as much again.
     pub shadow_memory_budget_mib: Option<Spanned<u32>>,
     /// CPU all shadow candidates may use together, in percent of one core (default
     /// 10, at most 100): past it their work waits and new work is dropped (counted),

@@ -28,6 +28,7 @@
 
 mod bindings;
 pub mod load;
+pub mod resident;
 pub mod sandbox;
 
 use std::path::{Path, PathBuf};
@@ -164,28 +165,39 @@ pub enum Metering {
 
 fn engine_for(metering: Metering) -> &'static Engine {
     static ENGINES: [OnceLock<Engine>; 2] = [OnceLock::new(), OnceLock::new()];
-    ENGINES[metering as usize].get_or_init(|| {
-        let bounded = metering == Metering::Bounded;
-        let mut config = wasmtime::Config::new();
-        config.wasm_component_model(true);
-        config.epoch_interruption(bounded);
-        config.consume_fuel(bounded);
-        let engine = Engine::new(&config).expect("the wasmtime configuration is valid");
-        if bounded {
-            let ticker = engine.weak();
-            std::thread::Builder::new()
-                .name("inlet-epoch".into())
-                .spawn(move || {
-                    while let Some(engine) = ticker.upgrade() {
-                        engine.increment_epoch();
-                        drop(engine);
-                        std::thread::sleep(TICK);
-                    }
-                })
-                .expect("spawn the epoch thread");
-        }
-        engine
-    })
+    ENGINES[metering as usize].get_or_init(|| new_engine(metering, |_| {}))
+}
+
+/// The engine shadow candidates run on (`crate::shadow`): bounded like [`engine`],
+/// with linear memories and fiber stacks that stay mapped ([`resident`]), so a
+/// candidate's instances coming and going never change the process's memory map.
+fn candidate_engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| new_engine(Metering::Bounded, resident::configure))
+}
+
+fn new_engine(metering: Metering, more: impl FnOnce(&mut wasmtime::Config)) -> Engine {
+    let bounded = metering == Metering::Bounded;
+    let mut config = wasmtime::Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(bounded);
+    config.consume_fuel(bounded);
+    more(&mut config);
+    let engine = Engine::new(&config).expect("the wasmtime configuration is valid");
+    if bounded {
+        let ticker = engine.weak();
+        std::thread::Builder::new()
+            .name("inlet-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = ticker.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(TICK);
+                }
+            })
+            .expect("spawn the epoch thread");
+    }
+    engine
 }
 
 /// Per-store state: the WASI context and the memory limiter.
@@ -286,7 +298,7 @@ impl Plugin {
         cache: Option<&Path>,
         metering: Metering,
     ) -> Result<Arc<Plugin>, PluginLoadError> {
-        Self::build(path, bytes, limits, cache, metering, &sandbox::BUDGET)
+        Self::build(path, bytes, limits, cache, (engine_for(metering), metering), &sandbox::BUDGET)
     }
 
     /// A shadow candidate (`crate::shadow`): like [`Plugin::from_bytes`], but its
@@ -298,7 +310,8 @@ impl Plugin {
         limits: PluginLimits,
         cache: Option<&Path>,
     ) -> Result<Arc<Plugin>, PluginLoadError> {
-        Self::build(path, bytes, limits, cache, Metering::Bounded, &sandbox::SHADOW_BUDGET)
+        resident::reserve(limits.memory_bytes);
+        Self::build(path, bytes, limits, cache, (candidate_engine(), Metering::Bounded), &sandbox::SHADOW_BUDGET)
     }
 
     fn build(
@@ -306,10 +319,9 @@ impl Plugin {
         bytes: &[u8],
         limits: PluginLimits,
         cache: Option<&Path>,
-        metering: Metering,
+        (engine, metering): (&'static Engine, Metering),
         budget: &'static sandbox::MemoryBudget,
     ) -> Result<Arc<Plugin>, PluginLoadError> {
-        let engine = engine_for(metering);
         let component = compile_cached(engine, path, bytes, cache)?;
         check_contract(path, engine, &component)?;
         let mut linker = Linker::<HostState>::new(engine);
