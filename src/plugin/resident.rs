@@ -317,8 +317,7 @@ impl Drop for ResidentStack {
 mod tests {
     use super::*;
 
-    /// A memory of one page that can grow, a byte store and load anywhere, and the
-    /// address of its first byte is not visible (wasm has none).
+    /// A memory of one page that can grow, and a byte store and load at any address.
     const MEMORY: &str = r#"
         (component
           (core module $m
@@ -332,22 +331,24 @@ mod tests {
           (func (export "get") (param "at" u32) (result u32) (canon lift (core func $i "get"))))
     "#;
 
-    fn engine() -> wasmtime::Engine {
+    /// A fresh instance of [`MEMORY`] on a candidate engine, and its store.
+    fn instance() -> (wasmtime::Store<()>, wasmtime::component::Instance) {
         let mut config = wasmtime::Config::new();
         config.wasm_component_model(true);
         configure(&mut config);
-        wasmtime::Engine::new(&config).expect("the candidate configuration is valid")
+        let engine = wasmtime::Engine::new(&config).expect("the candidate configuration is valid");
+        let bytes = wat::parse_str(MEMORY).expect("valid component text");
+        let component = wasmtime::component::Component::new(&engine, bytes).expect("compiles");
+        let mut store = wasmtime::Store::new(&engine, ());
+        let instance =
+            wasmtime::component::Linker::<()>::new(&engine).instantiate(&mut store, &component).expect("instantiates");
+        (store, instance)
     }
 
     #[test]
-    fn a_reused_memory_starts_zeroed_and_traps_past_its_length_although_its_region_goes_on() {
-        let engine = engine();
-        let bytes = wat::parse_str(MEMORY).expect("valid component text");
-        let component = wasmtime::component::Component::new(&engine, bytes).expect("compiles");
-        let linker = wasmtime::component::Linker::<()>::new(&engine);
+    fn every_new_instance_finds_its_memory_zeroed_and_traps_past_its_length_although_its_region_goes_on() {
         for round in 0..3 {
-            let mut store = wasmtime::Store::new(&engine, ());
-            let instance = linker.instantiate(&mut store, &component).expect("instantiates");
+            let (mut store, instance) = instance();
             let grow = instance.get_typed_func::<(u32,), (i32,)>(&mut store, "grow").unwrap();
             let put = instance.get_typed_func::<(u32, u32), ()>(&mut store, "put").unwrap();
             let get = instance.get_typed_func::<(u32,), (u32,)>(&mut store, "get").unwrap();
@@ -361,17 +362,34 @@ mod tests {
             let past = get.call(&mut store, (4 * 65_536,)).expect_err("one byte past the length");
             assert_eq!(past.downcast_ref::<wasmtime::Trap>(), Some(&wasmtime::Trap::MemoryOutOfBounds), "{past:#}");
         }
-        assert!(MEMORIES.lock().unwrap().idle.iter().any(|r| r.dirty >= 4 * 65_536), "the region was kept for reuse");
+    }
+
+    #[test]
+    fn a_region_given_back_is_the_one_taken_next_and_clearing_zeroes_what_was_written() {
+        static LOCAL: Mutex<Pool> = Mutex::new(Pool::new());
+        let len = 1 << 20;
+        let mut region = Pool::take(&LOCAL, len, 0).expect("maps");
+        let base = region.base;
+        // SAFETY: the first 8192 bytes of the region this test owns.
+        unsafe { std::ptr::write_bytes(region.start(), 0xab, 8192) };
+        region.dirty = 8192;
+        Pool::give(&LOCAL, region, usize::MAX, usize::MAX);
+        assert_eq!(LOCAL.lock().unwrap().kept, 8192);
+        let mut again = Pool::take(&LOCAL, len, 0).expect("reuses");
+        assert_eq!(again.base, base, "the idle region is reused, not a new one mapped");
+        assert_eq!(LOCAL.lock().unwrap().kept, 0);
+        again.clear(4096..len);
+        // SAFETY: the region's usable bytes, owned by this test.
+        let bytes = unsafe { std::slice::from_raw_parts(again.start(), 8192) };
+        assert!(bytes[..4096].iter().all(|&b| b == 0xab), "outside the range asked for, nothing is cleared");
+        assert!(bytes[4096..].iter().all(|&b| b == 0), "within it, what was written is gone");
+        Pool::give(&LOCAL, again, 0, usize::MAX);
+        assert!(LOCAL.lock().unwrap().idle.is_empty(), "past the bytes kept, a region is unmapped, not kept");
     }
 
     #[test]
     fn a_memory_past_its_region_is_refused_and_the_guest_sees_a_failed_grow() {
-        let engine = engine();
-        let bytes = wat::parse_str(MEMORY).expect("valid component text");
-        let component = wasmtime::component::Component::new(&engine, bytes).expect("compiles");
-        let linker = wasmtime::component::Linker::<()>::new(&engine);
-        let mut store = wasmtime::Store::new(&engine, ());
-        let instance = linker.instantiate(&mut store, &component).expect("instantiates");
+        let (mut store, instance) = instance();
         let grow = instance.get_typed_func::<(u32,), (i32,)>(&mut store, "grow").unwrap();
         let pages = (REGION_BYTES.load(Ordering::Relaxed) / 65_536) as u32;
         let (answer,) = grow.call(&mut store, (pages,)).unwrap();
