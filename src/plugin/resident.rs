@@ -40,7 +40,12 @@ const KEEP_STACKS: usize = 32;
 
 /// Makes new memory regions large enough for an instance capped at `bytes`.
 pub fn reserve(bytes: usize) {
-    REGION_BYTES.fetch_max(bytes.max(1 << 16).next_multiple_of(page_size()), Ordering::Relaxed);
+    let wanted = bytes.max(1 << 16).next_multiple_of(page_size());
+    if REGION_BYTES.fetch_max(wanted, Ordering::Relaxed) < wanted {
+        // Idle regions of the old size would never be taken again: unmap them.
+        let idle = std::mem::replace(&mut *MEMORIES.lock().expect("resident pool lock"), Pool::new());
+        drop(idle);
+    }
 }
 
 /// Bounds the touched bytes idle memory regions keep (the shadow memory budget).
