@@ -80,6 +80,7 @@ conformance!(
     heads_behind_a_long_backlog_of_one_key_are_claimed,
     a_route_of_few_keys_gives_each_claim_every_free_head_and_the_entries_without_a_key,
     replay_windows_record_what_they_stored_and_are_listed_open_or_all,
+    an_entrys_attempts_come_back_oldest_first_however_each_was_settled,
 );
 
 fn entry(route: &str, key: &str, dedup: &str, payload: &str) -> NewEntry {
@@ -830,6 +831,128 @@ fn attempt_record(status: &str) -> inbox::failures::Attempt {
         requests: vec![],
         plugin: None,
     }
+}
+
+/// Three attempts of one entry, settled one by one, in a batch and one by one again
+/// (the first is kept in the entry's row, the later ones as records of their own),
+/// come back as given, oldest first; a neighbour's history stays its own.
+async fn an_entrys_attempts_come_back_oldest_first_however_each_was_settled(store: Arc<dyn Store>) {
+    let id = insert(&store, entry("h", "a", "h1", "p")).await;
+    let other = insert(&store, entry("h", "b", "h2", "p")).await;
+    let record = |n: i32, at: Millis, answer: &str, status: &str| inbox::failures::Attempt {
+        attempt: n,
+        owner: format!("w{n}"),
+        started_at: at,
+        duration_ms: i64::from(n),
+        answer: answer.into(),
+        status: status.parse().expect("a status"),
+        reason: (status == "OPEN").then(|| format!("answered 503 at attempt {n}")),
+        requests: vec![inbox::failures::RequestRecord {
+            step: 1,
+            method: "POST".into(),
+            path: format!("/try/{n}"),
+            status: Some(if status == "OPEN" { 503 } else { 204 }),
+            error: None,
+        }],
+        plugin: Some(format!("sha256:{n}")),
+    };
+    let retry = |at| Settlement::Retry { at, error: "503".into(), not_yet_since: None };
+    let first = record(1, T0, "retry", "OPEN");
+    let second = record(2, T0 + 1_000, "retry", "OPEN");
+    let third = record(3, T0 + 2_000, "done", "DONE");
+
+    let c = store.claim(&req("h", "w", T0, 1)).await.unwrap();
+    assert_eq!(ids(&c), vec![id]);
+    store.settle_recorded(id, &c[0].lease, T0 + 1, &retry(T0 + 1_000), Some(&first)).await.unwrap();
+    // The second in a batch beside the neighbour's first (PostgreSQL's one statement).
+    let c = store.claim(&req("h", "w", T0 + 1_000, 2)).await.unwrap();
+    assert_eq!(ids(&c), vec![id, other]);
+    let batch: Vec<SettleRequest> = vec![
+        SettleRequest {
+            id,
+            lease: c[0].lease.clone(),
+            now: T0 + 1_001,
+            settlement: retry(T0 + 2_000),
+            attempt: Some(second.clone()),
+        },
+        SettleRequest {
+            id: other,
+            lease: c[1].lease.clone(),
+            now: T0 + 1_001,
+            settlement: Settlement::Done,
+            attempt: Some(record(1, T0 + 1_000, "done", "DONE")),
+        },
+    ];
+    assert!(store.settle_batch(&batch).await.unwrap().iter().all(Result::is_ok));
+    let c = store.claim(&req("h", "w", T0 + 2_000, 1)).await.unwrap();
+    assert_eq!(ids(&c), vec![id]);
+    store.settle_recorded(id, &c[0].lease, T0 + 2_001, &Settlement::Done, Some(&third)).await.unwrap();
+
+    assert_eq!(store.attempts(id).await.unwrap(), vec![first, second, third]);
+    assert_eq!(store.attempts(other).await.unwrap(), vec![record(1, T0 + 1_000, "done", "DONE")]);
+}
+
+/// PostgreSQL: an entry delivered at its first attempt adds no `inbox_attempt` row
+/// (its record is in its own row), a retried one adds a row per later attempt; and a
+/// history written before the entry's row kept records (schema 10: every attempt a
+/// row) still reads in order with what comes after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_a_first_attempt_in_the_entry_row_and_later_ones_as_rows() {
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let mut conn = pg.connect().await;
+    let rows = |conn: &mut sqlx::PgConnection| {
+        let q = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_attempt");
+        async move { q.fetch_one(conn).await.unwrap() }
+    };
+    let at = |started_at: Millis, status: &str| inbox::failures::Attempt { started_at, ..attempt_record(status) };
+    let entries: Vec<i64> = {
+        let mut v = Vec::new();
+        for i in 0..3 {
+            v.push(insert(&store, entry("f", &format!("k{i}"), &format!("f{i}"), "p")).await);
+        }
+        v
+    };
+    // An older binary's record of an earlier attempt of the third entry.
+    sqlx::query(
+        "INSERT INTO inbox_attempt (entry_id, attempt, owner, started_at, duration_ms, answer, status, requests)
+         VALUES ($1, 1, 'old', $2, 7, 'retry', 'OPEN', '[]')",
+    )
+    .bind(entries[2])
+    .bind(T0 - 5_000)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let c = store.claim(&req("f", "w", T0, 3)).await.unwrap();
+    let settles: Vec<SettleRequest> = c
+        .iter()
+        .map(|c| SettleRequest {
+            id: c.entry.id,
+            lease: c.lease.clone(),
+            now: T0 + 1,
+            settlement: Settlement::Done,
+            attempt: Some(at(T0, "DONE")),
+        })
+        .collect();
+    assert!(store.settle_batch(&settles).await.unwrap().iter().all(Result::is_ok));
+    assert_eq!(rows(&mut conn).await, 1, "three first attempts, done: no row of their own");
+    let third = store.attempts(entries[2]).await.unwrap();
+    assert_eq!(third.iter().map(|a| a.owner.as_str()).collect::<Vec<_>>(), vec!["old", "w"], "oldest first");
+    assert_eq!(store.attempts(entries[0]).await.unwrap(), vec![at(T0, "DONE")]);
+
+    // A retried entry: its second attempt is a row (one by one and in a batch alike).
+    let retried = insert(&store, entry("f", "k9", "f9", "p")).await;
+    let c = store.claim(&req("f", "w", T0, 1)).await.unwrap();
+    let retry = Settlement::Retry { at: T0 + 1_000, error: "503".into(), not_yet_since: None };
+    store.settle_recorded(retried, &c[0].lease, T0 + 1, &retry, Some(&at(T0, "OPEN"))).await.unwrap();
+    assert_eq!(rows(&mut conn).await, 1);
+    let c = store.claim(&req("f", "w", T0 + 1_000, 1)).await.unwrap();
+    store
+        .settle_recorded(retried, &c[0].lease, T0 + 1_001, &Settlement::Done, Some(&at(T0 + 1_000, "DONE")))
+        .await
+        .unwrap();
+    assert_eq!(rows(&mut conn).await, 2);
+    assert_eq!(store.attempts(retried).await.unwrap(), vec![at(T0, "OPEN"), at(T0 + 1_000, "DONE")]);
 }
 
 /// PostgreSQL: claims leave dead row versions; once enough have died, `maintain`

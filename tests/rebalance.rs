@@ -47,7 +47,13 @@ async fn db_now(pg: &TestPg) -> i64 {
 async fn owners_by_key(pg: &TestPg, from: i64, until: i64) -> BTreeMap<String, Vec<String>> {
     let mut conn = pg.connect().await;
     let rows: Vec<(String, String)> = sqlx::query_as(
-        "SELECT e.correlation_key, a.owner FROM inbox_attempt a JOIN inbox_entry e ON e.id = a.entry_id
+        // An entry's first attempt is recorded in its own row, later ones in inbox_attempt.
+        "SELECT key, owner FROM (
+             SELECT e.correlation_key AS key, a.owner, a.started_at, a.entry_id
+             FROM inbox_attempt a JOIN inbox_entry e ON e.id = a.entry_id
+             UNION ALL
+             SELECT e.correlation_key, e.first_attempt::json->>'owner', (e.first_attempt::json->>'started_at')::bigint, e.id
+             FROM inbox_entry e WHERE e.first_attempt IS NOT NULL) a
          WHERE a.started_at >= $1 AND a.started_at < $2 ORDER BY a.started_at, a.entry_id",
     )
     .bind(from)

@@ -42,6 +42,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration::new(8, "statistics", include_str!("sql/postgres_0008_statistics.sql")),
     Migration::new(9, "hot_path_indexes", include_str!("sql/postgres_0009_hot_path_indexes.sql")),
     Migration::new(10, "replay_windows", include_str!("sql/postgres_0010_replay_windows.sql")).compatible_from(9),
+    Migration::new(11, "first_attempt", include_str!("sql/postgres_0011_first_attempt.sql")).compatible_from(10),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII). Taken for
@@ -440,13 +441,14 @@ impl PgStore {
 
 /// A batch of settles in one statement: the same changes as `settle.sql` for every
 /// entry whose lease still holds, and the attempt records of those, in the same
-/// statement. Returns the ids settled.
+/// statement: an entry's first attempt into its own row (`$27`, as `settle.sql`
+/// does), a later one into `inbox_attempt`. Returns the ids settled.
 const SETTLE_MANY_SQL: &str = "\
 WITH v AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[],
             $7::text[], $8::bigint[], $9::text[], $10::text[], $11::text[], $12::bytea[], $13::boolean[],
-            $14::bigint[], $15::text[], $16::text[])
-        AS v(id, owner, token, status, now, next, error, finished, ck, et, sv, body, reset, nys, dedup, fp)
+            $14::bigint[], $15::text[], $16::text[], $27::text[])
+        AS v(id, owner, token, status, now, next, error, finished, ck, et, sv, body, reset, nys, dedup, fp, first)
 ), settled AS (
     UPDATE inbox_entry e SET
         status = v.status,
@@ -463,16 +465,17 @@ WITH v AS (
         attempts = CASE WHEN v.reset THEN 0 ELSE e.attempts END,
         not_yet_since = COALESCE(e.not_yet_since, v.nys),
         dedup_key = COALESCE(v.dedup, e.dedup_key),
-        error_fingerprint = COALESCE(v.fp, e.error_fingerprint)
+        error_fingerprint = COALESCE(v.fp, e.error_fingerprint),
+        first_attempt = COALESCE(e.first_attempt, v.first)
     FROM v
     WHERE e.id = v.id AND e.status = 'IN_PROGRESS' AND e.lease_owner = v.owner AND e.lease_token = v.token
-    RETURNING e.id
+    RETURNING e.id, v.first IS NOT NULL AND e.first_attempt = v.first AS kept
 ), recorded AS (
     INSERT INTO inbox_attempt (entry_id, attempt, owner, started_at, duration_ms, answer, status, reason, requests, plugin)
     SELECT a.* FROM unnest($17::bigint[], $18::integer[], $19::text[], $20::bigint[], $21::bigint[], $22::text[],
             $23::text[], $24::text[], $25::text[], $26::text[])
         AS a(entry_id, attempt, owner, started_at, duration_ms, answer, status, reason, requests, plugin)
-    WHERE a.entry_id IN (SELECT id FROM settled)
+    WHERE a.entry_id IN (SELECT id FROM settled WHERE NOT kept)
 )
 SELECT id FROM settled";
 
@@ -496,6 +499,10 @@ impl PgStore {
         let requests: Vec<String> = attempts
             .iter()
             .map(|(_, a)| serde_json::to_string(&a.requests).expect("request records serialize"))
+            .collect();
+        let firsts: Vec<Option<String>> = items
+            .iter()
+            .map(|i| i.attempt.as_ref().map(|a| serde_json::to_string(a).expect("attempts serialize")))
             .collect();
         let settled: Vec<i64> = sqlx::query_scalar(SETTLE_MANY_SQL)
             .bind(items.iter().map(|i| i.id).collect::<Vec<_>>())
@@ -524,6 +531,7 @@ impl PgStore {
             .bind(attempts.iter().map(|(_, a)| a.reason.as_deref()).collect::<Vec<_>>())
             .bind(requests)
             .bind(attempts.iter().map(|(_, a)| a.plugin.as_deref()).collect::<Vec<_>>())
+            .bind(firsts)
             .fetch_all(&mut *conn)
             .await?;
         let settled: std::collections::HashSet<i64> = settled.into_iter().collect();

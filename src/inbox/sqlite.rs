@@ -29,6 +29,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration::new(7, "key_in_progress", include_str!("sql/sqlite_0007_key_in_progress.sql")),
     Migration::new(8, "waiting_key", include_str!("sql/sqlite_0008_waiting_key.sql")),
     Migration::new(9, "replay_windows", include_str!("sql/sqlite_0009_replay_windows.sql")).compatible_from(8),
+    Migration::new(10, "first_attempt", include_str!("sql/sqlite_0010_first_attempt.sql")).compatible_from(9),
 ];
 
 /// The connection settings of the inbox file (also what the benchmark's raw-insert

@@ -145,8 +145,10 @@ macro_rules! store_impl {
                 .map(drop)
             }
 
-            /// One settle and its attempt record, inside the caller's transaction.
-            /// `false`: the lease is gone and nothing was written.
+            /// One settle and its attempt record, inside the caller's transaction: the
+            /// entry's first attempt in its own row (`first_attempt`, written by the
+            /// settle), a later one as an `inbox_attempt` row. `false`: the lease is gone
+            /// and nothing was written.
             async fn settle_in(
                 conn: &mut $conn,
                 id: i64,
@@ -157,7 +159,8 @@ macro_rules! store_impl {
             ) -> Result<bool, $crate::inbox::StoreError> {
                 let c = s.columns(now);
                 let decoded = c.decoded;
-                let settle = sqlx::query(include_str!("sql/settle.sql"))
+                let record = attempt.map(|a| serde_json::to_string(a).expect("attempts serialize"));
+                let settle = sqlx::query_scalar::<_, Option<String>>(include_str!("sql/settle.sql"))
                     .bind(id)
                     .bind(&lease.owner)
                     .bind(lease.token)
@@ -173,11 +176,12 @@ macro_rules! store_impl {
                     .bind(c.reset)
                     .bind(c.not_yet_since)
                     .bind(c.dedup_key)
-                    .bind(c.error.map($crate::inbox::failures::fingerprint));
-                if settle.execute(&mut *conn).await?.rows_affected() == 0 {
-                    return Ok(false);
-                }
-                let Some(a) = attempt else { return Ok(true) };
+                    .bind(c.error.map($crate::inbox::failures::fingerprint))
+                    .bind(record.as_deref());
+                let Some(first) = settle.fetch_optional(&mut *conn).await? else { return Ok(false) };
+                // The row kept this attempt as its first (an identical record kept
+                // before it is this attempt too); otherwise it is a later one.
+                let (Some(a), false) = (attempt, first.is_some() && first == record) else { return Ok(true) };
                 let requests = serde_json::to_string(&a.requests).expect("request records serialize");
                 sqlx::query(include_str!("sql/attempt_insert.sql"))
                     .bind(id)
@@ -536,33 +540,44 @@ macro_rules! store_impl {
 
             async fn attempts(&self, entry_id: i64) -> Result<Vec<$crate::inbox::failures::Attempt>, $crate::inbox::StoreError> {
                 use sqlx::Row as _;
+                let corrupt = |reason: String| $crate::inbox::StoreError::Corrupt { id: entry_id, reason };
+                let first: Option<Option<String>> = sqlx::query_scalar("SELECT first_attempt FROM inbox_entry WHERE id = $1")
+                    .bind(entry_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                let mut attempts: Vec<$crate::inbox::failures::Attempt> = match first.flatten() {
+                    Some(json) => vec![serde_json::from_str(&json)
+                        .map_err(|e| corrupt(format!("the first attempt's record is not an attempt: {e}")))?],
+                    None => Vec::new(),
+                };
                 let rows = sqlx::query("SELECT * FROM inbox_attempt WHERE entry_id = $1 ORDER BY id")
                     .bind(entry_id)
                     .fetch_all(&self.pool)
                     .await?;
-                rows.iter()
-                    .map(|r| {
-                        let requests: String = r.try_get("requests")?;
-                        let requests = serde_json::from_str(&requests).map_err(|e| $crate::inbox::StoreError::Corrupt {
-                            id: entry_id,
-                            reason: format!("attempt requests are not JSON: {e}"),
-                        })?;
-                        Ok($crate::inbox::failures::Attempt {
-                            attempt: r.try_get("attempt")?,
-                            owner: r.try_get("owner")?,
-                            started_at: r.try_get("started_at")?,
-                            duration_ms: r.try_get("duration_ms")?,
-                            answer: r.try_get("answer")?,
-                            status: {
-                                let status: String = r.try_get("status")?;
-                                status.parse().map_err(|reason| $crate::inbox::StoreError::Corrupt { id: entry_id, reason })?
-                            },
-                            reason: r.try_get("reason")?,
-                            requests,
-                            plugin: r.try_get("plugin")?,
-                        })
-                    })
-                    .collect()
+                for r in &rows {
+                    let requests: String = r.try_get("requests")?;
+                    let requests =
+                        serde_json::from_str(&requests).map_err(|e| corrupt(format!("attempt requests are not JSON: {e}")))?;
+                    attempts.push($crate::inbox::failures::Attempt {
+                        attempt: r.try_get("attempt")?,
+                        owner: r.try_get("owner")?,
+                        started_at: r.try_get("started_at")?,
+                        duration_ms: r.try_get("duration_ms")?,
+                        answer: r.try_get("answer")?,
+                        status: {
+                            let status: String = r.try_get("status")?;
+                            status.parse().map_err(corrupt)?
+                        },
+                        reason: r.try_get("reason")?,
+                        requests,
+                        plugin: r.try_get("plugin")?,
+                    });
+                }
+                // Rows written before the column existed (or by an older binary during
+                // a rolling upgrade) may precede the one in the entry's row: by start
+                // time, the entry's own record first among equals (a stable sort).
+                attempts.sort_by_key(|a| a.started_at);
+                Ok(attempts)
             }
 
             async fn repair_candidates(

@@ -13,5 +13,7 @@ UPDATE inbox_entry SET
     attempts = CASE WHEN $13 THEN 0 ELSE attempts END,
     not_yet_since = COALESCE(not_yet_since, $14),
     dedup_key = COALESCE($15, dedup_key),
-    error_fingerprint = COALESCE($16, error_fingerprint)
+    error_fingerprint = COALESCE($16, error_fingerprint),
+    first_attempt = COALESCE(first_attempt, $17)
 WHERE id = $1 AND status = 'IN_PROGRESS' AND lease_owner = $2 AND lease_token = $3
+RETURNING first_attempt
