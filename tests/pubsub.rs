@@ -718,7 +718,14 @@ async fn sigterm_with_messages_in_flight_acks_only_what_is_stored() {
     let mut second = InletProcess::spawn(&config, &env);
     wait_settled(&rows, N as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
     let stored = stop_process_checked(&mut second, port, &rows, dir.path(), N).await;
-    assert!(stored as i64 > at_stop, "the restarted instance stored more ({stored} after {at_stop} at the stop)");
+    // The pull may have stored every message before the signal came (the target is
+    // the slow half; seen in CI): then the stop was mid-run for the relay only, which
+    // `done < N` above checks, and there is nothing left for the restart to store.
+    if at_stop < N as i64 {
+        assert!(stored as i64 > at_stop, "the restarted instance stored more ({stored} after {at_stop} at the stop)");
+    } else {
+        println!("every message was stored before the stop; the restart only delivered");
+    }
     assert_eq!(rows.done().await, stored as i64, "every stored message delivered and DONE");
     assert_stored_were_delivered(&camunda, KEYS, N / KEYS, stored);
 }
