@@ -901,10 +901,6 @@ async fn postgres_keeps_a_first_attempt_in_the_entry_row_and_later_ones_as_rows(
     let pg = TestPg::new().await;
     let store = inbox::open(&pg.url, 4).await.expect("open postgres");
     let mut conn = pg.connect().await;
-    let rows = |conn: &mut sqlx::PgConnection| {
-        let q = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_attempt");
-        async move { q.fetch_one(conn).await.unwrap() }
-    };
     let at = |started_at: Millis, status: &str| inbox::failures::Attempt { started_at, ..attempt_record(status) };
     let entries: Vec<i64> = {
         let mut v = Vec::new();
@@ -935,7 +931,7 @@ async fn postgres_keeps_a_first_attempt_in_the_entry_row_and_later_ones_as_rows(
         })
         .collect();
     assert!(store.settle_batch(&settles).await.unwrap().iter().all(Result::is_ok));
-    assert_eq!(rows(&mut conn).await, 1, "three first attempts, done: no row of their own");
+    assert_eq!(attempt_rows(&mut conn).await, 1, "three first attempts, done: no row of their own");
     let third = store.attempts(entries[2]).await.unwrap();
     assert_eq!(third.iter().map(|a| a.owner.as_str()).collect::<Vec<_>>(), vec!["old", "w"], "oldest first");
     assert_eq!(store.attempts(entries[0]).await.unwrap(), vec![at(T0, "DONE")]);
@@ -945,14 +941,18 @@ async fn postgres_keeps_a_first_attempt_in_the_entry_row_and_later_ones_as_rows(
     let c = store.claim(&req("f", "w", T0, 1)).await.unwrap();
     let retry = Settlement::Retry { at: T0 + 1_000, error: "503".into(), not_yet_since: None };
     store.settle_recorded(retried, &c[0].lease, T0 + 1, &retry, Some(&at(T0, "OPEN"))).await.unwrap();
-    assert_eq!(rows(&mut conn).await, 1);
+    assert_eq!(attempt_rows(&mut conn).await, 1);
     let c = store.claim(&req("f", "w", T0 + 1_000, 1)).await.unwrap();
     store
         .settle_recorded(retried, &c[0].lease, T0 + 1_001, &Settlement::Done, Some(&at(T0 + 1_000, "DONE")))
         .await
         .unwrap();
-    assert_eq!(rows(&mut conn).await, 2);
+    assert_eq!(attempt_rows(&mut conn).await, 2);
     assert_eq!(store.attempts(retried).await.unwrap(), vec![at(T0, "OPEN"), at(T0 + 1_000, "DONE")]);
+}
+
+async fn attempt_rows(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM inbox_attempt").fetch_one(conn).await.unwrap()
 }
 
 /// PostgreSQL: claims leave dead row versions; once enough have died, `maintain`
