@@ -39,8 +39,13 @@
 //!   (`--shadow-rate`, default 200 msg/s, for `--latency-seconds`) with no candidate, beside the same with a
 //!   candidate plugin in shadow that sleeps (an hour per call, until its backstop),
 //!   traps, or hoards memory at every call (`plugins/work-order-next`, chosen by the
-//!   work order id's prefix). Runs alternate and each row is the median of the rounds;
-//!   the goal is a p99 within 10 % of the run without a candidate. The candidate runs
+//!   work order id's prefix). Each round runs, per candidate, a pair: without and
+//!   with, back to back, the first of the pair alternating between rounds. A row's
+//!   p50/p99 pool every latency of its runs; the goal is the candidate's pooled p99
+//!   within 10 % of its paired runs' without (beside it: each pair's own ratio and a
+//!   90 % bootstrap interval over pairs). An A/A row splits the runs without a
+//!   candidate in two halves and compares them the same way: the noise floor the
+//!   ratios are read against. The candidate runs
 //!   under the default pacing unless `--shadow-cpu-percent` or
 //!   `--shadow-memory-churn-mib-per-s` set `[plugins]` otherwise. Each row also gives
 //!   the page faults the inlet process took per message, which unlike a p99 hardly
@@ -939,6 +944,8 @@ struct Paced {
     p50: Duration,
     p99: Duration,
     shed: u64,
+    /// Every counted push's latency, sorted (the shadow section pools them across runs).
+    latencies: Vec<Duration>,
 }
 
 /// Sends `bodies` to `inlet` at `per_s`, each at its time whatever the answers before
@@ -1013,8 +1020,12 @@ async fn paced_latency(
         .filter_map(|(i, at)| sent.get(*i).copied().flatten().map(|s| at.saturating_duration_since(s)))
         .collect();
     latencies.sort();
-    let pct = |q: f64| latencies[((latencies.len() as f64 * q).ceil() as usize).clamp(1, latencies.len()) - 1];
-    Paced { p50: pct(0.5), p99: pct(0.99), shed }
+    Paced { p50: quantile(&latencies, 0.5), p99: quantile(&latencies, 0.99), shed, latencies }
+}
+
+/// The `q` quantile of sorted `latencies` (the nearest rank).
+fn quantile(latencies: &[Duration], q: f64) -> Duration {
+    latencies[((latencies.len() as f64 * q).ceil() as usize).clamp(1, latencies.len()) - 1]
 }
 
 /// The start of a paced run that is not counted.
@@ -1034,104 +1045,218 @@ async fn shadow_section(args: &Args, plugin: &Path, target: &Target, report: &mu
     assert!(candidate.is_file(), "{} is missing; run scripts/build-plugins first", candidate.display());
     let per_s = args.shadow_rate;
     let total = (per_s * args.latency_window.as_secs_f64()) as usize;
-    // Each run's figures and the page faults the process took per message.
-    let mut without: Vec<(Paced, f64)> = Vec::new();
-    let mut with: Vec<Vec<(Paced, f64)>> = CANDIDATES.iter().map(|_| Vec::new()).collect();
+    let chosen = |prefix: &str| {
+        args.shadow_candidates.as_ref().is_none_or(|w| w.iter().any(|n| prefix.trim_end_matches('-') == n))
+    };
+    // Per candidate, one pair of runs per round: (without, with), each run's figures
+    // and the page faults the process took per message.
+    let mut pairs: Vec<Vec<[ShadowRun; 2]>> = CANDIDATES.iter().map(|_| Vec::new()).collect();
     for round in 1..=args.rounds {
-        // Without a candidate, then each candidate, each on a fresh database; the
-        // bodies carry the candidate's prefix in every run (the serving plugin treats
-        // every id alike).
         for (c, (prefix, _)) in CANDIDATES.iter().enumerate() {
-            if !args.shadow_candidates.as_ref().is_none_or(|w| w.iter().any(|n| prefix.trim_end_matches('-') == n)) {
+            if !chosen(prefix) {
                 continue;
             }
-            for shadowed in [false, true] {
-                let pg = TestPg::new().await;
-                let shadow = shadowed.then_some(Shadow {
-                    candidate: candidate.as_path(),
-                    cpu_percent: args.shadow_cpu_percent,
-                    churn_mib_per_s: args.shadow_churn_mib_per_s,
-                });
-                let inlet = Instance::start_with(&pg.url, plugin, shadow, target, args.concurrency, "shadow").await;
-                let faults_before = inlet.page_faults();
-                let paced =
-                    paced_latency(args, &inlet, target, prefixed_push_bodies(total, args.keys, prefix), per_s).await;
-                let faults = (inlet.page_faults() - faults_before) as f64 / total as f64;
+            // Without a candidate and with it, back to back, each on a fresh database;
+            // which goes first alternates between rounds, so a drift of the machine
+            // during a round weighs on both sides alike. The bodies carry the
+            // candidate's prefix in every run (the serving plugin treats every id
+            // alike).
+            let order = if round % 2 == 1 { [false, true] } else { [true, false] };
+            let mut pair: [Option<ShadowRun>; 2] = [None, None];
+            for shadowed in order {
+                let run = shadow_run(args, plugin, &candidate, shadowed, target, total, prefix, per_s).await;
                 eprintln!(
-                    "shadow round {round}: {prefix}* {} p99 {:.1} ms, {faults:.1} page faults per message",
+                    "shadow round {round}: {prefix}* {} p99 {:.1} ms, {:.1} page faults per message",
                     if shadowed { "with the candidate" } else { "without" },
-                    ms(paced.p99)
+                    ms(run.paced.p99),
+                    run.faults
                 );
-                let paced = (paced, faults);
-                if shadowed {
-                    let metrics = reqwest::get(format!("{}/metrics", inlet.base()))
-                        .await
-                        .expect("metrics")
-                        .text()
-                        .await
-                        .expect("metrics text");
-                    let faults: f64 = metrics
-                        .lines()
-                        .filter(|l| {
-                            l.starts_with("inlet_shadow_faults_total{") || l.starts_with("inlet_shadow_dropped_total{")
-                        })
-                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                        .sum();
-                    assert!(faults > 0.0, "the {prefix} candidate neither faulted nor fell behind:\n{metrics}");
-                    with[c].push(paced);
-                } else {
-                    without.push(paced);
-                }
-                inlet.stop();
-                drop(pg);
+                pair[usize::from(shadowed)] = Some(run);
             }
+            let [Some(without), Some(with)] = pair else { unreachable!("both runs of a pair ran") };
+            pairs[c].push([without, with]);
         }
     }
-    let median_of = |runs: &[(Paced, f64)], f: fn(&Paced) -> Duration| {
-        let mut v: Vec<Duration> = runs.iter().map(|(p, _)| f(p)).collect();
-        v.sort();
-        v[v.len() / 2]
-    };
-    let median_faults = |runs: &[(Paced, f64)]| {
-        let mut v: Vec<f64> = runs.iter().map(|&(_, f)| f).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let base = median_of(&without, |p| p.p99);
+    let all_without: Vec<&ShadowRun> = pairs.iter().flatten().map(|[w, _]| w).collect();
+    if all_without.is_empty() {
+        return;
+    }
+    let (p50, p99) = pooled(&all_without);
     report.row(
         "shadow pg",
-        &format!("push -> delivery at {per_s:.0} msg/s, no candidate, p50 / p99"),
-        format!("{:.1} ms / {:.1} ms", ms(median_of(&without, |p| p.p50)), ms(base)),
+        &format!("push -> delivery at {per_s:.0} msg/s, no candidate, p50 / p99 (all runs pooled)"),
+        format!("{:.1} ms / {:.1} ms", ms(p50), ms(p99)),
         format!(
-            "{total} pushes per run, {} runs; {:.1} page faults per message",
-            without.len(),
-            median_faults(&without)
+            "{total} pushes per run, {} runs, per-run p99 {}; {:.1} page faults per message",
+            all_without.len(),
+            spread(all_without.iter().map(|r| r.paced.p99)),
+            median(all_without.iter().map(|r| r.faults).collect())
         ),
         None,
         None,
     );
+    // The noise floor: the runs without a candidate in two halves (every other one,
+    // candidate by candidate and round by round), pooled as a candidate's runs are.
+    if all_without.len() >= 2 {
+        let (a, b): (Vec<_>, Vec<_>) = all_without.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+        let half = |h: Vec<(usize, &&ShadowRun)>| pooled(&h.into_iter().map(|(_, r)| *r).collect::<Vec<_>>()).1;
+        let (a, b) = (half(a), half(b));
+        report.row(
+            "shadow pg",
+            "A/A: no candidate on either side (every other run against the rest), p99 of one half / the other",
+            format!("{:.1} ms / {:.1} ms", ms(b), ms(a)),
+            "what the machine alone moves a pooled p99 by; read the ratios below against it".into(),
+            Some(b.as_secs_f64() / a.as_secs_f64()),
+            None,
+        );
+    }
     for (c, (_, what)) in CANDIDATES.iter().enumerate() {
-        if with[c].is_empty() {
+        let runs = &pairs[c];
+        if runs.is_empty() {
             continue;
         }
-        let p99 = median_of(&with[c], |p| p.p99);
-        let ratio = p99.as_secs_f64() / base.as_secs_f64();
+        let side = |s: usize| runs.iter().map(|p| &p[s]).collect::<Vec<_>>();
+        let (without, with) = (side(0), side(1));
+        let ratio = pooled_ratio(runs);
+        let interval = bootstrap_interval(runs);
+        let (p50, p99) = pooled(&with);
         report.row(
             "shadow pg",
             &format!(
-                "the same with a candidate that {what}{}{}, p50 / p99",
+                "the same with a candidate that {what}{}{}, p50 / p99 (pooled)",
                 args.shadow_cpu_percent.map_or(String::new(), |p| format!(" (shadow_cpu_percent {p})")),
                 args.shadow_churn_mib_per_s.map_or(String::new(), |m| format!(" (shadow_memory_churn_mib_per_s {m})"))
             ),
-            format!("{:.1} ms / {:.1} ms", ms(median_of(&with[c], |p| p.p50)), ms(p99)),
+            format!("{:.1} ms / {:.1} ms", ms(p50), ms(p99)),
             format!(
-                "p99 without a candidate {:.1} ms; {:.1} page faults per message",
-                ms(base),
-                median_faults(&with[c])
+                "its paired runs without: p99 {:.1} ms; ratio per pair {}; {}; {:.1} page faults per message",
+                ms(pooled(&without).1),
+                spread(runs.iter().map(|[w, s]| s.paced.p99.as_secs_f64() / w.paced.p99.as_secs_f64())),
+                interval.map_or("one pair: no interval".into(), |(lo, hi)| format!(
+                    "90 % interval over pairs {lo:.2}×–{hi:.2}×"
+                )),
+                median(with.iter().map(|r| r.faults).collect())
             ),
             Some(ratio),
             Some(Goal { text: "p99 within 10 %".into(), met: ratio <= 1.10 }),
         );
+    }
+}
+
+/// One run of the shadow section.
+struct ShadowRun {
+    paced: Paced,
+    /// Page faults the inlet process took per message.
+    faults: f64,
+}
+
+/// A run of `total` paced pushes on a fresh database and a fresh instance, with the
+/// candidate in shadow if `shadowed`; a run with a candidate must show it misbehaved
+/// (a fault or work dropped), or the run proves nothing.
+#[allow(clippy::too_many_arguments)]
+async fn shadow_run(
+    args: &Args,
+    plugin: &Path,
+    candidate: &Path,
+    shadowed: bool,
+    target: &Target,
+    total: usize,
+    prefix: &str,
+    per_s: f64,
+) -> ShadowRun {
+    let pg = TestPg::new().await;
+    let shadow = shadowed.then_some(Shadow {
+        candidate,
+        cpu_percent: args.shadow_cpu_percent,
+        churn_mib_per_s: args.shadow_churn_mib_per_s,
+    });
+    let inlet = Instance::start_with(&pg.url, plugin, shadow, target, args.concurrency, "shadow").await;
+    let faults_before = inlet.page_faults();
+    let paced = paced_latency(args, &inlet, target, prefixed_push_bodies(total, args.keys, prefix), per_s).await;
+    let faults = (inlet.page_faults() - faults_before) as f64 / total as f64;
+    if shadowed {
+        let metrics = reqwest::get(format!("{}/metrics", inlet.base()))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        let misbehaved: f64 = metrics
+            .lines()
+            .filter(|l| l.starts_with("inlet_shadow_faults_total{") || l.starts_with("inlet_shadow_dropped_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert!(misbehaved > 0.0, "the {prefix} candidate neither faulted nor fell behind:\n{metrics}");
+    }
+    inlet.stop();
+    drop(pg);
+    ShadowRun { paced, faults }
+}
+
+/// The p50 and p99 of every latency of `runs` taken together: one estimate from all
+/// their samples, where the median of per-run p99s would rest on each run's ~60
+/// slowest.
+fn pooled(runs: &[&ShadowRun]) -> (Duration, Duration) {
+    let mut all: Vec<Duration> = runs.iter().flat_map(|r| r.paced.latencies.iter().copied()).collect();
+    all.sort_unstable();
+    (quantile(&all, 0.5), quantile(&all, 0.99))
+}
+
+/// Pooled p99 with the candidate over pooled p99 of the paired runs without it.
+fn pooled_ratio(pairs: &[[ShadowRun; 2]]) -> f64 {
+    let side = |s: usize| pairs.iter().map(|p| &p[s]).collect::<Vec<_>>();
+    pooled(&side(1)).1.as_secs_f64() / pooled(&side(0)).1.as_secs_f64()
+}
+
+/// A 90 % interval of [`pooled_ratio`] by resampling whole pairs (a pair's samples
+/// share a machine state, so they are not resampled one by one): `None` for one pair.
+fn bootstrap_interval(pairs: &[[ShadowRun; 2]]) -> Option<(f64, f64)> {
+    use rand::{Rng, SeedableRng};
+    if pairs.len() < 2 {
+        return None;
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(24);
+    let mut ratios: Vec<f64> = (0..1_000)
+        .map(|_| {
+            let pick: Vec<&[ShadowRun; 2]> = (0..pairs.len()).map(|_| &pairs[rng.gen_range(0..pairs.len())]).collect();
+            let side = |s: usize| pick.iter().map(|p| &p[s]).collect::<Vec<_>>();
+            pooled(&side(1)).1.as_secs_f64() / pooled(&side(0)).1.as_secs_f64()
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    Some((ratios[ratios.len() / 20], ratios[ratios.len() * 19 / 20]))
+}
+
+/// "lowest–highest" of per-run figures: durations in ms, plain numbers as ratios.
+fn spread<T: Spread>(values: impl Iterator<Item = T>) -> String {
+    let mut v: Vec<T> = values.collect();
+    v.sort_by(|a, b| a.value().total_cmp(&b.value()));
+    match (v.first(), v.last()) {
+        (Some(lo), Some(hi)) => format!("{}–{}", lo.show(), hi.show()),
+        _ => String::new(),
+    }
+}
+
+trait Spread {
+    fn value(&self) -> f64;
+    fn show(&self) -> String;
+}
+
+impl Spread for Duration {
+    fn value(&self) -> f64 {
+        self.as_secs_f64()
+    }
+    fn show(&self) -> String {
+        format!("{:.1} ms", ms(*self))
+    }
+}
+
+impl Spread for f64 {
+    fn value(&self) -> f64 {
+        *self
+    }
+    fn show(&self) -> String {
+        format!("{self:.2}×")
     }
 }
 
