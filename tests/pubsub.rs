@@ -390,7 +390,20 @@ async fn ten_thousand_messages(backend: &str) {
         // timeout on a starved machine, say) may leave messages out: the emulator
         // strands what a closed stream held. Then what Inlet controls is checked
         // exactly, by its ack journal, as after a kill.
-        assert!(lost > 0.0, "{stored} of {N} messages stored, all DONE, and no stream was lost: messages went missing");
+        // The source's own counts say whether the messages reached Inlet at all.
+        let counts: Vec<String> = running
+            .shared
+            .metrics
+            .render()
+            .lines()
+            .filter(|l| l.starts_with("inlet_pubsub") || l.starts_with("inlet_ingested"))
+            .map(String::from)
+            .collect();
+        assert!(
+            lost > 0.0,
+            "{stored} of {N} messages stored, all DONE, and no stream was lost: messages went missing\n{}",
+            counts.join("\n")
+        );
         println!("{backend}: {lost} streams lost mid-run; checking by the ack journal");
         let stored = stop_checked(running, &rows, dir.path(), N).await;
         assert_stored_were_delivered(&camunda, KEYS, N / KEYS, stored);
