@@ -706,6 +706,9 @@ impl Metrics {
             let _ = self.pubsub_outstanding.get_or_create(&label);
             let _ = self.pubsub_batch_size.get_or_create(&label);
             let _ = self.pubsub_unrouted.get_or_create(&label);
+            // From the start, not from the first session: a scrape before the stream
+            // is up (Pub/Sub unreachable) still shows the series the alerts read.
+            let _ = self.pubsub_near_dead_letter.get_or_create(&label);
             for outcome in ["acked", "nacked"] {
                 let _ = self.pubsub_acks.get_or_create(&Metrics::outcome(route, outcome));
             }
