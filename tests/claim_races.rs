@@ -2,7 +2,8 @@
 //! deterministically with explicit transactions held open between steps:
 //!
 //! (a) an insert of a key still uncommitted while a later insert of the key has
-//!     committed (ids are drawn at insert, not at commit);
+//!     committed (ids are drawn at insert, not at commit; for a key seen before: a
+//!     new key's first inserts wait for each other);
 //! (b) a parked entry requeued (`parked = "pass"`) while a claim of a later entry of
 //!     its key is in flight;
 //! (c) an entry parked before decoding, requeued, claimed and re-decoded into a key
@@ -124,7 +125,8 @@ async fn pg_claim_held_open(conn: &mut sqlx::PgConnection, owner: &str, parked_b
         .unwrap();
     let (ids, keys): (Vec<i64>, Vec<Option<String>>) = candidates.into_iter().unzip();
     let held: Vec<String> = keys.into_iter().flatten().collect();
-    let claim = CLAIM_HELD_SQL.replace("RETURNING inbox_entry.*", "RETURNING inbox_entry.id");
+    let claim = CLAIM_HELD_SQL.replace("SELECT claimed.* FROM claimed", "SELECT claimed.id FROM claimed");
+    assert_ne!(claim, CLAIM_HELD_SQL, "the claim's last line changed: change it here too");
     claim_by_hand!(sqlx::query_scalar(&claim), &r).bind(&ids).bind(&held).fetch_all(&mut *conn).await.unwrap()
 }
 
@@ -136,6 +138,13 @@ async fn pg() -> (Arc<dyn Store>, TestPg) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_claim_never_passes_an_older_insert_still_in_flight() {
     let (store, pg) = pg().await;
+    // K exists already (its row in inbox_key_floor): the inserts below do not wait for
+    // each other (see the next test for a new key's).
+    let earlier = insert(&store, entry(Some("K"), "e-0")).await;
+    let c = store.claim(&req("a", true)).await.unwrap();
+    assert_eq!(ids(&c), vec![earlier]);
+    store.settle(earlier, &c[0].lease, T0, &Settlement::Done).await.unwrap();
+
     let mut ingest = pg.connect().await;
     sqlx::query("BEGIN").execute(&mut ingest).await.unwrap();
     let older = insert_by_hand!(inlet::inbox::postgres::INSERT_SQL, &entry(Some("K"), "e-1"), &mut ingest);
@@ -149,6 +158,27 @@ async fn postgres_a_claim_never_passes_an_older_insert_still_in_flight() {
     let first = store.claim(&req("b", true)).await.unwrap();
     assert_eq!(ids(&first), vec![older], "the older entry goes first");
     assert!(store.claim(&req("c", true)).await.unwrap().is_empty(), "one entry of the key in flight");
+}
+
+/// The first inserts of a key not seen before wait for each other (each adds the key's
+/// row to `inbox_key_floor`), so the order they commit in is their ids' order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_the_first_inserts_of_a_new_key_commit_in_id_order() {
+    let (store, pg) = pg().await;
+    let mut ingest = pg.connect().await;
+    sqlx::query("BEGIN").execute(&mut ingest).await.unwrap();
+    let older = insert_by_hand!(inlet::inbox::postgres::INSERT_SQL, &entry(Some("J"), "j-1"), &mut ingest);
+    let newer = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move { insert(&store, entry(Some("J"), "j-2")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await; // time for the second insert to reach J's row
+    assert!(!newer.is_finished(), "the second insert of a new key waits for the first to commit");
+    sqlx::query("COMMIT").execute(&mut ingest).await.unwrap();
+    let newer = newer.await.unwrap();
+    assert!(older < newer, "ids are drawn in insert order");
+    let first = store.claim(&req("b", true)).await.unwrap();
+    assert_eq!(ids(&first), vec![older], "the older entry goes first");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,12 +212,30 @@ async fn postgres_a_key_found_by_re_decoding_during_a_claim_is_not_in_flight_twi
     assert_eq!(pg_claim_held_open(&mut a, "a", true).await, vec![later]);
     let decoded =
         Decoded { event_type: "test".into(), correlation_key: "K".into(), schema_version: None, body: vec![] };
-    store.settle(undecoded, &redecoding[0].lease, T0, &Settlement::Decoded { decoded, dedup_key: None }).await.unwrap();
+    // The re-decode joins key K as an insert would: under K's lock, shared, so it waits
+    // for A's claim of K to commit.
+    let settling = {
+        let (store, lease) = (Arc::clone(&store), redecoding[0].lease.clone());
+        tokio::spawn(async move {
+            store.settle(undecoded, &lease, T0, &Settlement::Decoded { decoded, dedup_key: None }).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await; // time for the settle to reach K's lock
+    assert!(!settling.is_finished(), "the re-decode into K cannot settle while A's claim of K is uncommitted");
 
     let b = store.claim(&req("b", true)).await.unwrap();
     assert_eq!(ids(&b), Vec::<i64>::new(), "B must not take {undecoded} (now of key K) while {later} is being claimed");
     sqlx::query("COMMIT").execute(&mut a).await.unwrap();
+    settling.await.unwrap().unwrap();
     assert!(store.claim(&req("b", true)).await.unwrap().is_empty(), "{later} in flight holds the key");
+    // The re-decoded entry is older than K's floor (A raised it to {later}): the floor
+    // came down to it, so K's order still counts it.
+    let floor: i64 =
+        sqlx::query_scalar("SELECT floor FROM inbox_key_floor WHERE route = 'r' AND correlation_key = 'K'")
+            .fetch_one(&mut a)
+            .await
+            .unwrap();
+    assert_eq!(floor, undecoded, "K's floor after the re-decode");
 }
 
 // ------------------------------------------------------------------------------------

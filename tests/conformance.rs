@@ -951,6 +951,96 @@ async fn postgres_keeps_a_first_attempt_in_the_entry_row_and_later_ones_as_rows(
     assert_eq!(store.attempts(retried).await.unwrap(), vec![at(T0, "OPEN"), at(T0 + 1_000, "DONE")]);
 }
 
+/// Every key with an unresolved entry has a floor row, at or below its oldest
+/// unresolved entry (the rule of sql/postgres_0012_key_floor.sql); the floors, by key.
+async fn floors_hold(conn: &mut sqlx::PgConnection) -> HashMap<String, i64> {
+    let broken: Vec<(String, Option<i64>, i64)> = sqlx::query_as(
+        "SELECT e.correlation_key, f.floor, min(e.id) FROM inbox_entry e
+         LEFT JOIN inbox_key_floor f ON f.route = e.route AND f.correlation_key = e.correlation_key
+         WHERE e.status IN ('OPEN', 'IN_PROGRESS', 'PARKED') AND e.correlation_key IS NOT NULL
+         GROUP BY e.correlation_key, f.floor HAVING f.floor IS NULL OR f.floor > min(e.id)",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert!(broken.is_empty(), "keys without a floor at or below their oldest unresolved entry: {broken:?}");
+    let floors: Vec<(String, i64)> =
+        sqlx::query_as("SELECT correlation_key, floor FROM inbox_key_floor").fetch_all(&mut *conn).await.unwrap();
+    floors.into_iter().collect()
+}
+
+/// PostgreSQL: inserts give each key a floor row at 0; a claim raises its key's floor
+/// to the head it takes (or to an older entry parked where parked lets the key pass);
+/// and the inbox's maintenance deletes the rows of keys with nothing left, adds the
+/// rows missing and lowers a floor found above an unresolved entry (what an older
+/// binary could leave during a rolling upgrade).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_key_floors_follow_the_heads_and_are_kept_whole() {
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let mut conn = pg.connect().await;
+    let a: Vec<i64> = {
+        let mut v = Vec::new();
+        for i in 0..3 {
+            v.push(insert(&store, entry("r", "A", &format!("a{i}"), "p")).await);
+        }
+        v
+    };
+    let b0 = insert(&store, entry("r", "B", "b0", "p")).await;
+    let b1 = insert(&store, entry("r", "B", "b1", "p")).await;
+    insert(&store, undecodable("r", "u0", b"?")).await; // parked, without a key: no row
+    assert_eq!(floors_hold(&mut conn).await, HashMap::from([("A".into(), 0), ("B".into(), 0)]));
+
+    let pass = |now| ClaimRequest { parked_blocks: false, ..req("r", "w", now, 10) };
+    let c = store.claim(&pass(T0)).await.unwrap();
+    let claimed: HashSet<i64> = ids(&c).into_iter().collect();
+    assert!(claimed.contains(&a[0]) && claimed.contains(&b0), "the heads: {claimed:?}");
+    assert_eq!(floors_hold(&mut conn).await, HashMap::from([("A".into(), a[0]), ("B".into(), b0)]));
+
+    // A's head done, B's parked (the route lets a parked entry pass): the next claim
+    // raises A's floor to its new head and keeps B's at the parked entry, which is
+    // still unresolved.
+    for c in &c {
+        let s = match c.entry.id {
+            id if id == b0 => Settlement::Parked { error: "refused".into() },
+            _ => Settlement::Done,
+        };
+        store.settle(c.entry.id, &c.lease, T0 + 1, &s).await.unwrap();
+    }
+    let c = store.claim(&pass(T0 + 2)).await.unwrap();
+    assert_eq!(ids(&c), vec![a[1], b1]);
+    assert_eq!(floors_hold(&mut conn).await, HashMap::from([("A".into(), a[1]), ("B".into(), b0)]));
+
+    // Everything finished: maintenance deletes both rows.
+    for c in &c {
+        store.settle(c.entry.id, &c.lease, T0 + 3, &Settlement::Done).await.unwrap();
+    }
+    assert!(store.ignore(b0, "operator", T0 + 3).await.unwrap());
+    let c = store.claim(&pass(T0 + 4)).await.unwrap();
+    assert_eq!(ids(&c), vec![a[2]]);
+    store.settle(a[2], &c[0].lease, T0 + 5, &Settlement::Done).await.unwrap();
+    let done = store.maintain().await.unwrap().unwrap_or_default();
+    assert!(done.contains("2 rows of finished keys deleted"), "maintenance said: {done}");
+    assert!(floors_hold(&mut conn).await.is_empty());
+
+    // What an older binary could leave: a key without a row, a floor above its key's
+    // oldest unresolved entry. A new instance's first maintenance mends both.
+    let c0 = insert(&store, entry("r", "C", "c0", "p")).await;
+    let d0 = insert(&store, entry("r", "D", "d0", "p")).await;
+    sqlx::query("DELETE FROM inbox_key_floor WHERE correlation_key = 'C'").execute(&mut conn).await.unwrap();
+    sqlx::query("UPDATE inbox_key_floor SET floor = $1 WHERE correlation_key = 'D'")
+        .bind(d0 + 100)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let fresh = inbox::open(&pg.url, 2).await.expect("open postgres again");
+    let done = fresh.maintain().await.unwrap().unwrap_or_default();
+    assert!(done.contains("1 added, 1 lowered"), "maintenance said: {done}");
+    assert_eq!(floors_hold(&mut conn).await, HashMap::from([("C".into(), 0), ("D".into(), d0)]));
+    let c = fresh.claim(&req("r", "w", T0 + 6, 10)).await.unwrap();
+    assert!(ids(&c).contains(&c0) && ids(&c).contains(&d0), "both keys' heads are claimed: {:?}", ids(&c));
+}
+
 async fn attempt_rows(conn: &mut sqlx::PgConnection) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM inbox_attempt").fetch_one(conn).await.unwrap()
 }

@@ -43,6 +43,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration::new(9, "hot_path_indexes", include_str!("sql/postgres_0009_hot_path_indexes.sql")),
     Migration::new(10, "replay_windows", include_str!("sql/postgres_0010_replay_windows.sql")).compatible_from(9),
     Migration::new(11, "first_attempt", include_str!("sql/postgres_0011_first_attempt.sql")).compatible_from(10),
+    Migration::new(12, "key_floor", include_str!("sql/postgres_0012_key_floor.sql")).compatible_from(11),
+    Migration::new(
+        13,
+        "key_in_flight_from_the_floor",
+        include_str!("sql/postgres_0013_key_in_flight_from_the_floor.sql"),
+    )
+    .compatible_from(11)
+    .outside_transaction(),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII). Taken for
@@ -66,6 +74,8 @@ pub struct PgStore {
     /// Routes whose last walk of the heads met few keys ([`HEADS_FIRST_KEYS`]): their
     /// claims start from the heads.
     few_keys: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// When [`PgStore::keep_floors`] last ran.
+    floors_kept: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl PgStore {
@@ -90,7 +100,13 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(3))
             .connect_with(options)
             .await?;
-        Ok(PgStore { pool, migrations, gauge_lease: tokio::sync::Mutex::new(None), few_keys: Default::default() })
+        Ok(PgStore {
+            pool,
+            migrations,
+            gauge_lease: tokio::sync::Mutex::new(None),
+            few_keys: Default::default(),
+            floors_kept: Default::default(),
+        })
     }
 
     /// A migration outside a transaction runs statement by statement, each committed
@@ -198,7 +214,7 @@ pub const CLAIM_KEYS_SQL: &str = concat!(
     "      AND (e.route, e.id) <= ($1, COALESCE((\n",
     "        SELECT w.id FROM inbox_entry w WHERE w.route = $1 AND w.status = 'OPEN'\n",
     "        ORDER BY w.id OFFSET $6 - 1 LIMIT 1), 9223372036854775807))\n",
-    include_str!("sql/claim_eligible.sql"),
+    include_str!("sql/claim_eligible_floor.sql"),
     "    ORDER BY e.id\n",
     "    LIMIT $5\n",
     ")), held AS (\n",
@@ -212,9 +228,11 @@ pub const CLAIM_KEYS_SQL: &str = concat!(
 );
 
 /// Step one, continued when the window did not fill the claim: the heads of the
-/// route's keys, found key by key (a skip scan of `inbox_entry_unresolved_key`, one
-/// descent per key with a waiting entry) instead of entry by entry, so its cost grows
-/// with the keys, not the backlog. The oldest `$4` heads that are OPEN, due, not
+/// route's keys, found key by key (the route's rows of `inbox_key_floor`, each key's
+/// head one descent of `inbox_entry_unresolved_key` from its floor) instead of entry
+/// by entry, so its cost grows with the keys, not the backlog or the key's history
+/// (a walk from the key's first index entry stepped over every entry settled since
+/// the last vacuum, 2–4 ms per key: docs/measurements.md). The oldest `$4` heads that are OPEN, due, not
 /// blocked by a PARKED entry where `$3` says parked blocks, of a key with nothing in
 /// flight and not among step one's keys (`$5`), each try-locked as in
 /// [`CLAIM_KEYS_SQL`]. Each row also says how many keys the walk met; when it takes
@@ -223,35 +241,27 @@ pub const CLAIM_KEYS_SQL: &str = concat!(
 /// claimed heads first, to [`CLAIM_UNKEYED_SQL`].
 #[doc(hidden)]
 pub const CLAIM_HEADS_SQL: &str = concat!(
-    "WITH RECURSIVE k(key) AS (\n",
-    "    (SELECT o.correlation_key FROM inbox_entry o\n",
-    "     WHERE o.route = $1 AND o.status IN ('OPEN', 'PARKED') AND o.correlation_key IS NOT NULL\n",
-    "     ORDER BY o.correlation_key LIMIT 1)\n",
-    "  UNION ALL\n",
-    "    SELECT (SELECT o.correlation_key FROM inbox_entry o\n",
-    "            WHERE o.route = $1 AND o.status IN ('OPEN', 'PARKED') AND o.correlation_key > k.key\n",
-    "            ORDER BY o.correlation_key LIMIT 1)\n",
-    "    FROM k WHERE k.key IS NOT NULL\n",
-    "), head AS (\n",
-    "    SELECT h.* FROM k CROSS JOIN LATERAL (\n",
+    "WITH head AS (\n",
+    "    SELECT h.*, f.floor FROM inbox_key_floor f CROSS JOIN LATERAL (\n",
     "        SELECT e.id, e.correlation_key, e.status, e.next_attempt_at FROM inbox_entry e\n",
-    "        WHERE e.route = $1 AND e.correlation_key = k.key AND e.status IN ('OPEN', 'PARKED')\n",
-    "          AND (e.status = 'OPEN' OR $3)\n",
+    "        WHERE e.route = $1 AND e.correlation_key = f.correlation_key AND e.id >= f.floor\n",
+    "          AND e.status IN ('OPEN', 'PARKED') AND (e.status = 'OPEN' OR $3)\n",
     "        ORDER BY e.id LIMIT 1) h\n",
-    "    WHERE k.key IS NOT NULL\n",
+    "    WHERE f.route = $1\n",
     "), candidate AS (\n",
     "    SELECT c.id, c.correlation_key FROM head c\n",
     "    WHERE c.status = 'OPEN' AND c.next_attempt_at <= $2 AND NOT (c.correlation_key = ANY($5))\n",
     "      AND NOT EXISTS (SELECT 1 FROM inbox_route_pause p WHERE p.route = $1)\n",
     "      AND NOT EXISTS (\n",
     "        SELECT 1 FROM inbox_entry o\n",
-    "        WHERE o.route = $1 AND o.correlation_key = c.correlation_key AND o.status = 'IN_PROGRESS')\n",
+    "        WHERE o.route = $1 AND o.correlation_key = c.correlation_key AND o.status = 'IN_PROGRESS'\n",
+    "          AND o.id >= c.floor)\n",
     "    ORDER BY c.id LIMIT $4\n",
     "), held AS (\n",
     "    SELECT c.correlation_key FROM candidate c WHERE pg_try_advisory_xact_lock(",
     key_lock!("c.correlation_key"),
     ")), walked AS (\n",
-    "    SELECT count(*) AS keys FROM k WHERE k.key IS NOT NULL\n",
+    "    SELECT count(*) AS keys FROM inbox_key_floor f WHERE f.route = $1\n",
     ")\n",
     "SELECT c.id, c.correlation_key, walked.keys FROM walked\n",
     "LEFT JOIN candidate c ON c.correlation_key IN (SELECT correlation_key FROM held)"
@@ -286,19 +296,43 @@ fn claim_window(limit: u32) -> i64 {
 /// taken after the locks, so it sees every insert and claim of those keys that
 /// committed before them. Only the candidates are read again, not the route's whole
 /// backlog. A candidate without a key that has meanwhile been decoded into a key not
-/// held is left (`$9` again, on the row as updated).
+/// held is left (`$9` again, on the row as updated). The floor of each key claimed
+/// moves up to the key's head (`sql/postgres_0012_key_floor.sql`), so the next
+/// claim's questions about the key start there.
 #[doc(hidden)]
 pub const CLAIM_HELD_SQL: &str = concat!(
     "WITH picked AS (\n",
     "    SELECT e.id FROM inbox_entry e\n",
     "    WHERE e.id = ANY($8) AND e.route = $1 AND e.status = 'OPEN' AND e.next_attempt_at <= $2\n",
-    include_str!("sql/claim_eligible.sql"),
+    include_str!("sql/claim_eligible_floor.sql"),
     "    LIMIT $5\n",
-    "    FOR UPDATE SKIP LOCKED\n)\nUPDATE inbox_entry SET\n",
+    "    FOR UPDATE SKIP LOCKED\n), claimed AS (\nUPDATE inbox_entry SET\n",
     include_str!("sql/claim_set.sql"),
     "FROM picked WHERE inbox_entry.id = picked.id\n",
     "  AND (inbox_entry.correlation_key IS NULL OR inbox_entry.correlation_key = ANY($9))\n",
-    "RETURNING inbox_entry.*"
+    "RETURNING inbox_entry.*\n",
+    "), heads AS (\n",
+    // Each claimed key's floor moves up to its head: the entry claimed, or an older one
+    // parked where parked lets the key pass (it stays unresolved). The key is held and
+    // this snapshot came after, so nothing older is unresolved or about to be.
+    "    SELECT c.route, c.correlation_key, f.floor AS old, LEAST(c.id, (\n",
+    "        SELECT min(o.id) FROM inbox_entry o\n",
+    "        WHERE o.route = c.route AND o.correlation_key = c.correlation_key\n",
+    "          AND o.id >= COALESCE(f.floor, 0) AND o.id < c.id AND o.status = 'PARKED')) AS floor\n",
+    "    FROM claimed c\n",
+    "    LEFT JOIN inbox_key_floor f ON f.route = c.route AND f.correlation_key = c.correlation_key\n",
+    "    WHERE c.correlation_key IS NOT NULL\n",
+    "), raised AS (\n",
+    // Only from the floor this statement read: a re-decoded entry that lowered it
+    // since (committed while this waited for the row) keeps it lowered.
+    "    UPDATE inbox_key_floor f SET floor = h.floor FROM heads h\n",
+    "    WHERE f.route = h.route AND f.correlation_key = h.correlation_key AND f.floor = h.old AND h.floor > h.old\n",
+    "), created AS (\n",
+    "    INSERT INTO inbox_key_floor (route, correlation_key, floor)\n",
+    "    SELECT h.route, h.correlation_key, h.floor FROM heads h WHERE h.old IS NULL\n",
+    "    ON CONFLICT (route, correlation_key) DO NOTHING\n",
+    ")\n",
+    "SELECT claimed.* FROM claimed"
 );
 
 /// The insert without its `RETURNING`: the shared key lock is taken in the scan that
@@ -322,9 +356,32 @@ macro_rules! insert_body {
     };
 }
 
+/// After an insert whose rows are returned as `new` (`route`, `correlation_key`,
+/// `status`): the key row of each unresolved one (`inbox_key_floor`, floor 0: only a
+/// claim raises it), so a claim can list the route's keys from there. In key order,
+/// so two inserts creating keys wait for each other in one order only.
+macro_rules! key_floor_rows {
+    () => {
+        concat!(
+            "key_floor AS (\n",
+            "    INSERT INTO inbox_key_floor (route, correlation_key)\n",
+            "    SELECT DISTINCT n.route, n.correlation_key FROM new n\n",
+            "    WHERE n.correlation_key IS NOT NULL AND n.status IN ('OPEN', 'PARKED')\n",
+            "    ORDER BY n.route, n.correlation_key\n",
+            "    ON CONFLICT (route, correlation_key) DO NOTHING)\n"
+        )
+    };
+}
+
 /// The insert: the new row's id, and no digest.
 #[doc(hidden)]
-pub const INSERT_SQL: &str = concat!(insert_body!(), "RETURNING id, NULL::text AS payload_digest");
+pub const INSERT_SQL: &str = concat!(
+    "WITH new AS (\n",
+    insert_body!(),
+    "RETURNING id, route, correlation_key, status), ",
+    key_floor_rows!(),
+    "SELECT id, NULL::text AS payload_digest FROM new"
+);
 
 /// The first insert of a message, answered in one statement whether it is new or a
 /// redelivery: the new row's id and no digest, or the existing row's id and digest.
@@ -335,7 +392,8 @@ pub const INSERT_SQL: &str = concat!(insert_body!(), "RETURNING id, NULL::text A
 pub const INSERT_OR_EXISTING_SQL: &str = concat!(
     "WITH new AS (\n",
     insert_body!(),
-    "RETURNING id)\n",
+    "RETURNING id, route, correlation_key, status), ",
+    key_floor_rows!(),
     "SELECT id, NULL::text AS payload_digest FROM new\n",
     "UNION ALL\n",
     "SELECT id, payload_digest FROM inbox_entry\n",
@@ -354,7 +412,8 @@ pub const INSERT_OR_EXISTING_SQL: &str = concat!(
 /// while the table was small (a prepared statement's generic plan, kept until the
 /// next `ANALYZE`) cannot turn it into a scan of the whole table per batch, as a join
 /// did.
-const INSERT_MANY_SQL: &str = "\
+const INSERT_MANY_SQL: &str = concat!(
+    "\
 WITH new AS (
 INSERT INTO inbox_entry (
     route, dedup_key, correlation_key, event_type, schema_version, body, raw_data, attributes,
@@ -373,14 +432,16 @@ CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock_shared(
     hashtextextended(r.route || ':' || COALESCE(r.correlation_key, ''), 0))) AS key_guard
 ORDER BY r.ord
 ON CONFLICT (route, dedup_key) DO NOTHING
-RETURNING id, route, dedup_key)
-SELECT new.id, old.id, old.payload_digest
+RETURNING id, route, dedup_key, correlation_key, status), ",
+    key_floor_rows!(),
+    "SELECT new.id, old.id, old.payload_digest
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(route, dedup_key, ord)
 LEFT JOIN new ON new.route = k.route AND new.dedup_key = k.dedup_key
 LEFT JOIN LATERAL (
     SELECT o.id, o.payload_digest FROM inbox_entry o WHERE o.route = k.route AND o.dedup_key = k.dedup_key
     LIMIT 1) old ON true
-ORDER BY k.ord";
+ORDER BY k.ord"
+);
 
 impl PgStore {
     /// The batch insert's fast path, in one statement: what became of each entry
@@ -439,6 +500,22 @@ impl PgStore {
     }
 }
 
+/// Before a settle that gives entry `$1` the key `$2` (a requeued entry decoded again):
+/// the key's lock, shared, as an insert takes it, so no claim of the key runs between
+/// the key's floor and the entry joining the key.
+const REKEY_LOCK_SQL: &str = "\
+SELECT 1 FROM inbox_entry e
+CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock_shared(hashtextextended(e.route || ':' || $2::text, 0))) AS key_guard
+WHERE e.id = $1";
+
+/// After it: the key's floor lowered to the entry, which may be older than the key's
+/// head (`sql/postgres_0012_key_floor.sql`); a key without a row gets one at 0 (an
+/// older binary's entries of the key may have none).
+const REKEY_FLOOR_SQL: &str = "\
+INSERT INTO inbox_key_floor AS f (route, correlation_key, floor)
+SELECT e.route, $2::text, 0 FROM inbox_entry e WHERE e.id = $1
+ON CONFLICT (route, correlation_key) DO UPDATE SET floor = $1 WHERE f.floor > $1";
+
 /// A batch of settles in one statement: the same changes as `settle.sql` for every
 /// entry whose lease still holds, and the attempt records of those, in the same
 /// statement: an entry's first attempt into its own row (`$27`, as `settle.sql`
@@ -489,6 +566,10 @@ impl PgStore {
     ) -> Result<Option<Vec<bool>>, StoreError> {
         let mut seen = std::collections::HashSet::with_capacity(items.len());
         if !items.iter().all(|i| seen.insert(i.id)) {
+            return Ok(None);
+        }
+        // An entry decoded again joins its key under the key's lock (`settle_in`).
+        if items.iter().any(|i| matches!(i.settlement, super::Settlement::Decoded { .. })) {
             return Ok(None);
         }
         let cols: Vec<super::SettleColumns<'_>> = items.iter().map(|i| i.settlement.columns(i.now)).collect();
@@ -562,6 +643,58 @@ impl PgStore {
     /// keeps statistics on the filtered columns only, from a fifth of the sample.
     /// (Figures: docs/measurements.md.)
     async fn maintain_tables(&self) -> Result<Option<String>, StoreError> {
+        let floors = self.keep_floors().await?;
+        let tables = self.maintain_entries().await?;
+        Ok(match (floors, tables) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        })
+    }
+
+    /// `inbox_key_floor` kept whole and small, every [`FLOORS_EVERY`]: the rows of
+    /// keys with nothing unresolved left are deleted, each under its key's lock taken
+    /// exclusively and checked again after it (as a claim checks), so an insert of
+    /// the key in flight keeps its row; and what an older binary left undone during a
+    /// rolling upgrade is made good (sql/postgres_0012_key_floor.sql): a row added for
+    /// each key with unresolved entries and none (floor 0), a floor above an
+    /// unresolved entry lowered to it. Lowering a floor or adding a row at 0 is always
+    /// safe; only a claim raises one.
+    async fn keep_floors(&self) -> Result<Option<String>, StoreError> {
+        {
+            let mut last = self.floors_kept.lock().expect("floors lock");
+            if last.is_some_and(|at| at.elapsed() < FLOORS_EVERY) {
+                return Ok(None);
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let (lowered, added): (i64, i64) = sqlx::query_as(FLOORS_MEND_SQL).fetch_one(&self.pool).await?;
+        if lowered > 0 {
+            // Only an older binary's re-decode (during a rolling upgrade) leaves a floor
+            // above an unresolved entry; anything else is a fault in the floor's rule.
+            tracing::warn!(lowered, "key floors found above an unresolved entry of their key, lowered");
+        }
+        // In batches, each its own transaction: every key of a batch is locked until
+        // it commits, and advisory locks share the server's lock table with the rest.
+        let mut deleted = 0;
+        for _ in 0..FLOORS_BATCHES {
+            let mut tx = self.pool.begin().await?;
+            let held: Vec<(String, String)> =
+                sqlx::query_as(FLOORS_IDLE_SQL).bind(FLOORS_BATCH).fetch_all(&mut *tx).await?;
+            let (routes, keys): (Vec<String>, Vec<String>) = held.into_iter().unzip();
+            if !keys.is_empty() {
+                let sql = sqlx::query(FLOORS_DELETE_SQL).bind(&routes).bind(&keys);
+                deleted += sql.execute(&mut *tx).await?.rows_affected();
+            }
+            tx.commit().await?;
+            if (keys.len() as i64) < FLOORS_BATCH {
+                break;
+            }
+        }
+        Ok((lowered + added > 0 || deleted > 0)
+            .then(|| format!("key floors: {deleted} rows of finished keys deleted, {added} added, {lowered} lowered")))
+    }
+
+    async fn maintain_entries(&self) -> Result<Option<String>, StoreError> {
         let stats: Option<(i64, i64, i64)> = sqlx::query_as(
             "SELECT n_live_tup, n_dead_tup, n_mod_since_analyze FROM pg_stat_user_tables \
              WHERE relid = 'inbox_entry'::regclass",
@@ -585,6 +718,62 @@ impl PgStore {
         Ok(None)
     }
 }
+
+/// How often [`PgStore::keep_floors`] runs.
+const FLOORS_EVERY: Duration = Duration::from_secs(60);
+/// Keys of finished work whose rows one transaction deletes, and batches per run (a
+/// route of one key per entry makes a row per entry).
+const FLOORS_BATCH: i64 = 500;
+const FLOORS_BATCHES: usize = 200;
+
+/// A row (floor 0) for each key with unresolved entries and none, and a floor above
+/// a key's oldest unresolved entry lowered to it.
+const FLOORS_MEND_SQL: &str = "\
+WITH m AS (
+    SELECT route, correlation_key, min(id) AS oldest FROM inbox_entry
+    WHERE status IN ('OPEN', 'IN_PROGRESS', 'PARKED') AND correlation_key IS NOT NULL
+    GROUP BY route, correlation_key
+), lowered AS (
+    UPDATE inbox_key_floor f SET floor = m.oldest FROM m
+    WHERE f.route = m.route AND f.correlation_key = m.correlation_key AND f.floor > m.oldest
+    RETURNING 1
+), added AS (
+    INSERT INTO inbox_key_floor (route, correlation_key, floor)
+    SELECT route, correlation_key, 0 FROM m ORDER BY route, correlation_key
+    ON CONFLICT (route, correlation_key) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lowered), (SELECT count(*) FROM added)";
+
+/// Step one of deleting the rows of finished keys: up to `$1` keys with nothing
+/// unresolved from their floor up, each try-locked exclusively (never waiting); the
+/// keys held.
+const FLOORS_IDLE_SQL: &str = concat!(
+    "WITH idle AS MATERIALIZED (\n",
+    "    SELECT f.route, f.correlation_key FROM inbox_key_floor f\n",
+    "    WHERE NOT EXISTS (\n",
+    "        SELECT 1 FROM inbox_entry o WHERE o.route = f.route AND o.correlation_key = f.correlation_key\n",
+    "          AND o.id >= f.floor AND o.status IN ('OPEN', 'PARKED'))\n",
+    "      AND NOT EXISTS (\n",
+    "        SELECT 1 FROM inbox_entry o WHERE o.route = f.route AND o.correlation_key = f.correlation_key\n",
+    "          AND o.id >= f.floor AND o.status = 'IN_PROGRESS')\n",
+    "    LIMIT $1\n",
+    ")\n",
+    "SELECT i.route, i.correlation_key FROM idle i\n",
+    "WHERE pg_try_advisory_xact_lock(hashtextextended(i.route || ':' || i.correlation_key, 0))"
+);
+
+/// Step two, in a snapshot taken after the locks: the rows of the held keys (`$1`
+/// routes, `$2` keys) that still have nothing unresolved.
+const FLOORS_DELETE_SQL: &str = "\
+DELETE FROM inbox_key_floor f USING unnest($1::text[], $2::text[]) AS h(route, correlation_key)
+WHERE f.route = h.route AND f.correlation_key = h.correlation_key
+  AND NOT EXISTS (
+    SELECT 1 FROM inbox_entry o WHERE o.route = f.route AND o.correlation_key = f.correlation_key
+      AND o.id >= f.floor AND o.status IN ('OPEN', 'PARKED'))
+  AND NOT EXISTS (
+    SELECT 1 FROM inbox_entry o WHERE o.route = f.route AND o.correlation_key = f.correlation_key
+      AND o.id >= f.floor AND o.status = 'IN_PROGRESS')";
 
 impl PgStore {
     /// [`super::Store::gauge_lease`]: keeps the lock while its connection answers;
@@ -751,4 +940,5 @@ store_impl! {
     // Resolved through the search path, as every other statement's tables are.
     schema_columns_sql: "SELECT attname::text FROM pg_attribute \
         WHERE attrelid = to_regclass('inlet_schema') AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+    rekey_sql: Some((REKEY_LOCK_SQL, REKEY_FLOOR_SQL)),
 }

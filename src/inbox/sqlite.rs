@@ -344,4 +344,6 @@ store_impl! {
     insert_or_existing_sql: None::<&str>,
     now_sql: "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)",
     schema_columns_sql: "SELECT name FROM pragma_table_info('inlet_schema') ORDER BY cid",
+    // One writer at a time: nothing to lock, and no key floors.
+    rekey_sql: None,
 }

@@ -3,7 +3,9 @@
 
 /// Implements [`super::Store`] for `$store` (a struct with a `pool: $pool` field and
 /// its `migrations`), given the backend's insert statement, clock query and the query
-/// listing `inlet_schema`'s columns (none: no such table). Each backend brings its own
+/// listing `inlet_schema`'s columns (none: no such table), and what a settle that gives
+/// an entry a key runs before and after it (`rekey_sql`: the key's lock, taken shared
+/// as an insert takes it, and the key's floor lowered; none on SQLite). Each backend brings its own
 /// `claim_rows` (the claim is where the two differ), and for migrations its
 /// `migration_connection`, `begin_migration` and `OUTSIDE_TRANSACTIONS`.
 macro_rules! store_impl {
@@ -17,6 +19,7 @@ macro_rules! store_impl {
         insert_or_existing_sql: $insert_or_existing_sql:expr,
         now_sql: $now_sql:expr,
         schema_columns_sql: $schema_columns_sql:expr,
+        rekey_sql: $rekey_sql:expr,
     ) => {
         impl $store {
             /// What `inlet_schema` records, on `conn`, whatever shape an earlier Inlet
@@ -160,6 +163,13 @@ macro_rules! store_impl {
                 let c = s.columns(now);
                 let decoded = c.decoded;
                 let record = attempt.map(|a| serde_json::to_string(a).expect("attempts serialize"));
+                // A re-decoded entry joins a key as an insert does: under the key's lock
+                // (shared; it waits for a claim of the key in flight to commit).
+                let rekey: Option<(&str, &str)> = $rekey_sql;
+                let rekey = rekey.zip(decoded.map(|d| d.correlation_key.as_str()));
+                if let Some(((lock, _), key)) = rekey {
+                    sqlx::query(lock).bind(id).bind(key).execute(&mut *conn).await?;
+                }
                 let settle = sqlx::query_scalar::<_, Option<String>>(include_str!("sql/settle.sql"))
                     .bind(id)
                     .bind(&lease.owner)
@@ -179,6 +189,9 @@ macro_rules! store_impl {
                     .bind(c.error.map($crate::inbox::failures::fingerprint))
                     .bind(record.as_deref());
                 let Some(first) = settle.fetch_optional(&mut *conn).await? else { return Ok(false) };
+                if let Some(((_, lower), key)) = rekey {
+                    sqlx::query(lower).bind(id).bind(key).execute(&mut *conn).await?;
+                }
                 // The row kept this attempt as its first (an identical record kept
                 // before it is this attempt too); otherwise it is a later one.
                 let (Some(a), false) = (attempt, first.is_some() && first == record) else { return Ok(true) };
