@@ -12,9 +12,10 @@
 //! - its calls run on a thread of their own (one current-thread runtime for every
 //!   candidate of the process, in the idle scheduling class), under its own plugin
 //!   limits, with instances charged to their own memory budget
-//!   ([`crate::plugin::sandbox::SHADOW_BUDGET`]), and paced by the CPU it uses and
-//!   the memory it maps and unmaps ([`Pacing`]): a candidate that sleeps, traps or
-//!   hoards memory slows and fills only itself;
+//!   ([`crate::plugin::sandbox::SHADOW_BUDGET`]), and paced by the CPU it uses (each
+//!   fault charged as [`FAULT_CHARGE`] more: it costs a new instance) and the memory
+//!   it maps and unmaps ([`Pacing`]): a candidate that sleeps, traps or hoards memory
+//!   slows and fills only itself;
 //! - nothing it renders is sent: this module has no target.
 //!
 //! The report (counts, samples) lives in the process: each instance reports what it
@@ -678,6 +679,21 @@ pub fn set_memory_churn_mib_per_s(mib: u32) {
     CHURN_MIB_PER_S.store(mib.max(1) as usize, Ordering::Relaxed);
 }
 
+/// What the CPU bucket charges for a candidate's fault on top of the thread's own
+/// clock. A fault drops the instance (after a trap it cannot be used again), so each
+/// costs the next call a new instantiation, and an instantiation costs the process
+/// more than the shadow thread's clock shows: mapping and protecting the instance's
+/// memory goes through the kernel and the process's memory map, which the serving
+/// threads share. A candidate that traps at every call ran instantiations back to
+/// back and moved the serving p99 by 1.33× at the default share (every one of six
+/// pairs at or above 1.0×), 0.91× at a fifth of it (docs/measurements.md). Charged,
+/// such a candidate runs at most a call per `FAULT_CHARGE` of its share, and the rest
+/// of its work is dropped and counted, as when it falls behind for any reason.
+const FAULT_CHARGE: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Everything charged for candidates' faults so far, in nanoseconds.
+static FAULT_CHARGED_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// CPU time the shadow may use at once after a quiet spell.
 const CPU_BURST: std::time::Duration = std::time::Duration::from_millis(50);
 /// Memory churn the shadow may cause at once after a quiet spell: a few fresh
@@ -716,7 +732,8 @@ impl Pacing {
         let now = std::time::Instant::now();
         let cpu_per_s = CPU_PERCENT.load(Ordering::Relaxed) as u64 * (1_000_000_000 / 100);
         let churn_per_s = CHURN_MIB_PER_S.load(Ordering::Relaxed) as u64 * (1 << 20);
-        let cpu = self.cpu.pause_at(now, thread_cpu().as_nanos() as u64, cpu_per_s);
+        let spent = thread_cpu().as_nanos() as u64 + FAULT_CHARGED_NS.load(Ordering::Relaxed);
+        let cpu = self.cpu.pause_at(now, spent, cpu_per_s);
         let churn = self.churn.pause_at(now, crate::plugin::sandbox::SHADOW_BUDGET.churned(), churn_per_s);
         cpu.max(churn)
     }
@@ -826,6 +843,7 @@ impl State {
         self.tally.lock().expect("shadow lock").record(call, fault, parts, at, ours, theirs);
         let route = self.route.to_string();
         if let Some(kind) = fault {
+            FAULT_CHARGED_NS.fetch_add(FAULT_CHARGE.as_nanos() as u64, Ordering::Relaxed);
             let labels = PluginFaultLabels { route, call: call.as_str(), kind };
             self.metrics.shadow_faults.get_or_create(&labels).inc();
             return;
