@@ -634,20 +634,8 @@ const VACUUM_SHARE: i64 = 20;
 const ANALYZE_SHARE: i64 = 10;
 
 impl PgStore {
-    /// [`super::Store::maintain`]. Every claim and settle leaves a dead row version
-    /// behind, and the partial indexes the claim reads (OPEN, IN_PROGRESS) keep
-    /// pointing at them until a vacuum; autovacuum's defaults wait for a fifth of the
-    /// table to die, and its statistics go stale, so the planner walks the primary key
-    /// past every settled row, and a claim grows from milliseconds to tens of them. A
-    /// vacuum here is the table owner's (Inlet created the table); without the right,
-    /// PostgreSQL skips it with a warning.
-    ///
-    /// Statistics are gathered less often than dead rows are cleared: a vacuum only
-    /// visits the pages that changed and the indexes, while `ANALYZE` samples pages
-    /// whatever changed, and a drain makes enough dead versions every 5 s that
-    /// analyzing each time would cost a tenth of a core. `sql/postgres_0008_statistics.sql`
-    /// keeps statistics on the filtered columns only, from a fifth of the sample.
-    /// (Figures: docs/measurements.md.)
+    /// [`super::Store::maintain`]: the key floors ([`PgStore::keep_floors`]), then the
+    /// entry table ([`PgStore::maintain_entries`]).
     async fn maintain_tables(&self) -> Result<Option<String>, StoreError> {
         let floors = self.keep_floors().await?;
         let tables = self.maintain_entries().await?;
@@ -700,6 +688,20 @@ impl PgStore {
             .then(|| format!("key floors: {deleted} rows of finished keys deleted, {added} added, {lowered} lowered")))
     }
 
+    /// The entry table vacuumed and analyzed when enough changed. Every claim and settle leaves a dead row version
+    /// behind, and the partial indexes the claim reads (OPEN, IN_PROGRESS) keep
+    /// pointing at them until a vacuum; autovacuum's defaults wait for a fifth of the
+    /// table to die, and its statistics go stale, so the planner walks the primary key
+    /// past every settled row, and a claim grows from milliseconds to tens of them. A
+    /// vacuum here is the table owner's (Inlet created the table); without the right,
+    /// PostgreSQL skips it with a warning.
+    ///
+    /// Statistics are gathered less often than dead rows are cleared: a vacuum only
+    /// visits the pages that changed and the indexes, while `ANALYZE` samples pages
+    /// whatever changed, and a drain makes enough dead versions every 5 s that
+    /// analyzing each time would cost a tenth of a core. `sql/postgres_0008_statistics.sql`
+    /// keeps statistics on the filtered columns only, from a fifth of the sample.
+    /// (Figures: docs/measurements.md.)
     async fn maintain_entries(&self) -> Result<Option<String>, StoreError> {
         let stats: Option<(i64, i64, i64)> = sqlx::query_as(
             "SELECT n_live_tup, n_dead_tup, n_mod_since_analyze FROM pg_stat_user_tables \
@@ -751,19 +753,31 @@ WITH m AS (
 )
 SELECT (SELECT count(*) FROM lowered), (SELECT count(*) FROM added)";
 
+/// Of the key row `f`: nothing of its key unresolved from its floor up (waiting or
+/// parked, through `inbox_entry_unresolved_key`; in flight, through
+/// `inbox_entry_key_in_progress`).
+macro_rules! key_idle {
+    () => {
+        concat!(
+            "NOT EXISTS (\n",
+            "        SELECT 1 FROM inbox_entry o WHERE o.route = f.route AND o.correlation_key = f.correlation_key\n",
+            "          AND o.id >= f.floor AND o.status IN ('OPEN', 'PARKED'))\n",
+            "      AND NOT EXISTS (\n",
+            "        SELECT 1 FROM inbox_entry o WHERE o.route = f.route AND o.correlation_key = f.correlation_key\n",
+            "          AND o.id >= f.floor AND o.status = 'IN_PROGRESS')"
+        )
+    };
+}
+
 /// Step one of deleting the rows of finished keys: up to `$1` keys with nothing
 /// unresolved from their floor up, each try-locked exclusively (never waiting); the
 /// keys held.
 const FLOORS_IDLE_SQL: &str = concat!(
     "WITH idle AS MATERIALIZED (\n",
     "    SELECT f.route, f.correlation_key FROM inbox_key_floor f\n",
-    "    WHERE NOT EXISTS (\n",
-    "        SELECT 1 FROM inbox_entry o WHERE o.route = f.route AND o.correlation_key = f.correlation_key\n",
-    "          AND o.id >= f.floor AND o.status IN ('OPEN', 'PARKED'))\n",
-    "      AND NOT EXISTS (\n",
-    "        SELECT 1 FROM inbox_entry o WHERE o.route = f.route AND o.correlation_key = f.correlation_key\n",
-    "          AND o.id >= f.floor AND o.status = 'IN_PROGRESS')\n",
-    "    LIMIT $1\n",
+    "    WHERE ",
+    key_idle!(),
+    "\n    LIMIT $1\n",
     ")\n",
     "SELECT i.route, i.correlation_key FROM idle i\n",
     "WHERE pg_try_advisory_xact_lock(hashtextextended(i.route || ':' || i.correlation_key, 0))"
@@ -771,15 +785,11 @@ const FLOORS_IDLE_SQL: &str = concat!(
 
 /// Step two, in a snapshot taken after the locks: the rows of the held keys (`$1`
 /// routes, `$2` keys) that still have nothing unresolved.
-const FLOORS_DELETE_SQL: &str = "\
-DELETE FROM inbox_key_floor f USING unnest($1::text[], $2::text[]) AS h(route, correlation_key)
-WHERE f.route = h.route AND f.correlation_key = h.correlation_key
-  AND NOT EXISTS (
-    SELECT 1 FROM inbox_entry o WHERE o.route = f.route AND o.correlation_key = f.correlation_key
-      AND o.id >= f.floor AND o.status IN ('OPEN', 'PARKED'))
-  AND NOT EXISTS (
-    SELECT 1 FROM inbox_entry o WHERE o.route = f.route AND o.correlation_key = f.correlation_key
-      AND o.id >= f.floor AND o.status = 'IN_PROGRESS')";
+const FLOORS_DELETE_SQL: &str = concat!(
+    "DELETE FROM inbox_key_floor f USING unnest($1::text[], $2::text[]) AS h(route, correlation_key)\n",
+    "WHERE f.route = h.route AND f.correlation_key = h.correlation_key AND ",
+    key_idle!()
+);
 
 impl PgStore {
     /// [`super::Store::gauge_lease`]: keeps the lock while its connection answers;
