@@ -173,6 +173,9 @@ pub struct Metrics {
     pub routing_files_refused: Gauge,
     /// Outcomes discarded because the worker's lease was gone.
     pub lease_lost: Family<RouteLabel, Counter>,
+    /// Entries claimed by the settle of the entry before them of their key (handed on
+    /// to the slot that delivered it), not by a claim of the relay's.
+    pub claims_handed_on: Family<RouteLabel, Counter>,
     /// Delivery attempts that panicked (a bug in Inlet): alert on any.
     pub attempt_panics: Family<RouteLabel, Counter>,
     /// Time from sending a request to the target to its answer.
@@ -316,6 +319,7 @@ impl Metrics {
             output_refused: Family::default(),
             store_refused: Family::default(),
             lease_lost: Family::default(),
+            claims_handed_on: Family::default(),
             attempt_panics: Family::default(),
             plugin_reloads: Family::default(),
             config_reloads: Family::default(),
@@ -451,6 +455,11 @@ impl Metrics {
             m.routing_files_refused.clone(),
         );
         registry.register("lease_lost", "Attempt outcomes discarded because the lease was lost", m.lease_lost.clone());
+        registry.register(
+            "claims_handed_on",
+            "Entries claimed by the settle of the entry before them of their key, for the same delivery slot",
+            m.claims_handed_on.clone(),
+        );
         registry.register("delivery_duration_seconds", "Target response time", m.delivery_seconds.clone());
         registry.register(
             "queue_time_seconds",
@@ -687,6 +696,7 @@ impl Metrics {
             &self.parked,
             &self.store_refused,
             &self.lease_lost,
+            &self.claims_handed_on,
             &self.attempt_panics,
             &self.route_load_failures,
             &self.plugin_digest_mismatch,

@@ -874,6 +874,7 @@ async fn an_entrys_attempts_come_back_oldest_first_however_each_was_settled(stor
             now: T0 + 1_001,
             settlement: retry(T0 + 2_000),
             attempt: Some(second.clone()),
+            next: None,
         },
         SettleRequest {
             id: other,
@@ -881,6 +882,7 @@ async fn an_entrys_attempts_come_back_oldest_first_however_each_was_settled(stor
             now: T0 + 1_001,
             settlement: Settlement::Done,
             attempt: Some(record(1, T0 + 1_000, "done", "DONE")),
+            next: None,
         },
     ];
     assert!(store.settle_batch(&batch).await.unwrap().iter().all(Result::is_ok));
@@ -928,6 +930,7 @@ async fn postgres_keeps_a_first_attempt_in_the_entry_row_and_later_ones_as_rows(
             now: T0 + 1,
             settlement: Settlement::Done,
             attempt: Some(at(T0, "DONE")),
+            next: None,
         })
         .collect();
     assert!(store.settle_batch(&settles).await.unwrap().iter().all(Result::is_ok));
@@ -1212,7 +1215,14 @@ async fn a_settle_batch_writes_what_settles_one_by_one_write(store: Arc<dyn Stor
                     }
                     other => other.clone(),
                 };
-                SettleRequest { id: c.entry.id, lease: c.lease.clone(), now: T0 + 10, settlement, attempt: record(i) }
+                SettleRequest {
+                    id: c.entry.id,
+                    lease: c.lease.clone(),
+                    now: T0 + 10,
+                    settlement,
+                    attempt: record(i),
+                    next: None,
+                }
             })
             .collect();
         if by_batch {
@@ -1268,6 +1278,7 @@ async fn a_settle_batch_commits_each_settle_and_fences_a_lost_lease_alone(store:
         now: T0 + 10,
         settlement,
         attempt: Some(attempt_record(status)),
+        next: None,
     };
     let retry = Settlement::Retry { at: T0 + 1_000, error: "answered 503".into(), not_yet_since: None };
     let results = store
@@ -1351,4 +1362,117 @@ async fn replay_windows_record_what_they_stored_and_are_listed_open_or_all(store
     assert_eq!(store.purge_finished(T0 + 1_000, 100).await.unwrap(), 2);
     assert!(store.replay_entries(first).await.unwrap().is_empty());
     assert_eq!(store.replay_windows(Some("r"), None).await.unwrap()[0].taken, 0);
+}
+
+/// A settle's ask for its key's next entry ([`inbox::NextOfKey`]).
+fn next_of(route: &str, key: &str, parked_blocks: bool) -> Option<inbox::NextOfKey> {
+    Some(inbox::NextOfKey { route: route.into(), key: key.into(), lease_ms: LEASE, parked_blocks })
+}
+
+/// A settle of `c` ending in `settlement`, asking for `next`.
+fn settle_of(c: &Claimed, now: Millis, settlement: Settlement, next: Option<inbox::NextOfKey>) -> SettleRequest {
+    SettleRequest { id: c.entry.id, lease: c.lease.clone(), now, settlement, attempt: None, next }
+}
+
+/// PostgreSQL: a settle that asks for its key's next entry gets it, claimed in the
+/// settle's transaction under a lease of the same owner and with the key's floor
+/// raised, exactly when an ordinary claim would take it: not behind an older entry
+/// still OPEN (a retry) or PARKED where parked blocks, not on a paused route, not
+/// while another transaction holds the key, not for a settle whose lease was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_settle_hands_its_key_the_next_entry_when_a_claim_would_take_it() {
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let mut conn = pg.connect().await;
+    let ins = async |key: &str, n: usize| {
+        let mut v = Vec::new();
+        for i in 0..n {
+            v.push(insert(&store, entry("h", key, &format!("{key}{i}"), "p")).await);
+        }
+        v
+    };
+    let a = ins("A", 4).await;
+    let b = ins("B", 2).await;
+    let p = ins("P", 3).await;
+    let l = ins("L", 2).await;
+    let claimed = store.claim(&req("h", "w", T0, 10)).await.unwrap();
+    assert_eq!(ids(&claimed), vec![a[0], b[0], p[0], l[0]]);
+    let of = |id: i64| claimed.iter().find(|c| c.entry.id == id).expect("claimed");
+    let retry = Settlement::Retry { at: T0 + 1_000, error: "503".into(), not_yet_since: None };
+    let parked = Settlement::Parked { error: "bad".into() };
+    let mut stale = settle_of(of(l[0]), T0 + 1, Settlement::Done, next_of("h", "L", true));
+    stale.lease.token -= 1;
+    let results = store
+        .settle_batch(&[
+            settle_of(of(a[0]), T0 + 1, Settlement::Done, next_of("h", "A", true)),
+            // A retry leaves its entry the head: the entry after it is not claimed.
+            settle_of(of(b[0]), T0 + 1, retry, next_of("h", "B", true)),
+            // Without an ask, nothing is claimed.
+            settle_of(of(p[0]), T0 + 1, parked, None),
+            stale,
+        ])
+        .await
+        .unwrap();
+    let handed = results[0].as_ref().unwrap().as_ref().expect("A's next entry handed on");
+    assert_eq!(handed.entry.id, a[1]);
+    assert_eq!((handed.entry.status, handed.lease.owner.as_str()), (Status::InProgress, "w"));
+    assert_eq!(handed.lease.expires_at, T0 + 1 + LEASE);
+    assert!(matches!(results[1], Ok(None)), "{:?}", results[1].as_ref().map(|n| n.as_ref().map(|c| c.entry.id)));
+    assert!(matches!(results[2], Ok(None)));
+    assert!(matches!(results[3], Err(StoreError::LeaseLost { id }) if id == l[0]));
+    assert_eq!(store.get(l[1]).await.unwrap().unwrap().status, Status::Open, "nothing claimed for a lost lease");
+    assert_eq!(store.get(b[1]).await.unwrap().unwrap().status, Status::Open);
+    assert_eq!(floors_hold(&mut conn).await["A"], a[1], "the key's floor follows the entry handed on");
+    // The lease handed on is an ordinary one: its settle is fenced by it.
+    let mut gone = handed.lease.clone();
+    gone.token -= 1;
+    assert!(matches!(store.settle(a[1], &gone, T0 + 2, &Settlement::Done).await, Err(StoreError::LeaseLost { .. })));
+
+    // Parked P0: where parked blocks the key, P1 is not handed on; where it lets
+    // the key pass, an ordinary claim takes P1 and its settle hands on P2.
+    let pass = ClaimRequest { parked_blocks: false, ..req("h", "w", T0 + 2, 10) };
+    let c = store.claim(&pass).await.unwrap();
+    assert_eq!(ids(&c), vec![p[1]], "B1 waits behind B0's retry, L1 behind L0 in flight");
+    let p1 = &c[0];
+    let blocked =
+        store.settle_batch(&[settle_of(p1, T0 + 3, Settlement::Done, next_of("h", "P", true))]).await.unwrap();
+    assert!(matches!(blocked[0], Ok(None)), "P0 is parked ahead of P2 and blocks the key");
+    let c = store.claim(&pass).await.unwrap();
+    assert_eq!(ids(&c), vec![p[2]], "P2 is left OPEN for a claim, which takes it where parked passes");
+
+    // Another transaction holding the key (as a claim of it would): not handed on.
+    let mut holder = pg.connect().await;
+    let lock = "SELECT pg_advisory_lock(hashtextextended('h' || ':' || 'A', 0))";
+    sqlx::query(lock).execute(&mut holder).await.unwrap();
+    let held =
+        store.settle_batch(&[settle_of(handed, T0 + 4, Settlement::Done, next_of("h", "A", true))]).await.unwrap();
+    assert!(matches!(held[0], Ok(None)), "the key is held elsewhere: its next entry waits for a claim");
+    assert_eq!(store.get(a[1]).await.unwrap().unwrap().status, Status::Done, "the settle itself commits");
+    assert_eq!(store.get(a[2]).await.unwrap().unwrap().status, Status::Open);
+    sqlx::query("SELECT pg_advisory_unlock_all()").execute(&mut holder).await.unwrap();
+
+    // A paused route: not handed on.
+    let c = store.claim(&req("h", "w", T0 + 5, 10)).await.unwrap();
+    assert_eq!(ids(&c), vec![a[2]]);
+    let pause = inbox::Pause { route: "h".into(), paused_at: T0, paused_by: "ops".into(), reason: "r".into() };
+    assert!(store.pause_route(&pause).await.unwrap());
+    let paused =
+        store.settle_batch(&[settle_of(&c[0], T0 + 6, Settlement::Done, next_of("h", "A", true))]).await.unwrap();
+    assert!(matches!(paused[0], Ok(None)), "a paused route hands nothing on");
+    assert_eq!(store.get(a[3]).await.unwrap().unwrap().status, Status::Open);
+    floors_hold(&mut conn).await;
+}
+
+/// SQLite hands nothing on: the ask is answered `None` and the entry stays for a claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_settle_hands_nothing_on() {
+    let (store, _guard) = sqlite().await;
+    let a0 = insert(&store, entry("h", "A", "a0", "p")).await;
+    let a1 = insert(&store, entry("h", "A", "a1", "p")).await;
+    let c = store.claim(&req("h", "w", T0, 10)).await.unwrap();
+    assert_eq!(ids(&c), vec![a0]);
+    let results =
+        store.settle_batch(&[settle_of(&c[0], T0 + 1, Settlement::Done, next_of("h", "A", true))]).await.unwrap();
+    assert!(matches!(results[0], Ok(None)));
+    assert_eq!(ids(&store.claim(&req("h", "w", T0 + 2, 10)).await.unwrap()), vec![a1]);
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use async_trait::async_trait;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use super::{InsertOutcome, NewEntry, SettleRequest, Store, StoreError};
+use super::{Claimed, InsertOutcome, NewEntry, SettleRequest, Store, StoreError};
 use crate::clock::Clock;
 
 /// Writes one batch may hold at most.
@@ -194,9 +194,9 @@ pub struct Settles(pub Arc<dyn Store>);
 #[async_trait]
 impl BatchWrite for Settles {
     type Item = SettleRequest;
-    type Output = Result<(), StoreError>;
+    type Output = Result<Option<Claimed>, StoreError>;
 
-    async fn write(&self, items: &[SettleRequest]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    async fn write(&self, items: &[SettleRequest]) -> Result<Vec<Result<Option<Claimed>, StoreError>>, StoreError> {
         self.0.settle_batch(items).await
     }
 }

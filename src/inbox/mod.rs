@@ -93,6 +93,24 @@ pub struct SettleRequest {
     pub now: Millis,
     pub settlement: Settlement,
     pub attempt: Option<failures::Attempt>,
+    /// With a settle that resolves an entry of a per-key route: claim the key's next
+    /// entry in the same transaction, if it is due and free ([`Store::settle_batch`]).
+    pub next: Option<NextOfKey>,
+}
+
+/// The claim a settle may make for the slot it frees: the next entry of the settled
+/// entry's key, under a lease of the same owner. Only a per-key route asks: its key's
+/// next entry cannot be claimed by anyone while the settled one is in flight, so the
+/// settle that ends it is where that entry becomes claimable, and handing it on there
+/// saves the key a claim of its own (a transaction of four statements) and the wait
+/// for the relay's next one.
+#[derive(Debug, Clone)]
+pub struct NextOfKey {
+    pub route: String,
+    pub key: String,
+    pub lease_ms: i64,
+    /// Whether a PARKED entry holds back later entries of its key.
+    pub parked_blocks: bool,
 }
 
 /// Where an entry is in its life. Enforced by the `inbox_entry_status` CHECK.
@@ -790,7 +808,23 @@ pub trait Store: Send + Sync + 'static {
     /// a result for each request in order — `Err(LeaseLost)` for one whose lease was
     /// gone (nothing of it was written). `Err`: nothing was committed; settle them
     /// one by one.
-    async fn settle_batch(&self, items: &[SettleRequest]) -> Result<Vec<Result<(), StoreError>>, StoreError>;
+    ///
+    /// A settled request that asks for its key's next entry (`next`) gets it back,
+    /// claimed in the same transaction, where the store can (PostgreSQL) and the
+    /// entry is claimable as an ordinary claim would judge it: OPEN, due, the head of
+    /// its key, nothing of the key in flight, the route not paused, the key free to
+    /// lock. Otherwise `None`, and the entry waits for an ordinary claim.
+    async fn settle_batch(
+        &self,
+        items: &[SettleRequest],
+    ) -> Result<Vec<Result<Option<Claimed>, StoreError>>, StoreError>;
+
+    /// How many keys a route had when its claims last counted them (PostgreSQL, on
+    /// routes claimed from their heads), `None` if unknown: whether every key of the
+    /// route can have a delivery slot of its own.
+    fn keys_met(&self, _route: &str) -> Option<i64> {
+        None
+    }
 
     /// The recorded attempts of an entry, oldest first.
     async fn attempts(&self, entry_id: i64) -> Result<Vec<failures::Attempt>, StoreError>;

@@ -71,9 +71,9 @@ pub struct PgStore {
     /// The connection the gauge lease is tried and held on (outside the pool, so
     /// the lock lives exactly as long as it), and whether it holds the lock.
     gauge_lease: tokio::sync::Mutex<Option<(PgConnection, bool)>>,
-    /// Routes whose last walk of the heads met few keys ([`HEADS_FIRST_KEYS`]): their
-    /// claims start from the heads.
-    few_keys: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// How many keys each route's last walk of the heads met; routes that met few
+    /// ([`HEADS_FIRST_KEYS`]) are claimed from their heads.
+    keys_walked: std::sync::Mutex<std::collections::HashMap<String, i64>>,
     /// When [`PgStore::keep_floors`] last ran.
     floors_kept: std::sync::Mutex<Option<std::time::Instant>>,
 }
@@ -104,7 +104,7 @@ impl PgStore {
             pool,
             migrations,
             gauge_lease: tokio::sync::Mutex::new(None),
-            few_keys: Default::default(),
+            keys_walked: Default::default(),
             floors_kept: Default::default(),
         })
     }
@@ -562,7 +562,93 @@ WITH v AS (
 )
 SELECT id FROM settled";
 
+/// For settles that ask for their key's next entry (`$1` routes, `$2` keys, `$3` the
+/// settled ids): each key's first unresolved entry after the settled one, if the key's
+/// lock can be had at once (try-locked, as a claim's step one does; held to the
+/// commit). Returns `(position in the arrays, from 1; candidate id)`; the candidates
+/// go to [`CLAIM_HELD_SQL`], whose snapshot comes after the locks.
+const NEXT_OF_KEYS_SQL: &str = concat!(
+    "SELECT v.i, h.id FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS v(route, key, after, i)\n",
+    "CROSS JOIN LATERAL (\n",
+    "    SELECT e.id FROM inbox_entry e\n",
+    "    WHERE e.route = v.route AND e.correlation_key = v.key AND e.id > v.after AND e.status IN ('OPEN', 'PARKED')\n",
+    "    ORDER BY e.id LIMIT 1) h\n",
+    "WHERE pg_try_advisory_xact_lock(hashtextextended(v.route || ':' || v.key, 0))"
+);
+
 impl PgStore {
+    /// The next entries of the settled items' keys, claimed on `conn` (the settles'
+    /// transaction) for the items that ask ([`super::SettleRequest::next`]) and
+    /// settled: step two of an ordinary claim ([`CLAIM_HELD_SQL`]) over the keys
+    /// [`NEXT_OF_KEYS_SQL`] locked, so every rule of a claim holds. A row per item.
+    async fn claim_next(
+        conn: &mut PgConnection,
+        items: &[super::SettleRequest],
+        settled: &[bool],
+    ) -> Result<Vec<Option<PgRow>>, StoreError> {
+        use sqlx::Row as _;
+        let mut next: Vec<Option<PgRow>> = items.iter().map(|_| None).collect();
+        // One ask per key: a key appears once in flight, but a batch may hold a
+        // settle whose lease was lost beside the settle of the key's new holder.
+        let mut asked = std::collections::HashSet::new();
+        let asking: Vec<(usize, &super::NextOfKey)> = items
+            .iter()
+            .zip(settled)
+            .enumerate()
+            .filter_map(|(n, (i, ok))| i.next.as_ref().filter(|_| *ok).map(|next| (n, next)))
+            .filter(|(_, next)| asked.insert((next.route.as_str(), next.key.as_str())))
+            .collect();
+        if asking.is_empty() {
+            return Ok(next);
+        }
+        let candidates: Vec<(i64, i64)> = sqlx::query_as(NEXT_OF_KEYS_SQL)
+            .bind(asking.iter().map(|(_, n)| n.route.as_str()).collect::<Vec<_>>())
+            .bind(asking.iter().map(|(_, n)| n.key.as_str()).collect::<Vec<_>>())
+            .bind(asking.iter().map(|(n, _)| items[*n].id).collect::<Vec<_>>())
+            .fetch_all(&mut *conn)
+            .await?;
+        // Each candidate with the item that asked for it, by the ask's position.
+        let mut wanted: Vec<(i64, usize)> = candidates
+            .into_iter()
+            .filter_map(|(position, id)| Some((id, asking.get(usize::try_from(position - 1).ok()?)?.0)))
+            .collect();
+        // Step two once per route and lease (one in practice: a relay's settles).
+        while let Some(&(_, first)) = wanted.first() {
+            let of = |n: usize| {
+                let (i, ask) = (&items[n], items[n].next.as_ref().expect("asked"));
+                (ask.route.as_str(), i.lease.owner.as_str(), ask.lease_ms, ask.parked_blocks)
+            };
+            let group = of(first);
+            let (mine, rest): (Vec<(i64, usize)>, Vec<(i64, usize)>) =
+                wanted.into_iter().partition(|(_, n)| of(*n) == group);
+            wanted = rest;
+            let (route, owner, lease_ms, parked_blocks) = group;
+            let now = mine.iter().map(|(_, n)| items[*n].now).max().expect("a candidate");
+            let ids: Vec<i64> = mine.iter().map(|(id, _)| *id).collect();
+            let keys: Vec<&str> =
+                mine.iter().map(|(_, n)| items[*n].next.as_ref().expect("asked").key.as_str()).collect();
+            let rows = sqlx::query(CLAIM_HELD_SQL)
+                .bind(route)
+                .bind(now)
+                .bind(true)
+                .bind(parked_blocks)
+                .bind(ids.len() as i64)
+                .bind(owner)
+                .bind(lease_ms)
+                .bind(&ids)
+                .bind(&keys)
+                .fetch_all(&mut *conn)
+                .await?;
+            for row in rows {
+                let id: i64 = row.try_get("id")?;
+                if let Some(&(_, n)) = mine.iter().find(|(candidate, _)| *candidate == id) {
+                    next[n] = Some(row);
+                }
+            }
+        }
+        Ok(next)
+    }
+
     /// [`super::Store::settle_batch`] in one statement: whether each item settled
     /// (`false`: its lease is gone, nothing of it was written). `None` (done one by
     /// one instead) if an entry appears twice.
@@ -811,15 +897,25 @@ impl PgStore {
         Ok(held)
     }
 
-    /// Whether `route`'s claims start from its heads, after a walk of them that met
-    /// `walked` keys.
+    /// Records that a walk of `route`'s heads met `walked` keys.
     fn remember_keys(&self, route: &str, walked: i64) {
-        let mut few = self.few_keys.lock().expect("few-keys lock");
-        if walked > HEADS_FIRST_KEYS {
-            few.remove(route);
-        } else if !few.contains(route) {
-            few.insert(route.to_string());
+        let mut keys = self.keys_walked.lock().expect("keys-walked lock");
+        match keys.get_mut(route) {
+            Some(known) => *known = walked,
+            None => {
+                keys.insert(route.to_string(), walked);
+            }
         }
+    }
+
+    /// How many keys the last walk of `route`'s heads met.
+    fn keys_counted(&self, route: &str) -> Option<i64> {
+        self.keys_walked.lock().expect("keys-walked lock").get(route).copied()
+    }
+
+    /// Whether `route`'s claims start from its heads: its last walk met few keys.
+    fn heads_first(&self, route: &str) -> bool {
+        self.keys_counted(route).is_some_and(|walked| walked <= HEADS_FIRST_KEYS)
     }
 
     async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<PgRow>, StoreError> {
@@ -845,7 +941,7 @@ impl PgStore {
         // at least once, as after any crash, and never ahead of an older entry of its
         // key. Settles and inserts keep waiting for the disk.
         sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await?;
-        let heads_first = self.few_keys.lock().expect("few-keys lock").contains(req.route);
+        let heads_first = self.heads_first(req.route);
         let mut candidates: Vec<(i64, Option<String>)> = if heads_first {
             Vec::new()
         } else {

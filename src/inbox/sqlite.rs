@@ -313,6 +313,21 @@ impl SqliteStore {
         Ok(None)
     }
 
+    /// No claim of a key's next entry with its settle: SQLite serializes writers, so
+    /// a claim of its own costs the key no wait on other keys' claims.
+    async fn claim_next(
+        _conn: &mut SqliteConnection,
+        items: &[super::SettleRequest],
+        _settled: &[bool],
+    ) -> Result<Vec<Option<SqliteRow>>, StoreError> {
+        Ok(items.iter().map(|_| None).collect())
+    }
+
+    /// Claims do not count keys here.
+    fn keys_counted(&self, _route: &str) -> Option<i64> {
+        None
+    }
+
     /// No batch statement: the settles of a batch go one by one.
     async fn settle_many(
         _conn: &mut SqliteConnection,

@@ -212,6 +212,66 @@ macro_rules! store_impl {
                 Ok(true)
             }
 
+            /// Claimed rows as entries under the leases just taken (`owner`'s, for
+            /// `lease_ms` from `now` where a row lacks its expiry), and apart from them
+            /// the rows that cannot be read, with the lease each was taken under and why.
+            #[allow(clippy::type_complexity)]
+            fn claimed_from(
+                rows: &[$row],
+                owner: &str,
+                now: $crate::clock::Millis,
+                lease_ms: i64,
+            ) -> Result<(Vec<$crate::inbox::Claimed>, Vec<(i64, $crate::inbox::Lease, String)>), $crate::inbox::StoreError> {
+                use sqlx::Row as _;
+                let mut claimed = Vec::with_capacity(rows.len());
+                let mut unreadable = Vec::new();
+                for row in rows {
+                    let entry = match Self::entry_from_row(row) {
+                        Ok(entry) if entry.unreadable.is_none() => Ok(entry),
+                        Ok(entry) => {
+                            let reason = entry.unreadable.unwrap_or_default();
+                            Err($crate::inbox::StoreError::Corrupt { id: entry.id, reason })
+                        }
+                        Err(error) => Err(error),
+                    };
+                    match entry {
+                        Ok(entry) => {
+                            let lease = $crate::inbox::Lease {
+                                owner: owner.to_string(),
+                                token: entry.lease_token,
+                                expires_at: entry.lease_expires_at.unwrap_or(now + lease_ms),
+                            };
+                            claimed.push($crate::inbox::Claimed { entry, lease });
+                        }
+                        Err(error @ $crate::inbox::StoreError::Corrupt { .. }) => {
+                            let id: i64 = row.try_get("id")?;
+                            let token: i64 = row.try_get("lease_token")?;
+                            let lease = $crate::inbox::Lease { owner: owner.to_string(), token, expires_at: now + lease_ms };
+                            unreadable.push((id, lease, error.to_string()));
+                        }
+                        Err(other) => return Err(other),
+                    }
+                }
+                Ok((claimed, unreadable))
+            }
+
+            /// Claimed rows that cannot be read would fail every claim that meets them
+            /// and stall their route: each is parked (under the lease just taken) with
+            /// the reason, for a person, and the others go on.
+            async fn park_unreadable(
+                conn: &mut $conn,
+                unreadable: Vec<(i64, $crate::inbox::Lease, String)>,
+                now: $crate::clock::Millis,
+            ) -> Result<(), $crate::inbox::StoreError> {
+                for (id, lease, error) in unreadable {
+                    let reason = format!("the stored entry cannot be read, so it was parked instead of delivered: {error}");
+                    let parked = $crate::inbox::Settlement::Parked { error: reason };
+                    Self::settle_in(&mut *conn, id, &lease, now, &parked, None).await?;
+                    tracing::error!(id, %error, "a claimed entry cannot be read; parked it");
+                }
+                Ok(())
+            }
+
             /// The replay windows `sql/replay_window_list.sql` selects: of a route, open
             /// at a time, of an id; each filter off when `None`.
             async fn replay_window_rows(
@@ -459,45 +519,18 @@ macro_rules! store_impl {
             async fn claim(&self, req: &$crate::inbox::ClaimRequest<'_>)
                 -> Result<Vec<$crate::inbox::Claimed>, $crate::inbox::StoreError>
             {
-                use sqlx::Row as _;
                 let rows = self.claim_rows(req).await?;
-                let mut claimed = Vec::with_capacity(rows.len());
-                for row in &rows {
-                    let entry = match Self::entry_from_row(row) {
-                        Ok(entry) if entry.unreadable.is_none() => Ok(entry),
-                        Ok(entry) => {
-                            let reason = entry.unreadable.unwrap_or_default();
-                            Err($crate::inbox::StoreError::Corrupt { id: entry.id, reason })
-                        }
-                        Err(error) => Err(error),
-                    };
-                    let entry = match entry {
-                        Ok(entry) => entry,
-                        // A row that cannot be read would fail every claim that meets it
-                        // and stall its route: it is parked (under the lease just taken)
-                        // with the reason, for a person, and the others go on.
-                        Err(error @ $crate::inbox::StoreError::Corrupt { .. }) => {
-                            let id: i64 = row.try_get("id")?;
-                            let token: i64 = row.try_get("lease_token")?;
-                            let reason = format!("the stored entry cannot be read, so it was parked instead of delivered: {error}");
-                            let lease = $crate::inbox::Lease { owner: req.owner.to_string(), token, expires_at: req.now + req.lease_ms };
-                            let parked = $crate::inbox::Settlement::Parked { error: reason };
-                            let mut conn = self.pool.acquire().await?;
-                            Self::settle_in(&mut conn, id, &lease, req.now, &parked, None).await?;
-                            tracing::error!(id, %error, "a claimed entry cannot be read; parked it");
-                            continue;
-                        }
-                        Err(other) => return Err(other),
-                    };
-                    let lease = $crate::inbox::Lease {
-                        owner: req.owner.to_string(),
-                        token: entry.lease_token,
-                        expires_at: entry.lease_expires_at.unwrap_or(req.now + req.lease_ms),
-                    };
-                    claimed.push($crate::inbox::Claimed { entry, lease });
+                let (mut claimed, unreadable) = Self::claimed_from(&rows, req.owner, req.now, req.lease_ms)?;
+                if !unreadable.is_empty() {
+                    let mut conn = self.pool.acquire().await?;
+                    Self::park_unreadable(&mut conn, unreadable, req.now).await?;
                 }
                 claimed.sort_by_key(|c| c.entry.id);
                 Ok(claimed)
+            }
+
+            fn keys_met(&self, route: &str) -> Option<i64> {
+                self.keys_counted(route)
             }
 
             async fn release_expired(&self, route: &str, now: $crate::clock::Millis) -> Result<u64, $crate::inbox::StoreError> {
@@ -529,26 +562,41 @@ macro_rules! store_impl {
             async fn settle_batch(
                 &self,
                 items: &[$crate::inbox::SettleRequest],
-            ) -> Result<Vec<Result<(), $crate::inbox::StoreError>>, $crate::inbox::StoreError> {
+            ) -> Result<Vec<Result<Option<$crate::inbox::Claimed>, $crate::inbox::StoreError>>, $crate::inbox::StoreError> {
                 let mut tx = self.pool.begin().await?;
                 // One statement for the whole batch where the backend has one.
-                if items.len() > 1 {
-                    if let Some(settled) = Self::settle_many(&mut tx, items).await? {
-                        tx.commit().await?;
-                        return Ok(settled
-                            .into_iter()
-                            .zip(items)
-                            .map(|(ok, i)| if ok { Ok(()) } else { Err($crate::inbox::StoreError::LeaseLost { id: i.id }) })
-                            .collect());
+                let many = if items.len() > 1 { Self::settle_many(&mut tx, items).await? } else { None };
+                let settled = match many {
+                    Some(settled) => settled,
+                    None => {
+                        let mut settled = Vec::with_capacity(items.len());
+                        for i in items {
+                            settled.push(Self::settle_in(&mut tx, i.id, &i.lease, i.now, &i.settlement, i.attempt.as_ref()).await?);
+                        }
+                        settled
                     }
-                }
-                let mut out = Vec::with_capacity(items.len());
-                for i in items {
-                    let settled = Self::settle_in(&mut tx, i.id, &i.lease, i.now, &i.settlement, i.attempt.as_ref()).await?;
-                    out.push(if settled { Ok(()) } else { Err($crate::inbox::StoreError::LeaseLost { id: i.id }) });
+                };
+                // The keys' next entries, claimed before the settles commit, so each is
+                // taken with the lease of the entry before it ended (and never after it
+                // is visible to an ordinary claim as free).
+                let mut next = Vec::with_capacity(items.len());
+                for (i, row) in items.iter().zip(Self::claim_next(&mut tx, items, &settled).await?) {
+                    let Some(row) = row else {
+                        next.push(None);
+                        continue;
+                    };
+                    let lease_ms = i.next.as_ref().map_or(0, |n| n.lease_ms);
+                    let (mut claimed, unreadable) = Self::claimed_from(std::slice::from_ref(&row), &i.lease.owner, i.now, lease_ms)?;
+                    Self::park_unreadable(&mut tx, unreadable, i.now).await?;
+                    next.push(claimed.pop());
                 }
                 tx.commit().await?;
-                Ok(out)
+                Ok(settled
+                    .into_iter()
+                    .zip(items)
+                    .zip(next)
+                    .map(|((ok, i), next)| if ok { Ok(next) } else { Err($crate::inbox::StoreError::LeaseLost { id: i.id }) })
+                    .collect())
             }
 
             async fn attempts(&self, entry_id: i64) -> Result<Vec<$crate::inbox::failures::Attempt>, $crate::inbox::StoreError> {

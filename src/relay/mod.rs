@@ -17,7 +17,9 @@ use crate::clock::{Clock, Millis};
 use crate::config::{Ordering, ParkedPolicy};
 use crate::inbox::failures::{Attempt, RequestRecord};
 use crate::inbox::group::{Committed, Group, Grouped, Settles};
-use crate::inbox::{ClaimRequest, Claimed, Decoded, Lease, SettleRequest, Settlement, Status, Store, StoreError};
+use crate::inbox::{
+    ClaimRequest, Claimed, Decoded, Lease, NextOfKey, SettleRequest, Settlement, Status, Store, StoreError,
+};
 use crate::plugin::wit;
 use crate::routing::Route;
 use crate::rules;
@@ -43,6 +45,11 @@ struct PauseWatch {
     checked: Option<Instant>,
     paused: bool,
 }
+
+/// How many entries in a row a delivery slot takes from its settles (of one key)
+/// before it goes back to the relay's claims, which take the oldest due entries of
+/// the route (entries without a key, keys new since the last count).
+const HAND_ON_LIMIT: usize = 64;
 
 /// How often a relay looks for expired leases to take back.
 const RELEASE_EVERY: Duration = Duration::from_secs(1);
@@ -81,7 +88,8 @@ impl Relay {
                         full_batch = claimed.len() == free;
                         for c in claimed {
                             let relay = Arc::clone(&self);
-                            in_flight.spawn(async move { relay.attempt_contained(c).await });
+                            let stop = shutdown.clone();
+                            in_flight.spawn(async move { relay.attempt_contained(c, stop).await });
                         }
                     }
                     Err(error) => {
@@ -185,24 +193,37 @@ impl Relay {
     ///
     /// The attempt runs in an `attempt` span carrying the route, the entry id, its key
     /// and the attempt number, so every line it logs says which entry it is about.
-    async fn attempt_contained(self: Arc<Self>, c: Claimed) {
-        let span = tracing::info_span!(
-            "attempt",
-            route = self.route.name(),
-            entry = c.entry.id,
-            key = c.entry.correlation_key.as_deref().unwrap_or(""),
-            attempt = c.entry.attempts,
-        );
-        tracing::Instrument::instrument(self.attempt_caught(c), span).await
+    ///
+    /// When its settle hands on the key's next entry (see [`Relay::next_of_key`]),
+    /// the slot attempts that one at once, up to [`HAND_ON_LIMIT`] entries in a row
+    /// and not once `stop` turns true; then the slot goes back to the relay's claims.
+    async fn attempt_contained(self: Arc<Self>, c: Claimed, stop: watch::Receiver<bool>) {
+        let mut c = Some(c);
+        let mut handed = 0;
+        while let Some(claimed) = c.take() {
+            let span = tracing::info_span!(
+                "attempt",
+                route = self.route.name(),
+                entry = claimed.entry.id,
+                key = claimed.entry.correlation_key.as_deref().unwrap_or(""),
+                attempt = claimed.entry.attempts,
+            );
+            let hand_on = handed < HAND_ON_LIMIT && !*stop.borrow();
+            c = tracing::Instrument::instrument(Arc::clone(&self).attempt_caught(claimed, hand_on), span).await;
+            handed += 1;
+        }
     }
 
-    async fn attempt_caught(self: Arc<Self>, c: Claimed) {
+    async fn attempt_caught(self: Arc<Self>, c: Claimed, hand_on: bool) -> Option<Claimed> {
         let (id, key, lease) = (c.entry.id, c.entry.correlation_key.clone(), c.lease.clone());
         let received_at = c.entry.received_at;
         let (attempts, not_yet_since) = (c.entry.attempts, c.entry.not_yet_since);
         let started = (self.clock.now(), Instant::now());
         let this = Arc::clone(&self);
-        let Err(panic) = CatchUnwind(Box::pin(async move { this.attempt(c).await })).await else { return };
+        let panic = match CatchUnwind(Box::pin(async move { this.attempt(c, hand_on).await })).await {
+            Ok(next) => return next,
+            Err(panic) => panic,
+        };
         let route = self.route.name();
         let message = panic
             .downcast_ref::<&str>()
@@ -216,7 +237,7 @@ impl Relay {
         let settlement = self.decision(attempts, not_yet_since).settle(disposition, &mut fastrand::Rng::new());
         // What it sent before the panic is lost with it.
         let record = self.record(attempts, started, "panic", Vec::new());
-        self.finish(id, key.as_deref(), received_at, &lease, settlement, Some(record)).await;
+        self.finish(id, key.as_deref(), received_at, &lease, settlement, Some(record), false).await
     }
 
     /// The policy's view of an entry whose attempt just ended, as of now.
@@ -230,8 +251,9 @@ impl Relay {
         }
     }
 
-    /// One attempt at one claimed entry, ending in exactly one settle.
-    pub async fn attempt(&self, c: Claimed) {
+    /// One attempt at one claimed entry, ending in exactly one settle; with
+    /// `hand_on`, the key's next entry if the settle claimed it.
+    pub async fn attempt(&self, c: Claimed, hand_on: bool) -> Option<Claimed> {
         if self.options.panic_on_key.is_some() && c.entry.correlation_key == self.options.panic_on_key {
             panic!("fault injection: panic_on_key {:?}", c.entry.correlation_key);
         }
@@ -258,8 +280,8 @@ impl Relay {
             }
         };
         let record = self.record(c.entry.attempts, started, answer, requests);
-        self.finish(id, c.entry.correlation_key.as_deref(), c.entry.received_at, &c.lease, settlement, Some(record))
-            .await;
+        let key = c.entry.correlation_key.as_deref();
+        self.finish(id, key, c.entry.received_at, &c.lease, settlement, Some(record), hand_on).await
     }
 
     /// The history record of an attempt that began at `started` (clock, monotonic);
@@ -281,7 +303,10 @@ impl Relay {
 
     /// Stores how an attempt ended (its text made storable), parking instead when the
     /// inbox refuses the outcome itself; logs and counts parks and lost leases, and
-    /// the queue time of a delivered entry (received at `received_at`).
+    /// the queue time of a delivered entry (received at `received_at`). With
+    /// `hand_on`, a settle that resolves the entry asks for its key's next entry and
+    /// returns it if it was claimed.
+    #[allow(clippy::too_many_arguments)]
     async fn finish(
         &self,
         id: i64,
@@ -290,7 +315,8 @@ impl Relay {
         lease: &Lease,
         settlement: Settlement,
         record: Option<Attempt>,
-    ) {
+        hand_on: bool,
+    ) -> Option<Claimed> {
         let route = self.route.name();
         let settlement = self.storable(settlement);
         let mut delivered = matches!(settlement, Settlement::Done);
@@ -298,7 +324,9 @@ impl Relay {
             tracing::warn!(route, id, key = key.unwrap_or(""), error, "entry parked");
             self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
         }
-        let mut result = self.settle(id, lease, &settlement, &record).await;
+        let resolves = matches!(settlement, Settlement::Done | Settlement::Ignored { .. });
+        let next = if hand_on && resolves { self.next_of_key(key) } else { None };
+        let mut result = self.settle(id, lease, &settlement, &record, next).await;
         if let Err(error) = &result
             && error.refuses_row()
         {
@@ -310,7 +338,7 @@ impl Relay {
             self.metrics.parked.get_or_create(&Metrics::route(route)).inc();
             let parked = self.storable(Settlement::Parked { error: reason });
             delivered = false;
-            result = self.settle(id, lease, &parked, &record).await;
+            result = self.settle(id, lease, &parked, &record, None).await;
         }
         if let Err(error) = &result
             && error.holds_dedup_key()
@@ -318,15 +346,19 @@ impl Relay {
         {
             let instead = self.storable(self.dedup_key_taken(id, dedup_key).await);
             tracing::warn!(route, id, dedup_key, settlement = ?instead, "a re-decoded entry's dedup key is held by another entry");
-            result = self.settle(id, lease, &instead, &record).await;
+            result = self.settle(id, lease, &instead, &record, None).await;
         }
         match result {
-            Ok(()) => {
+            Ok(next) => {
                 if delivered {
                     let waited = (self.clock.now() - received_at).max(0) as f64 / 1000.0;
                     self.metrics.queue_seconds.get_or_create(&Metrics::route(route)).observe(waited);
                 }
-                tracing::debug!(route, id, ?settlement, "entry settled");
+                tracing::debug!(route, id, ?settlement, handed_on = next.as_ref().map(|c| c.entry.id), "entry settled");
+                if next.is_some() {
+                    self.metrics.claims_handed_on.get_or_create(&Metrics::route(route)).inc();
+                }
+                return next;
             }
             Err(StoreError::LeaseLost { .. }) => {
                 tracing::warn!(
@@ -340,24 +372,60 @@ impl Relay {
                 tracing::error!(route, id, %error, "could not settle the attempt; the entry is retried when its lease expires");
             }
         }
+        None
+    }
+
+    /// What a settle of an entry of `key` asks for its slot: the key's next entry, on
+    /// a per-key route whose settles commit in groups and whose keys all fit in its
+    /// slots (as its claims last counted them). Then a key keeps a slot while it has
+    /// due entries, and the key's next delivery does not wait for a claim of the
+    /// relay's, which with few keys was most of a key's turn. With more keys than
+    /// slots, handing on would keep keys in slots ahead of older entries of others:
+    /// the relay's claims, oldest first, decide instead.
+    fn next_of_key(&self, key: Option<&str>) -> Option<NextOfKey> {
+        let cfg = &self.route.config;
+        if cfg.ordering != Ordering::PerKey || self.settles.is_none() {
+            return None;
+        }
+        let keys = self.store.keys_met(self.route.name())?;
+        if keys > cfg.concurrency as i64 {
+            return None;
+        }
+        Some(NextOfKey {
+            route: self.route.name().to_string(),
+            key: key?.to_string(),
+            lease_ms: cfg.lease.as_millis() as Millis,
+            parked_blocks: cfg.parked == ParkedPolicy::BlockKey,
+        })
     }
 
     /// One settle, with the attempt's record saying how it ended as stored.
-    async fn settle(&self, id: i64, lease: &Lease, s: &Settlement, record: &Option<Attempt>) -> Result<(), StoreError> {
+    /// The key's next entry comes back if `next` asked for it and the group's
+    /// transaction claimed it (alone, a settle claims nothing).
+    async fn settle(
+        &self,
+        id: i64,
+        lease: &Lease,
+        s: &Settlement,
+        record: &Option<Attempt>,
+        next: Option<NextOfKey>,
+    ) -> Result<Option<Claimed>, StoreError> {
         let record = record.clone().map(|r| settled_record(r, s));
         let Some(settles) = &self.settles else {
-            return self.store.settle_recorded(id, lease, self.clock.now(), s, record.as_ref()).await;
+            return self.store.settle_recorded(id, lease, self.clock.now(), s, record.as_ref()).await.map(|()| None);
         };
-        let request =
-            SettleRequest { id, lease: lease.clone(), now: self.clock.now(), settlement: s.clone(), attempt: record };
+        let now = self.clock.now();
+        let request = SettleRequest { id, lease: lease.clone(), now, settlement: s.clone(), attempt: record, next };
         match settles.submit(request).await? {
             Committed { outcome: Grouped::Stored(result), .. } => result,
             Committed { outcome: Grouped::Failed(error), .. } => Err(error),
             // Its batch failed (another settle's row, say): alone, it gets its own
             // error (a refused row, a held dedup key) for `finish` to act on.
-            Committed { item: r, outcome: Grouped::Alone } => {
-                self.store.settle_recorded(r.id, &r.lease, r.now, &r.settlement, r.attempt.as_ref()).await
-            }
+            Committed { item: r, outcome: Grouped::Alone } => self
+                .store
+                .settle_recorded(r.id, &r.lease, r.now, &r.settlement, r.attempt.as_ref())
+                .await
+                .map(|()| None),
         }
     }
 
