@@ -760,6 +760,8 @@ struct Drain {
     first_5s: Option<f64>,
     after_60s: Option<f64>,
     claim_ms: Option<f64>,
+    /// Entries claimed by settles (`inlet_claims_handed_on_total`) per delivery.
+    handed_on: Option<f64>,
     peak_rss_mib: Option<f64>,
     /// CPU per delivery by part, from the route's resume to the last delivery seen.
     cpu: CpuPer,
@@ -822,6 +824,9 @@ async fn relay_drain_for(
     let inlets: Vec<u32> = running.iter().map(|i| i.process.pid()).collect();
     let cpu = CpuPer::of(&meter.stop(CpuPer::part(&inlets, None)), target.count() as usize);
     let claims_after = sum_metric(&running, "inlet_claim_duration_seconds").await;
+    let handed_on = series_totals(&running, ["inlet_claims_handed_on_total".to_string()])
+        .await
+        .map(|[n]| n / target.count().max(1) as f64);
     let first = target.first().expect("a first delivery");
     let (rate, drained) = if target.count() >= backlog as u64 {
         let last = target.last().expect("a last delivery");
@@ -861,7 +866,7 @@ async fn relay_drain_for(
     pool.close().await;
     drop(store);
     drop(pg);
-    Drain { rate, first_5s, after_60s, claim_ms, peak_rss_mib: Some(peak_kib as f64 / 1024.0), cpu }
+    Drain { rate, first_5s, after_60s, claim_ms, handed_on, peak_rss_mib: Some(peak_kib as f64 / 1024.0), cpu }
 }
 
 /// `n` OPEN entries as the work-order plugin decodes them, entry `i` of key
@@ -1328,11 +1333,18 @@ async fn backlog_section(args: &Args, plugin: &Path, target: &Target, report: &m
         let window = (backlog == largest).then_some(args.long_window);
         let d = relay_drain_for(args, plugin, target, backlog, 1, window).await;
         eprintln!(
-            "backlog {backlog}: {:.0} deliveries/s, claim {:?} ms, peak RSS {:?} MiB",
-            d.rate, d.claim_ms, d.peak_rss_mib
+            "backlog {backlog}: {:.0} deliveries/s, claim {:?} ms, handed on {:?}, peak RSS {:?} MiB, CPU per delivery (postgres / inlet / bench / other) {}",
+            d.rate,
+            d.claim_ms,
+            d.handed_on,
+            d.peak_rss_mib,
+            d.cpu.describe()
         );
         let base = *smallest_rate.get_or_insert(d.rate);
-        let claim = d.claim_ms.map_or("n/a".to_string(), |c| format!("{c:.2} ms per claim"));
+        let mut claim = d.claim_ms.map_or("n/a".to_string(), |c| format!("{c:.2} ms per claim"));
+        if let Some(share) = d.handed_on.filter(|s| *s > 0.0) {
+            claim.push_str(&format!(", {:.0} % handed on by settles", share * 100.0));
+        }
         report.row(
             "backlog pg",
             &format!(
@@ -1373,7 +1385,7 @@ async fn instances_section(args: &Args, plugin: &Path, target: &Target, report: 
     let mut one = None;
     for &k in &args.instances {
         let d = relay_drain(args, plugin, target, args.instances_backlog, k).await;
-        eprintln!("instances {k}: {:.0} deliveries/s", d.rate);
+        eprintln!("instances {k}: {:.0} deliveries/s, handed on {:?}", d.rate, d.handed_on);
         let base = *one.get_or_insert(d.rate);
         report.row(
             "instances pg",
@@ -1485,20 +1497,25 @@ impl Instance {
 
 /// The sum and count of a histogram over the instances' `/metrics`.
 async fn sum_metric(instances: &[Instance], name: &str) -> Option<(f64, f64)> {
+    let [sum, count] = series_totals(instances, [format!("{name}_sum"), format!("{name}_count")]).await?;
+    Some((sum, count))
+}
+
+/// Each series' value summed over its labels and over `instances`.
+async fn series_totals<const N: usize>(instances: &[Instance], series: [String; N]) -> Option<[f64; N]> {
     let http = reqwest::Client::new();
-    let (mut sum, mut count) = (0.0, 0.0);
+    let mut totals = [0.0; N];
     for i in instances {
         let text = http.get(format!("{}/metrics", i.base())).send().await.ok()?.text().await.ok()?;
-        let value = |series: String| -> f64 {
-            text.lines()
-                .filter(|l| l.split(['{', ' ']).next() == Some(series.as_str()))
+        for (total, name) in totals.iter_mut().zip(&series) {
+            *total += text
+                .lines()
+                .filter(|l| l.split(['{', ' ']).next() == Some(name.as_str()))
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        };
-        sum += value(format!("{name}_sum"));
-        count += value(format!("{name}_count"));
+                .sum::<f64>();
+        }
     }
-    Some((sum, count))
+    Some(totals)
 }
 
 async fn pause(store: &Arc<dyn Store>) {

@@ -479,7 +479,7 @@ macro_rules! store_impl {
                 -> Result<Vec<$crate::inbox::InsertOutcome>, $crate::inbox::StoreError>
             {
                 use $crate::inbox::InsertOutcome;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = Self::begin_hot(&self.pool).await?;
                 // The new rows and the redeliveries in one statement, where the backend
                 // has one; then what it could not answer (dedup-key conflicts) one by one. A
                 // conflict parks a row of its own, which must take its place in the
@@ -563,7 +563,7 @@ macro_rules! store_impl {
                 &self,
                 items: &[$crate::inbox::SettleRequest],
             ) -> Result<Vec<Result<Option<$crate::inbox::Claimed>, $crate::inbox::StoreError>>, $crate::inbox::StoreError> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = Self::begin_hot(&self.pool).await?;
                 // One statement for the whole batch where the backend has one.
                 let many = if items.len() > 1 { Self::settle_many(&mut tx, items).await? } else { None };
                 let settled = match many {
