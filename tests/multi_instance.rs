@@ -62,15 +62,10 @@ async fn status_counts(pg: &TestPg) -> BTreeMap<String, i64> {
     rows.into_iter().collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_relay_1000_messages_over_50_keys_in_order_one_in_flight_per_key() {
-    let started = Instant::now();
-    let pg = TestPg::new().await;
-    let camunda = FakeCamunda::start().await.with_delay(CAMUNDA_DELAY);
-    let plugin = plugin_path("work_order");
-
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("routes.toml");
+/// A routing file in `dir` with one per-key route of the work-order plugin on `pg`,
+/// delivering to `target` (8 slots); its path.
+fn write_routes(dir: &std::path::Path, pg: &TestPg, target: &str) -> std::path::PathBuf {
+    let config = dir.join("routes.toml");
     let routing = format!(
         r#"[store]
 url = {store}
@@ -84,17 +79,60 @@ ordering    = "per-key"
 concurrency = 8
 "#,
         store = toml_str(&pg.url),
-        plugin = toml_str(&plugin.display().to_string()),
-        target = toml_str(&camunda.url()),
+        plugin = toml_str(&plugin_path("work_order").display().to_string()),
+        target = toml_str(target),
     );
     std::fs::write(&config, &routing).expect("write routing file");
+    config
+}
 
-    // One routing file, so each process gets its own --listen.
-    let spawn = |name: &str| {
-        let listen = format!("127.0.0.1:{}", free_port());
-        InletProcess::spawn_with_args(&config, &["--listen", &listen, "--poll", "50ms"], &[("INLET_INSTANCE", name)])
-    };
-    let (mut a, mut b) = (spawn("a"), spawn("b"));
+/// An instance named `name` on the routing file `config`, on a port of its own (one
+/// routing file for all, so each process gets its own `--listen`).
+fn spawn(config: &std::path::Path, name: &str) -> InletProcess {
+    let listen = format!("127.0.0.1:{}", free_port());
+    InletProcess::spawn_with_args(config, &["--listen", &listen, "--poll", "50ms"], &[("INLET_INSTANCE", name)])
+}
+
+/// The push body of key `k`'s message `seq`.
+fn push_body(k: usize, seq: i64) -> String {
+    let payload = serde_json::json!({
+        "workOrderId": key(k),
+        "completedItems": seq,
+        "completionTimestamp": "2026-08-01T10:00:00Z",
+    });
+    let envelope = push_envelope(
+        payload.to_string().as_bytes(),
+        &[("eventId", &event_id(k, seq))],
+        &format!("msg-{}-{seq:02}", key(k)),
+    );
+    serde_json::to_string(&envelope).expect("envelope serializes")
+}
+
+/// Waits until `total` deliveries succeeded (both processes running all along) and
+/// every inbox row is DONE.
+async fn wait_drained(camunda: &FakeCamunda, pg: &TestPg, processes: [&mut InletProcess; 2], total: usize) {
+    let [a, b] = processes;
+    wait_until(&format!("{total} successful deliveries"), DRAIN_TIMEOUT, || {
+        a.assert_running();
+        b.assert_running();
+        let ok = camunda.deliveries().iter().filter(|d| (200..300).contains(&d.status)).count();
+        async move { ok >= total }
+    })
+    .await;
+    wait_until(&format!("all {total} inbox rows DONE"), Duration::from_secs(15), || async {
+        status_counts(pg).await.get("DONE").copied() == Some(total as i64)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_relay_1000_messages_over_50_keys_in_order_one_in_flight_per_key() {
+    let started = Instant::now();
+    let pg = TestPg::new().await;
+    let camunda = FakeCamunda::start().await.with_delay(CAMUNDA_DELAY);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_routes(dir.path(), &pg, &camunda.url());
+    let (mut a, mut b) = (spawn(&config, "a"), spawn(&config, "b"));
 
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client");
     for p in [&mut a, &mut b] {
@@ -114,21 +152,11 @@ concurrency = 8
         let entry_ids = Arc::clone(&entry_ids);
         pushers.spawn(async move {
             for seq in 1..=PER_KEY {
-                let payload = serde_json::json!({
-                    "workOrderId": key(k),
-                    "completedItems": seq,
-                    "completionTimestamp": "2026-08-01T10:00:00Z",
-                });
-                let envelope = push_envelope(
-                    payload.to_string().as_bytes(),
-                    &[("eventId", &event_id(k, seq))],
-                    &format!("msg-{}-{seq:02}", key(k)),
-                );
                 let base = &bases[(k + seq as usize) % 2];
                 let response = http
                     .post(format!("{base}/push/{ROUTE}"))
                     .header("content-type", "application/json")
-                    .body(serde_json::to_string(&envelope).expect("envelope serializes"))
+                    .body(push_body(k, seq))
                     .send()
                     .await
                     .unwrap_or_else(|e| panic!("push {} seq {seq} to {base}: {e}", key(k)));
@@ -156,18 +184,7 @@ concurrency = 8
     eprintln!("pushed {TOTAL} messages in {:?}; {} delivered so far", push_started.elapsed(), camunda.count());
 
     // Wait for every delivery, then for every row to be settled.
-    wait_until(&format!("{TOTAL} successful deliveries"), DRAIN_TIMEOUT, || {
-        a.assert_running();
-        b.assert_running();
-        let ok = camunda.deliveries().iter().filter(|d| (200..300).contains(&d.status)).count();
-        async move { ok >= TOTAL }
-    })
-    .await;
-    let pg_ref = &pg;
-    wait_until(&format!("all {TOTAL} inbox rows DONE"), Duration::from_secs(15), move || async move {
-        status_counts(pg_ref).await.get("DONE").copied() == Some(TOTAL as i64)
-    })
-    .await;
+    wait_drained(&camunda, &pg, [&mut a, &mut b], TOTAL).await;
     let drained = push_started.elapsed();
     eprintln!("all delivered and settled {drained:?} after the first push");
 
@@ -297,31 +314,9 @@ async fn two_instances_hand_each_of_few_keys_its_next_entry_in_order() {
     let total = FEW * EACH as usize;
     let pg = TestPg::new().await;
     let camunda = FakeCamunda::start().await.with_delay(CAMUNDA_DELAY);
-    let plugin = plugin_path("work_order");
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("routes.toml");
-    let routing = format!(
-        r#"[store]
-url = {store}
-
-[[route]]
-name        = "{ROUTE}"
-plugin      = {plugin}
-source      = {{ kind = "push" }}
-target      = {{ kind = "http", url = {target}, timeout = "2s" }}
-ordering    = "per-key"
-concurrency = 8
-"#,
-        store = toml_str(&pg.url),
-        plugin = toml_str(&plugin.display().to_string()),
-        target = toml_str(&camunda.url()),
-    );
-    std::fs::write(&config, &routing).expect("write routing file");
-    let spawn = |name: &str| {
-        let listen = format!("127.0.0.1:{}", free_port());
-        InletProcess::spawn_with_args(&config, &["--listen", &listen, "--poll", "50ms"], &[("INLET_INSTANCE", name)])
-    };
-    let (mut a, mut b) = (spawn("a"), spawn("b"));
+    let config = write_routes(dir.path(), &pg, &camunda.url());
+    let (mut a, mut b) = (spawn(&config, "a"), spawn(&config, "b"));
     for p in [&mut a, &mut b] {
         p.wait_healthy(Duration::from_secs(30)).await;
     }
@@ -338,20 +333,10 @@ concurrency = 8
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client");
     for seq in 1..=EACH {
         for k in 0..FEW {
-            let payload = serde_json::json!({
-                "workOrderId": key(k),
-                "completedItems": seq,
-                "completionTimestamp": "2026-08-01T10:00:00Z",
-            });
-            let envelope = push_envelope(
-                payload.to_string().as_bytes(),
-                &[("eventId", &event_id(k, seq))],
-                &format!("msg-{}-{seq:02}", key(k)),
-            );
             let response = http
                 .post(format!("{}/push/{ROUTE}", a.base))
                 .header("content-type", "application/json")
-                .body(serde_json::to_string(&envelope).expect("envelope serializes"))
+                .body(push_body(k, seq))
                 .send()
                 .await
                 .expect("push");
@@ -361,18 +346,7 @@ concurrency = 8
     assert_eq!(camunda.count(), 0, "delivered while paused");
     sqlx::query("DELETE FROM inbox_route_pause").execute(&mut conn).await.expect("resume the route");
 
-    wait_until(&format!("{total} successful deliveries"), DRAIN_TIMEOUT, || {
-        a.assert_running();
-        b.assert_running();
-        let ok = camunda.deliveries().iter().filter(|d| (200..300).contains(&d.status)).count();
-        async move { ok >= total }
-    })
-    .await;
-    let pg_ref = &pg;
-    wait_until(&format!("all {total} inbox rows DONE"), Duration::from_secs(15), move || async move {
-        status_counts(pg_ref).await.get("DONE").copied() == Some(total as i64)
-    })
-    .await;
+    wait_drained(&camunda, &pg, [&mut a, &mut b], total).await;
 
     assert_eq!(camunda.max_in_flight_per_key(), 1, "overlapping keys: {:?}", camunda.overlaps());
     assert_eq!(camunda.deliveries().len(), total, "requests received (a repeat means a redelivery)");

@@ -73,7 +73,8 @@ pub struct PgStore {
     gauge_lease: tokio::sync::Mutex<Option<(PgConnection, bool)>>,
     /// How many keys each route's last walk of the heads met; routes that met few
     /// ([`HEADS_FIRST_KEYS`]) are claimed from their heads.
-    keys_walked: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    /// and when.
+    keys_walked: std::sync::Mutex<std::collections::HashMap<String, (i64, std::time::Instant)>>,
     /// When [`PgStore::keep_floors`] last ran.
     floors_kept: std::sync::Mutex<Option<std::time::Instant>>,
 }
@@ -280,6 +281,14 @@ pub const CLAIM_HEADS_SQL: &str = concat!(
 /// walk of the heads met at most this many keys decides; a walk that meets more sends
 /// the route back to the window.
 const HEADS_FIRST_KEYS: i64 = 256;
+
+/// How often a route claimed from its window (whose claims do not walk the heads)
+/// has its keys counted ([`KEYS_COUNT_SQL`]).
+const KEYS_RECOUNT: Duration = Duration::from_secs(10);
+
+/// The keys of route `$1`, as a walk of the heads meets them: its rows of
+/// `inbox_key_floor`.
+const KEYS_COUNT_SQL: &str = "SELECT count(*) FROM inbox_key_floor f WHERE f.route = $1";
 
 /// In heads-first mode, the entries without a key, which the walk of the heads does
 /// not reach: the oldest `$3` due OPEN ones (from `inbox_entry_unresolved_key`, where
@@ -641,8 +650,7 @@ impl PgStore {
                 (ask.route.as_str(), i.lease.owner.as_str(), ask.lease_ms, ask.parked_blocks)
             };
             let group = of(first);
-            let (mine, rest): (Vec<(i64, usize)>, Vec<(i64, usize)>) =
-                wanted.into_iter().partition(|(_, n)| of(*n) == group);
+            let (mine, rest): (Vec<_>, Vec<_>) = wanted.into_iter().partition(|(_, n)| of(*n) == group);
             wanted = rest;
             let (route, owner, lease_ms, parked_blocks) = group;
             let now = mine.iter().map(|(_, n)| items[*n].now).max().expect("a candidate");
@@ -921,18 +929,25 @@ impl PgStore {
 
     /// Records that a walk of `route`'s heads met `walked` keys.
     fn remember_keys(&self, route: &str, walked: i64) {
+        let now = std::time::Instant::now();
         let mut keys = self.keys_walked.lock().expect("keys-walked lock");
         match keys.get_mut(route) {
-            Some(known) => *known = walked,
+            Some(known) => *known = (walked, now),
             None => {
-                keys.insert(route.to_string(), walked);
+                keys.insert(route.to_string(), (walked, now));
             }
         }
     }
 
-    /// How many keys the last walk of `route`'s heads met.
+    /// How many keys the last walk (or count) of `route`'s heads met.
     fn keys_counted(&self, route: &str) -> Option<i64> {
-        self.keys_walked.lock().expect("keys-walked lock").get(route).copied()
+        self.keys_walked.lock().expect("keys-walked lock").get(route).map(|(n, _)| *n)
+    }
+
+    /// Whether `route`'s keys were last counted longer than [`KEYS_RECOUNT`] ago, or
+    /// never.
+    fn keys_stale(&self, route: &str) -> bool {
+        self.keys_walked.lock().expect("keys-walked lock").get(route).is_none_or(|(_, at)| at.elapsed() >= KEYS_RECOUNT)
     }
 
     /// Whether `route`'s claims start from its heads: its last walk met few keys.
@@ -971,6 +986,13 @@ impl PgStore {
             candidates!(sqlx::query_as(CLAIM_KEYS_SQL)).bind(claim_window(req.limit)).fetch_all(&mut *tx).await?
         };
         let short = i64::from(req.limit) - candidates.len() as i64;
+        // A route whose window fills its claims never walks its heads, so its keys are
+        // counted now and then instead: how many there are decides whether its settles
+        // hand on (`Store::keys_met`), and whether its claims start from the heads.
+        if !heads_first && short <= 0 && self.keys_stale(req.route) {
+            let keys: i64 = sqlx::query_scalar(KEYS_COUNT_SQL).bind(req.route).fetch_one(&mut *tx).await?;
+            self.remember_keys(req.route, keys);
+        }
         if short > 0 {
             let taken: Vec<&str> = candidates.iter().filter_map(|(_, k)| k.as_deref()).collect();
             let heads: Vec<(Option<i64>, Option<String>, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
