@@ -329,7 +329,8 @@ async fn two_instances_hand_each_of_few_keys_its_next_entry_in_order() {
     .execute(&mut conn)
     .await
     .expect("pause the route");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // No wait for the relays to read the pause: every claim statement, and a settle's
+    // claim of the next entry, refuses a paused route once the pause has committed.
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client");
     for seq in 1..=EACH {
         for k in 0..FEW {

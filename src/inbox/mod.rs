@@ -819,9 +819,9 @@ pub trait Store: Send + Sync + 'static {
         items: &[SettleRequest],
     ) -> Result<Vec<Result<Option<Claimed>, StoreError>>, StoreError>;
 
-    /// How many keys a route had when its claims last counted them (PostgreSQL, on
-    /// routes claimed from their heads), `None` if unknown: whether every key of the
-    /// route can have a delivery slot of its own.
+    /// How many keys a route had when its claims last counted them (PostgreSQL: each
+    /// walk of the heads, or every 10 s on a route claimed from its window), `None`
+    /// if unknown: whether every key of the route can have a delivery slot of its own.
     fn keys_met(&self, _route: &str) -> Option<i64> {
         None
     }

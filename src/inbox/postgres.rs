@@ -71,9 +71,9 @@ pub struct PgStore {
     /// The connection the gauge lease is tried and held on (outside the pool, so
     /// the lock lives exactly as long as it), and whether it holds the lock.
     gauge_lease: tokio::sync::Mutex<Option<(PgConnection, bool)>>,
-    /// How many keys each route's last walk of the heads met; routes that met few
+    /// How many keys each route had when its claims last walked its heads (or counted
+    /// its keys, [`KEYS_COUNT_SQL`]), and when; routes with few
     /// ([`HEADS_FIRST_KEYS`]) are claimed from their heads.
-    /// and when.
     keys_walked: std::sync::Mutex<std::collections::HashMap<String, (i64, std::time::Instant)>>,
     /// When [`PgStore::keep_floors`] last ran.
     floors_kept: std::sync::Mutex<Option<std::time::Instant>>,
@@ -601,9 +601,9 @@ impl PgStore {
     /// statement afresh at every execution while a plan made for the values at hand
     /// looks cheaper than the generic one, which for these statements (CTEs, partial
     /// indexes, parameters that switch rules on and off) it always does; planning then
-    /// cost as much as running them. Measured on a 10-key drain with every statement
-    /// on generic plans: PostgreSQL's CPU per delivery 454 → 227 µs, 2,095 → 3,524
-    /// deliveries/s (docs/measurements.md, "Generic plans").
+    /// cost as much as running them. On a 10-key drain, PostgreSQL's CPU per delivery
+    /// went 454 → 277–298 µs and the rate 2,095–2,334 → 2,846–2,985 deliveries/s
+    /// (docs/measurements.md, "Claims handed on, and generic plans").
     async fn begin_hot(pool: &PgPool) -> Result<sqlx::Transaction<'static, Postgres>, StoreError> {
         Ok(pool.begin_with(HOT_BEGIN_SQL).await?)
     }
@@ -804,9 +804,9 @@ impl PgStore {
             .then(|| format!("key floors: {deleted} rows of finished keys deleted, {added} added, {lowered} lowered")))
     }
 
-    /// The entry table vacuumed and analyzed when enough changed. Every claim and settle leaves a dead row version
-    /// behind, and the partial indexes the claim reads (OPEN, IN_PROGRESS) keep
-    /// pointing at them until a vacuum; autovacuum's defaults wait for a fifth of the
+    /// The entry table vacuumed and analyzed when enough changed. Every claim and
+    /// settle leaves a dead row version behind, and the partial indexes the claim
+    /// reads (OPEN, IN_PROGRESS) keep pointing at them until a vacuum; autovacuum's defaults wait for a fifth of the
     /// table to die, and its statistics go stale, so the planner walks the primary key
     /// past every settled row, and a claim grows from milliseconds to tens of them. A
     /// vacuum here is the table owner's (Inlet created the table); without the right,

@@ -313,8 +313,9 @@ impl SqliteStore {
         Ok(None)
     }
 
-    /// No claim of a key's next entry with its settle: SQLite serializes writers, so
-    /// a claim of its own costs the key no wait on other keys' claims.
+    /// No claim of a key's next entry with its settle: handing on is built for
+    /// PostgreSQL's claims (their key locks and floors); here every ask is answered
+    /// `None` and the entry waits for an ordinary claim.
     async fn claim_next(
         _conn: &mut SqliteConnection,
         items: &[super::SettleRequest],
