@@ -62,7 +62,7 @@ use std::time::{Duration, Instant};
 use inlet_testkit::emulator::PubSubEmulator;
 use inlet_testkit::paths::plugin_path;
 use inlet_testkit::pg_cluster::PgCluster;
-use inlet_testkit::ports::free_restartable_port;
+use inlet_testkit::ports::free_port;
 use inlet_testkit::process::InletProcess;
 use inlet_testkit::proxy::TcpProxy;
 use inlet_testkit::push::push_envelope;
@@ -236,7 +236,7 @@ struct Fleet {
 
 impl Fleet {
     async fn start(config: PathBuf, journal: PathBuf, emulator_host: String) -> Fleet {
-        let ports: Vec<u16> = (0..INSTANCES).map(|_| free_restartable_port()).collect();
+        let ports: Vec<u16> = (0..INSTANCES).map(|_| free_port()).collect();
         let mut fleet = Fleet { config, journal, emulator_host, ports, slots: Vec::new(), incarnations: 0 };
         for slot in 0..INSTANCES {
             let process = fleet.spawn(slot);

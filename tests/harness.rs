@@ -11,7 +11,7 @@ use inlet_testkit::in_process::Instance;
 use inlet_testkit::paths::{inlet_bin, plugin_path};
 use inlet_testkit::pg::{TestPg, pg_admin_url};
 use inlet_testkit::pg_cluster::PgCluster;
-use inlet_testkit::ports::{free_port, free_restartable_port};
+use inlet_testkit::ports::{ephemeral_low, free_port};
 use inlet_testkit::push::push_envelope;
 use inlet_testkit::recording_target::RecordingTarget;
 use inlet_testkit::wait::{wait_for, wait_until};
@@ -359,21 +359,19 @@ async fn recording_target_detects_two_requests_for_one_key_in_flight() {
 }
 
 #[test]
-fn free_restartable_port_is_bindable_and_below_the_ephemeral_range() {
-    let port = free_restartable_port();
-    let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+fn free_ports_bind_lie_below_the_ephemeral_range_and_are_never_handed_out_twice() {
+    let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+    let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+    assert_eq!(distinct.len(), ports.len(), "a port was handed out twice: {ports:?}");
     // Only where the range leaves room below it (it does on Linux's default, 32768);
     // elsewhere the helper falls back to any free port.
+    let low = ephemeral_low().expect("/proc/sys/net/ipv4/ip_local_port_range");
     if low > 12_000 {
-        assert!(port < low, "port {port} is in the ephemeral range (from {low})");
+        assert!(ports.iter().all(|p| *p < low), "a port in the ephemeral range (from {low}): {ports:?}");
     }
-    std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port binds");
+    for port in &ports[..10] {
+        std::net::TcpListener::bind(("127.0.0.1", *port)).expect("the port binds");
+    }
 }
 
 // ----- The testkit itself ---------------------------------------------------------------

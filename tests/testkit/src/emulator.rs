@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::ports::free_restartable_port;
+use crate::ports::free_port;
 use crate::wait::{POLL_INTERVAL, poll_blocking};
 
 /// How long the emulator (a JVM) may take to answer after a start or restart.
@@ -31,7 +31,7 @@ pub struct PubSubEmulator {
 impl PubSubEmulator {
     /// Starts an emulator for `project` on a free port and waits until it answers.
     pub async fn start(project: &str) -> PubSubEmulator {
-        let port = free_restartable_port();
+        let port = free_port();
         let log = std::env::temp_dir().join(format!("inlet-pubsub-emulator-{port}.log"));
         // A fresh log: the port may have served an earlier run.
         std::fs::File::create(&log).unwrap_or_else(|e| panic!("emulator log file {}: {e}", log.display()));

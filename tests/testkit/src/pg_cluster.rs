@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::Connection as _;
 
 use crate::pg::connect_admin;
-use crate::ports::free_restartable_port;
+use crate::ports::free_port;
 
 /// How long `pg_ctl start` may take (crash recovery included) before the test fails.
 const PG_CLUSTER_START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -41,7 +41,7 @@ impl PgCluster {
                 .expect("run chown");
             assert!(status.success(), "chown {} to postgres: {status}", dir.path().display());
         }
-        let cluster = PgCluster { port: free_restartable_port(), bin, dir };
+        let cluster = PgCluster { port: free_port(), bin, dir };
         let out = cluster
             .tool("initdb")
             .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions", "-D"])

@@ -1,27 +1,50 @@
-//! Free TCP ports on 127.0.0.1.
+//! Free TCP ports on 127.0.0.1 for processes that a test starts on a port it chose.
+//!
+//! A port picked now and bound later by another process can be taken in between. In
+//! the kernel's ephemeral range it is taken often: every outgoing connection of every
+//! test (database pools, HTTP clients) and every `bind(:0)` draws from that range, and
+//! a CI run once failed on an `inlet` that found its `--listen` port held by one. So
+//! ports come from below that range, where only a deliberate `bind` can take them, and
+//! one test process never hands the same port out twice (its tests run as threads, so
+//! two of them picking at once would otherwise race each other).
 
-/// A TCP port that was free a moment ago on 127.0.0.1 (bind to :0, read, release).
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+/// Ports this process has handed out: never handed out again, even once released (a
+/// killed `inlet` or emulator is restarted on its port).
+static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+
+/// The lowest port picked: below it lie the well-known services and the ports people
+/// give their own servers.
+const LOWEST: u16 = 10_000;
+
+/// A TCP port that was free a moment ago on 127.0.0.1, below the kernel's ephemeral
+/// range, and not handed out before by this process. Falls back to a port of the
+/// ephemeral range (bind to :0, read, release) where that range leaves no room below.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind 127.0.0.1:0").port()
-}
-
-/// A TCP port that was free a moment ago on 127.0.0.1 and lies below the kernel's
-/// ephemeral range, for a service that is restarted on the same port (an emulator, a
-/// PostgreSQL cluster, a killed `inlet`): while it is down, no client connection can
-/// be given that port as its own and keep it from listening again. Falls back to
-/// [`free_port`] if no such port binds.
-pub fn free_restartable_port() -> u16 {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    if low > 12_000 {
-        for _ in 0..100 {
-            let port = fastrand::u16(10_000..low);
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return port;
-            }
+    let below = ephemeral_low().filter(|low| *low > LOWEST + 2_000);
+    let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let handed = handed.get_or_insert_with(HashSet::new);
+    for _ in 0..1_000 {
+        let port = match below {
+            Some(low) => fastrand::u16(LOWEST..low),
+            None => any_free_port(),
+        };
+        if !handed.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed.insert(port);
+            return port;
         }
     }
-    free_port()
+    panic!("no free TCP port on 127.0.0.1 after 1,000 tries");
+}
+
+/// The first port of the kernel's ephemeral range, if it can be read.
+pub fn ephemeral_low() -> Option<u16> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    range.split_whitespace().next()?.parse().ok()
+}
+
+fn any_free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind 127.0.0.1:0").port()
 }
