@@ -163,9 +163,11 @@ impl Running {
     /// `draining` at once, while the listener keeps taking pushes and admin requests
     /// (each answer closing its connection), the sources keep pulling and the relays
     /// keep delivering for the drain delay. A second signal cuts the delay short.
-    /// Then [`Running::stop`], within the grace period.
-    pub async fn run_until_signal(self) {
-        let mut signals = Signals::install();
+    /// Then [`Running::stop`], within the grace period. `signals` were installed before
+    /// [`start`], whose listeners answer as soon as they are bound: a SIGTERM that
+    /// comes right after the first healthy answer (a quick rollout) is a drain, not the
+    /// default action that kills the process.
+    pub async fn run_until_signal(self, mut signals: Signals) {
         let signal = signals.next().await;
         self.shared.drain.start();
         tracing::info!(
@@ -205,7 +207,9 @@ async fn join_until(set: &mut JoinSet<()>, deadline: tokio::time::Instant) -> bo
 
 /// The stop signals: SIGTERM (Kubernetes, systemd) and SIGINT (ctrl-c), installed once
 /// so the second is caught like the first (the default action would kill the process).
-struct Signals {
+/// Installed before [`start`] (see [`Running::run_until_signal`]); one that arrives
+/// meanwhile waits for it.
+pub struct Signals {
     #[cfg(unix)]
     term: tokio::signal::unix::Signal,
     #[cfg(unix)]
@@ -213,7 +217,7 @@ struct Signals {
 }
 
 impl Signals {
-    fn install() -> Signals {
+    pub fn install() -> Signals {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{SignalKind, signal};
@@ -227,7 +231,7 @@ impl Signals {
     }
 
     /// The next signal's name.
-    async fn next(&mut self) -> &'static str {
+    pub async fn next(&mut self) -> &'static str {
         #[cfg(unix)]
         {
             tokio::select! {

@@ -601,8 +601,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(owner) = instance {
                 options.owner = owner;
             }
-            let running = app::start(&config, options).await?;
-            running.run_until_signal().await;
+            // The signals first: a stop that comes while Inlet starts (a migration
+            // waiting for its lock) ends the start; one right after it drains.
+            let mut signals = app::Signals::install();
+            let running = tokio::select! {
+                running = app::start(&config, options) => running?,
+                signal = signals.next() => {
+                    tracing::info!(signal, "stopped while starting; nothing was served");
+                    return Ok(ExitCode::SUCCESS);
+                }
+            };
+            running.run_until_signal(signals).await;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { routing } => check(&routing_file(routing, &cli.config)?),

@@ -211,3 +211,43 @@ async fn a_second_signal_ends_the_delay_and_attempts_past_the_grace_are_handed_b
     .await;
     assert!(next.sigterm_and_wait(WAIT).success());
 }
+
+/// A stop that comes while Inlet starts, or the moment it first answers, is a clean
+/// exit: the signal handlers are in place before anything is served (a CI run once
+/// saw an `inlet` that had just answered healthy die by SIGTERM, the handlers not yet
+/// installed). Starting is held deterministically by the PostgreSQL migration lock,
+/// taken here first: the process waits for it, and the stop ends that wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_starting_or_at_the_first_healthy_answer_is_a_clean_exit() {
+    use sqlx::Connection as _;
+    let dir = tempfile::tempdir().unwrap();
+    let target = RecordingTarget::start().await;
+    let pg = inlet_testkit::pg::TestPg::new().await;
+    let mut holder = pg.connect().await;
+    // `MIGRATION_LOCK` in src/inbox/postgres.rs.
+    sqlx::query("SELECT pg_advisory_lock(452824163700)").execute(&mut holder).await.expect("take the migration lock");
+    let config = routing_file(dir.path(), &target, 2, "5s");
+    let sqlite = std::fs::read_to_string(&config).unwrap();
+    let on_pg = dir.path().join("pg.toml");
+    let store_line = sqlite.lines().find(|l| l.starts_with("url = ")).expect("the store's url").to_owned();
+    std::fs::write(&on_pg, sqlite.replace(&store_line, &format!("url = \"{}\"", pg.url))).unwrap();
+    let mut inlet = spawn(&on_pg, &["--drain-delay", "0s"]);
+    wait_until("inlet to wait for the migration lock", WAIT, || {
+        inlet.assert_running();
+        let waiting = inlet.log().contains("another instance is migrating the inbox schema; waiting for it");
+        async move { waiting }
+    })
+    .await;
+    let status = inlet.sigterm_and_wait(WAIT);
+    assert!(status.success(), "a stop while starting exits 0: {status}\n{}", inlet.log());
+    assert!(inlet.log().contains("stopped while starting; nothing was served"), "{}", inlet.log());
+    holder.close().await.expect("release the migration lock");
+    // At the first healthy answer, a few times over (the handlers come before the
+    // listeners, so there is no moment without them).
+    for _ in 0..3 {
+        let mut inlet = spawn(&config, &["--drain-delay", "0s"]);
+        inlet.wait_healthy(WAIT).await;
+        let status = inlet.sigterm_and_wait(WAIT);
+        assert!(status.success(), "a stop at the first healthy answer exits 0: {status}\n{}", inlet.log());
+    }
+}
