@@ -58,6 +58,11 @@
 //!   the rate in its first 5 s beside the rate after 60 s.
 //! - `instances`: 1, 2 and 4 instances on one database draining one backlog.
 //!
+//! `--pg-delay-us N` puts the database N µs away from Inlet in each direction for the
+//! `backlog` and `instances` sections (`support::delay`, a proxy in this process; the
+//! bench's own connections go direct): what round trips cost where the database is
+//! across a network, which loopback hides.
+//!
 //! Benchmarks print figures; they assert no timing. A run that does not finish (a push
 //! refused, deliveries missing, rows not DONE) fails loudly instead of printing.
 
@@ -120,6 +125,9 @@ struct Args {
     shadow_churn_mib_per_s: Option<usize>,
     /// The candidates the shadow section runs (prefixes of `CANDIDATES`, without `-`).
     shadow_candidates: Option<Vec<String>>,
+    /// The backlog and instances sections' Inlet reaches PostgreSQL through a proxy
+    /// that holds each byte back this long in each direction (`support::delay`).
+    pg_delay: Option<Duration>,
     only: Option<Vec<String>>,
 }
 
@@ -150,6 +158,7 @@ impl Args {
             shadow_cpu_percent: None,
             shadow_churn_mib_per_s: None,
             shadow_candidates: None,
+            pg_delay: None,
             only: None,
         }
     }
@@ -178,7 +187,8 @@ impl Args {
 fn usage() -> &'static str {
     "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,shadow,backlog,instances] \
      [--clients N] [--messages N] [--keys N] [--relay-backlog N] [--peer-jobs N] [--peer-concurrency N] \
-     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--shadow-rate N] [--latency-seconds N] [--shadow-cpu-percent N] [--shadow-memory-churn-mib-per-s N] [--shadow-candidates sleep,trap,hoard]"
+     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--shadow-rate N] [--latency-seconds N] [--shadow-cpu-percent N] [--shadow-memory-churn-mib-per-s N] [--shadow-candidates sleep,trap,hoard] \
+     [--pg-delay-us N]"
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -221,6 +231,7 @@ fn parse_args() -> Result<Args, String> {
             "--shadow-candidates" => {
                 args.shadow_candidates = Some(v.split(',').map(|s| s.trim().to_string()).collect())
             }
+            "--pg-delay-us" => args.pg_delay = Some(Duration::from_micros(number(flag, v)? as u64)),
             "--only" => {
                 let names: Vec<String> = v.split(',').map(|s| s.trim().to_string()).collect();
                 if let Some(bad) = names.iter().find(|n| !SECTIONS.contains(&n.as_str())) {
@@ -789,9 +800,20 @@ async fn relay_drain_for(
     preload(&pool, backlog, args.keys).await;
     eprintln!("  backlog of {backlog} loaded in {:.1} s", loading.elapsed().as_secs_f64());
     pause(&store).await;
+    // Inlet reaches the database through the delay proxy, if asked; the bench directly.
+    let url = match args.pg_delay {
+        Some(delay) => {
+            let mut url = reqwest::Url::parse(&pg.url).expect("the database's URL");
+            let upstream = format!("{}:{}", url.host_str().expect("a host"), url.port().unwrap_or(5432));
+            let proxy = support::delay::DelayProxy::start(upstream.parse().expect("an IP address"), delay);
+            url.set_port(Some(proxy.addr.port())).expect("a port");
+            url.to_string()
+        }
+        None => pg.url.clone(),
+    };
     let mut running = Vec::new();
     for i in 0..instances {
-        running.push(Instance::start(&pg.url, plugin, target, args.concurrency, &format!("relay-{i}")).await);
+        running.push(Instance::start(&url, plugin, target, args.concurrency, &format!("relay-{i}")).await);
     }
     let claims_before = sum_metric(&running, "inlet_claim_duration_seconds").await;
     target.reset();
@@ -1348,8 +1370,9 @@ async fn backlog_section(args: &Args, plugin: &Path, target: &Target, report: &m
         report.row(
             "backlog pg",
             &format!(
-                "1 instance, {backlog} backlog{}",
-                window.map_or(String::new(), |w| format!(" ({} s)", w.as_secs()))
+                "1 instance, {backlog} backlog{}{}",
+                window.map_or(String::new(), |w| format!(" ({} s)", w.as_secs())),
+                away(args)
             ),
             per_s(d.rate, "deliveries"),
             claim,
@@ -1381,6 +1404,11 @@ async fn backlog_section(args: &Args, plugin: &Path, target: &Target, report: &m
     }
 }
 
+/// How far the database is, where `--pg-delay-us` puts it away from Inlet.
+fn away(args: &Args) -> String {
+    args.pg_delay.map_or(String::new(), |d| format!(", PostgreSQL {} µs away each way", d.as_micros()))
+}
+
 async fn instances_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {
     let mut one = None;
     for &k in &args.instances {
@@ -1389,7 +1417,7 @@ async fn instances_section(args: &Args, plugin: &Path, target: &Target, report: 
         let base = *one.get_or_insert(d.rate);
         report.row(
             "instances pg",
-            &format!("{k} instance(s), {} backlog", args.instances_backlog),
+            &format!("{k} instance(s), {} backlog{}", args.instances_backlog, away(args)),
             per_s(d.rate, "deliveries"),
             String::new(),
             ratio(d.rate, base),

@@ -18,6 +18,7 @@ use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 
 pub mod calls;
 pub mod cpu;
+pub mod delay;
 
 /// Connections of the baseline's pool: Inlet's default `store.max_connections`.
 pub const POOL_SIZE: u32 = 8;

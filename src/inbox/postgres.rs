@@ -306,6 +306,51 @@ fn claim_window(limit: u32) -> i64 {
     (i64::from(limit) * 4).max(4_096)
 }
 
+/// [`CLAIM_HELD_SQL`] and [`CLAIM_NEXT_SQL`]: step two of a claim over the candidates
+/// `$ids` (an array of entry ids), after `$head` (the statement's start: `WITH ` and
+/// any CTEs the candidates come from).
+macro_rules! claim_held {
+    ($head:expr, $ids:expr) => {
+        concat!(
+            $head,
+            "picked AS (\n",
+            "    SELECT e.id FROM inbox_entry e\n",
+            "    WHERE e.id = ANY(",
+            $ids,
+            ") AND e.route = $1 AND e.status = 'OPEN' AND e.next_attempt_at <= $2\n",
+            include_str!("sql/claim_eligible_floor.sql"),
+            "    LIMIT $5\n",
+            "    FOR UPDATE SKIP LOCKED\n), claimed AS (\nUPDATE inbox_entry SET\n",
+            include_str!("sql/claim_set.sql"),
+            "FROM picked WHERE inbox_entry.id = picked.id\n",
+            "  AND (inbox_entry.correlation_key IS NULL OR inbox_entry.correlation_key = ANY($9))\n",
+            "RETURNING inbox_entry.*\n",
+            "), heads AS (\n",
+            // Each claimed key's floor moves up to its head: the entry claimed, or an older one
+            // parked where parked lets the key pass (it stays unresolved). The key is held and
+            // this snapshot came after, so nothing older is unresolved or about to be.
+            "    SELECT c.route, c.correlation_key, f.floor AS old, LEAST(c.id, (\n",
+            "        SELECT min(o.id) FROM inbox_entry o\n",
+            "        WHERE o.route = c.route AND o.correlation_key = c.correlation_key\n",
+            "          AND o.id >= COALESCE(f.floor, 0) AND o.id < c.id AND o.status = 'PARKED')) AS floor\n",
+            "    FROM claimed c\n",
+            "    LEFT JOIN inbox_key_floor f ON f.route = c.route AND f.correlation_key = c.correlation_key\n",
+            "    WHERE c.correlation_key IS NOT NULL\n",
+            "), raised AS (\n",
+            // Only from the floor this statement read: a re-decoded entry that lowered it
+            // since (committed while this waited for the row) keeps it lowered.
+            "    UPDATE inbox_key_floor f SET floor = h.floor FROM heads h\n",
+            "    WHERE f.route = h.route AND f.correlation_key = h.correlation_key AND f.floor = h.old AND h.floor > h.old\n",
+            "), created AS (\n",
+            "    INSERT INTO inbox_key_floor (route, correlation_key, floor)\n",
+            "    SELECT h.route, h.correlation_key, h.floor FROM heads h WHERE h.old IS NULL\n",
+            "    ON CONFLICT (route, correlation_key) DO NOTHING\n",
+            ")\n",
+            "SELECT claimed.* FROM claimed"
+        )
+    };
+}
+
 /// Step two: of step one's candidates (`$8`), those still OPEN, due and the head of
 /// their key, now that the keys are held (`$9`): the snapshot of this statement is
 /// taken after the locks, so it sees every insert and claim of those keys that
@@ -315,39 +360,23 @@ fn claim_window(limit: u32) -> i64 {
 /// moves up to the key's head (`sql/postgres_0012_key_floor.sql`), so the next
 /// claim's questions about the key start there.
 #[doc(hidden)]
-pub const CLAIM_HELD_SQL: &str = concat!(
-    "WITH picked AS (\n",
-    "    SELECT e.id FROM inbox_entry e\n",
-    "    WHERE e.id = ANY($8) AND e.route = $1 AND e.status = 'OPEN' AND e.next_attempt_at <= $2\n",
-    include_str!("sql/claim_eligible_floor.sql"),
-    "    LIMIT $5\n",
-    "    FOR UPDATE SKIP LOCKED\n), claimed AS (\nUPDATE inbox_entry SET\n",
-    include_str!("sql/claim_set.sql"),
-    "FROM picked WHERE inbox_entry.id = picked.id\n",
-    "  AND (inbox_entry.correlation_key IS NULL OR inbox_entry.correlation_key = ANY($9))\n",
-    "RETURNING inbox_entry.*\n",
-    "), heads AS (\n",
-    // Each claimed key's floor moves up to its head: the entry claimed, or an older one
-    // parked where parked lets the key pass (it stays unresolved). The key is held and
-    // this snapshot came after, so nothing older is unresolved or about to be.
-    "    SELECT c.route, c.correlation_key, f.floor AS old, LEAST(c.id, (\n",
-    "        SELECT min(o.id) FROM inbox_entry o\n",
-    "        WHERE o.route = c.route AND o.correlation_key = c.correlation_key\n",
-    "          AND o.id >= COALESCE(f.floor, 0) AND o.id < c.id AND o.status = 'PARKED')) AS floor\n",
-    "    FROM claimed c\n",
-    "    LEFT JOIN inbox_key_floor f ON f.route = c.route AND f.correlation_key = c.correlation_key\n",
-    "    WHERE c.correlation_key IS NOT NULL\n",
-    "), raised AS (\n",
-    // Only from the floor this statement read: a re-decoded entry that lowered it
-    // since (committed while this waited for the row) keeps it lowered.
-    "    UPDATE inbox_key_floor f SET floor = h.floor FROM heads h\n",
-    "    WHERE f.route = h.route AND f.correlation_key = h.correlation_key AND f.floor = h.old AND h.floor > h.old\n",
-    "), created AS (\n",
-    "    INSERT INTO inbox_key_floor (route, correlation_key, floor)\n",
-    "    SELECT h.route, h.correlation_key, h.floor FROM heads h WHERE h.old IS NULL\n",
-    "    ON CONFLICT (route, correlation_key) DO NOTHING\n",
-    ")\n",
-    "SELECT claimed.* FROM claimed"
+pub const CLAIM_HELD_SQL: &str = claim_held!("WITH ", "$8");
+
+/// [`CLAIM_HELD_SQL`] for settles that hand their keys on: the candidates are each
+/// held key's (`$9`) first unresolved entry after the one just settled (`$8`, in the
+/// same order), found in this statement's snapshot, which came after the keys'
+/// locks ([`SETTLE_MANY_SQL`] or [`LOCK_KEYS_SQL`] took them).
+const CLAIM_NEXT_SQL: &str = claim_held!(
+    concat!(
+        "WITH candidates AS (\n",
+        "    SELECT h.id FROM unnest($8::bigint[], $9::text[]) AS v(after, key)\n",
+        "    CROSS JOIN LATERAL (\n",
+        "        SELECT o.id FROM inbox_entry o\n",
+        "        WHERE o.route = $1 AND o.correlation_key = v.key AND o.id > v.after AND o.status IN ('OPEN', 'PARKED')\n",
+        "        ORDER BY o.id LIMIT 1) h\n",
+        "), "
+    ),
+    "ARRAY(SELECT id FROM candidates)"
 );
 
 /// The insert without its `RETURNING`: the shared key lock is taken in the scan that
@@ -534,7 +563,11 @@ ON CONFLICT (route, correlation_key) DO UPDATE SET floor = $1 WHERE f.floor > $1
 /// A batch of settles in one statement: the same changes as `settle.sql` for every
 /// entry whose lease still holds, and the attempt records of those, in the same
 /// statement: an entry's first attempt into its own row (`$27`, as `settle.sql`
-/// does), a later one into `inbox_attempt`. Returns the ids settled.
+/// does), a later one into `inbox_attempt`. The settles that ask for their key's next
+/// entry (`$28` their ids, `$29` routes, `$30` keys) try-lock their keys, as
+/// [`LOCK_KEYS_SQL`] would, once settled: a round trip less for the hand-on
+/// ([`CLAIM_NEXT_SQL`] then runs in a snapshot taken after those locks). Returns the
+/// ids settled, each with whether its key is now held.
 const SETTLE_MANY_SQL: &str = "\
 WITH v AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[],
@@ -568,8 +601,12 @@ WITH v AS (
             $23::text[], $24::text[], $25::text[], $26::text[])
         AS a(entry_id, attempt, owner, started_at, duration_ms, answer, status, reason, requests, plugin)
     WHERE a.entry_id IN (SELECT id FROM settled WHERE NOT kept)
+), locked AS (
+    SELECT l.id FROM unnest($28::bigint[], $29::text[], $30::text[]) AS l(id, route, key)
+    WHERE CASE WHEN l.id IN (SELECT id FROM settled)
+        THEN pg_try_advisory_xact_lock(hashtextextended(l.route || ':' || l.key, 0)) ELSE false END
 )
-SELECT id FROM settled";
+SELECT id, id IN (SELECT id FROM locked) AS locked FROM settled";
 
 /// How a transaction of the hot path begins (a batch of inserts or settles): its
 /// statements on their generic plans ([`PgStore::begin_hot`]), in the round trip of
@@ -581,19 +618,13 @@ const HOT_BEGIN_SQL: &str = "BEGIN; SET LOCAL plan_cache_mode TO force_generic_p
 const CLAIM_BEGIN_SQL: &str =
     "BEGIN; SET LOCAL synchronous_commit TO OFF; SET LOCAL plan_cache_mode TO force_generic_plan";
 
-/// For settles that ask for their key's next entry (`$1` routes, `$2` keys, `$3` the
-/// settled ids): each key's first unresolved entry after the settled one, if the key's
-/// lock can be had at once (try-locked, as a claim's step one does; held to the
-/// commit). Returns `(position in the arrays, from 1; candidate id)`; the candidates
-/// go to [`CLAIM_HELD_SQL`], whose snapshot comes after the locks.
-const NEXT_OF_KEYS_SQL: &str = concat!(
-    "SELECT v.i, h.id FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS v(route, key, after, i)\n",
-    "CROSS JOIN LATERAL (\n",
-    "    SELECT e.id FROM inbox_entry e\n",
-    "    WHERE e.route = v.route AND e.correlation_key = v.key AND e.id > v.after AND e.status IN ('OPEN', 'PARKED')\n",
-    "    ORDER BY e.id LIMIT 1) h\n",
-    "WHERE pg_try_advisory_xact_lock(hashtextextended(v.route || ':' || v.key, 0))"
-);
+/// For settles that ask for their key's next entry (`$1` routes, `$2` keys), where
+/// [`SETTLE_MANY_SQL`] did not run: try-locks each key (as a claim's step one does;
+/// held to the commit), returning the positions (from 1) of the keys now held. The
+/// candidates are found by [`CLAIM_NEXT_SQL`], in a snapshot taken after the locks.
+const LOCK_KEYS_SQL: &str = "\
+SELECT v.i FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS v(route, key, i)
+WHERE pg_try_advisory_xact_lock(hashtextextended(v.route || ':' || v.key, 0))";
 
 impl PgStore {
     /// Begins a transaction of the hot path (a batch of inserts or of settles),
@@ -610,68 +641,72 @@ impl PgStore {
 
     /// The next entries of the settled items' keys, claimed on `conn` (the settles'
     /// transaction) for the items that ask ([`super::SettleRequest::next`]) and
-    /// settled: step two of an ordinary claim ([`CLAIM_HELD_SQL`]) over the keys
-    /// [`NEXT_OF_KEYS_SQL`] locked, so every rule of a claim holds. A row per item.
+    /// settled: step two of an ordinary claim over each held key's next entry
+    /// ([`CLAIM_NEXT_SQL`]), so every rule of a claim holds. `held`: whose keys
+    /// [`SETTLE_MANY_SQL`] locked, if it ran; else they are try-locked here
+    /// ([`LOCK_KEYS_SQL`]). A row per item.
     async fn claim_next(
         conn: &mut PgConnection,
         items: &[super::SettleRequest],
         settled: &[bool],
+        held: Option<&[bool]>,
     ) -> Result<Vec<Option<PgRow>>, StoreError> {
         use sqlx::Row as _;
         let mut next: Vec<Option<PgRow>> = items.iter().map(|_| None).collect();
         // One ask per key: a key appears once in flight, but a batch may hold a
         // settle whose lease was lost beside the settle of the key's new holder.
         let mut asked = std::collections::HashSet::new();
-        let asking: Vec<(usize, &super::NextOfKey)> = items
+        let mut asking: Vec<(usize, &super::NextOfKey)> = items
             .iter()
             .zip(settled)
             .enumerate()
             .filter_map(|(n, (i, ok))| i.next.as_ref().filter(|_| *ok).map(|next| (n, next)))
+            .filter(|(n, _)| held.is_none_or(|held| held[*n]))
             .filter(|(_, next)| asked.insert((next.route.as_str(), next.key.as_str())))
             .collect();
         if asking.is_empty() {
             return Ok(next);
         }
-        let candidates: Vec<(i64, i64)> = sqlx::query_as(NEXT_OF_KEYS_SQL)
-            .bind(asking.iter().map(|(_, n)| n.route.as_str()).collect::<Vec<_>>())
-            .bind(asking.iter().map(|(_, n)| n.key.as_str()).collect::<Vec<_>>())
-            .bind(asking.iter().map(|(n, _)| items[*n].id).collect::<Vec<_>>())
-            .fetch_all(&mut *conn)
-            .await?;
-        // Each candidate with the item that asked for it, by the ask's position.
-        let mut wanted: Vec<(i64, usize)> = candidates
-            .into_iter()
-            .filter_map(|(position, id)| Some((id, asking.get(usize::try_from(position - 1).ok()?)?.0)))
-            .collect();
+        if held.is_none() {
+            let locked: Vec<i64> = sqlx::query_scalar(LOCK_KEYS_SQL)
+                .bind(asking.iter().map(|(_, n)| n.route.as_str()).collect::<Vec<_>>())
+                .bind(asking.iter().map(|(_, n)| n.key.as_str()).collect::<Vec<_>>())
+                .fetch_all(&mut *conn)
+                .await?;
+            let locked: std::collections::HashSet<i64> = locked.into_iter().collect();
+            let mut position = 0;
+            asking.retain(|_| {
+                position += 1;
+                locked.contains(&position)
+            });
+        }
         // Step two once per route and lease (one in practice: a relay's settles).
-        while let Some(&(_, first)) = wanted.first() {
+        while let Some(&(first, _)) = asking.first() {
             let of = |n: usize| {
                 let (i, ask) = (&items[n], items[n].next.as_ref().expect("asked"));
                 (ask.route.as_str(), i.lease.owner.as_str(), ask.lease_ms, ask.parked_blocks)
             };
             let group = of(first);
-            let (mine, rest): (Vec<_>, Vec<_>) = wanted.into_iter().partition(|(_, n)| of(*n) == group);
-            wanted = rest;
+            let (mine, rest): (Vec<_>, Vec<_>) = asking.into_iter().partition(|(n, _)| of(*n) == group);
+            asking = rest;
             let (route, owner, lease_ms, parked_blocks) = group;
-            let now = mine.iter().map(|(_, n)| items[*n].now).max().expect("a candidate");
-            let ids: Vec<i64> = mine.iter().map(|(id, _)| *id).collect();
-            let keys: Vec<&str> =
-                mine.iter().map(|(_, n)| items[*n].next.as_ref().expect("asked").key.as_str()).collect();
-            let rows = sqlx::query(CLAIM_HELD_SQL)
+            let now = mine.iter().map(|(n, _)| items[*n].now).max().expect("an ask");
+            let rows = sqlx::query(CLAIM_NEXT_SQL)
                 .bind(route)
                 .bind(now)
                 .bind(true)
                 .bind(parked_blocks)
-                .bind(ids.len() as i64)
+                .bind(mine.len() as i64)
                 .bind(owner)
                 .bind(lease_ms)
-                .bind(&ids)
-                .bind(&keys)
+                .bind(mine.iter().map(|(n, _)| items[*n].id).collect::<Vec<_>>())
+                .bind(mine.iter().map(|(_, ask)| ask.key.as_str()).collect::<Vec<_>>())
                 .fetch_all(&mut *conn)
                 .await?;
+            // Each claimed entry to the settle of its key (one ask per key).
             for row in rows {
-                let id: i64 = row.try_get("id")?;
-                if let Some(&(_, n)) = mine.iter().find(|(candidate, _)| *candidate == id) {
+                let key: Option<String> = row.try_get("correlation_key")?;
+                if let Some(&(n, _)) = mine.iter().find(|(_, ask)| Some(ask.key.as_str()) == key.as_deref()) {
                     next[n] = Some(row);
                 }
             }
@@ -680,12 +715,13 @@ impl PgStore {
     }
 
     /// [`super::Store::settle_batch`] in one statement: whether each item settled
-    /// (`false`: its lease is gone, nothing of it was written). `None` (done one by
-    /// one instead) if an entry appears twice.
+    /// (`false`: its lease is gone, nothing of it was written), and whether its key is
+    /// now held, where it asks for its key's next entry. `None` (done one by one
+    /// instead) if an entry appears twice.
     async fn settle_many(
         conn: &mut PgConnection,
         items: &[super::SettleRequest],
-    ) -> Result<Option<Vec<bool>>, StoreError> {
+    ) -> Result<Option<Vec<(bool, bool)>>, StoreError> {
         let mut seen = std::collections::HashSet::with_capacity(items.len());
         if !items.iter().all(|i| seen.insert(i.id)) {
             return Ok(None);
@@ -707,7 +743,9 @@ impl PgStore {
             .iter()
             .map(|i| i.attempt.as_ref().map(|a| serde_json::to_string(a).expect("attempts serialize")))
             .collect();
-        let settled: Vec<i64> = sqlx::query_scalar(SETTLE_MANY_SQL)
+        let asking: Vec<(i64, &super::NextOfKey)> =
+            items.iter().filter_map(|i| i.next.as_ref().map(|next| (i.id, next))).collect();
+        let settled: Vec<(i64, bool)> = sqlx::query_as(SETTLE_MANY_SQL)
             .bind(items.iter().map(|i| i.id).collect::<Vec<_>>())
             .bind(items.iter().map(|i| i.lease.owner.as_str()).collect::<Vec<_>>())
             .bind(items.iter().map(|i| i.lease.token).collect::<Vec<_>>())
@@ -735,10 +773,13 @@ impl PgStore {
             .bind(requests)
             .bind(attempts.iter().map(|(_, a)| a.plugin.as_deref()).collect::<Vec<_>>())
             .bind(firsts)
+            .bind(asking.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+            .bind(asking.iter().map(|(_, n)| n.route.as_str()).collect::<Vec<_>>())
+            .bind(asking.iter().map(|(_, n)| n.key.as_str()).collect::<Vec<_>>())
             .fetch_all(&mut *conn)
             .await?;
-        let settled: std::collections::HashSet<i64> = settled.into_iter().collect();
-        Ok(Some(items.iter().map(|i| settled.contains(&i.id)).collect()))
+        let settled: std::collections::HashMap<i64, bool> = settled.into_iter().collect();
+        Ok(Some(items.iter().map(|i| settled.get(&i.id).map_or((false, false), |held| (true, *held))).collect()))
     }
 }
 

@@ -320,6 +320,7 @@ impl SqliteStore {
         _conn: &mut SqliteConnection,
         items: &[super::SettleRequest],
         _settled: &[bool],
+        _held: Option<&[bool]>,
     ) -> Result<Vec<Option<SqliteRow>>, StoreError> {
         Ok(items.iter().map(|_| None).collect())
     }
@@ -338,7 +339,7 @@ impl SqliteStore {
     async fn settle_many(
         _conn: &mut SqliteConnection,
         _items: &[super::SettleRequest],
-    ) -> Result<Option<Vec<bool>>, StoreError> {
+    ) -> Result<Option<Vec<(bool, bool)>>, StoreError> {
         Ok(None)
     }
 }

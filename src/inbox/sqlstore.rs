@@ -564,23 +564,28 @@ macro_rules! store_impl {
                 items: &[$crate::inbox::SettleRequest],
             ) -> Result<Vec<Result<Option<$crate::inbox::Claimed>, $crate::inbox::StoreError>>, $crate::inbox::StoreError> {
                 let mut tx = Self::begin_hot(&self.pool).await?;
-                // One statement for the whole batch where the backend has one.
-                let many = if items.len() > 1 { Self::settle_many(&mut tx, items).await? } else { None };
-                let settled = match many {
-                    Some(settled) => settled,
+                // One statement for the whole batch where the backend has one (it also
+                // takes the locks of the keys whose settles ask for their next entry).
+                let asks = items.iter().any(|i| i.next.is_some());
+                let many = if items.len() > 1 || asks { Self::settle_many(&mut tx, items).await? } else { None };
+                let (settled, held) = match many {
+                    Some(rows) => {
+                        let (settled, held): (Vec<bool>, Vec<bool>) = rows.into_iter().unzip();
+                        (settled, Some(held))
+                    }
                     None => {
                         let mut settled = Vec::with_capacity(items.len());
                         for i in items {
                             settled.push(Self::settle_in(&mut tx, i.id, &i.lease, i.now, &i.settlement, i.attempt.as_ref()).await?);
                         }
-                        settled
+                        (settled, None)
                     }
                 };
                 // The keys' next entries, claimed before the settles commit, so each is
                 // taken with the lease of the entry before it ended (and never after it
                 // is visible to an ordinary claim as free).
                 let mut next = Vec::with_capacity(items.len());
-                for (i, row) in items.iter().zip(Self::claim_next(&mut tx, items, &settled).await?) {
+                for (i, row) in items.iter().zip(Self::claim_next(&mut tx, items, &settled, held.as_deref()).await?) {
                     let Some(row) = row else {
                         next.push(None);
                         continue;
