@@ -99,6 +99,14 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(3))
+            // sqlx pings a connection before it hands it out (a round trip before
+            // every transaction and every query on the pool), and again when it comes
+            // back, where a broken one is closed. Only the second is kept: a
+            // connection that died idle (the server restarted) fails its first
+            // statement instead, as an outage does, and is then closed. Across a
+            // 0.5 ms round trip, 10 keys: 1,116-1,124 -> 1,294-1,357 deliveries/s
+            // (docs/measurements.md).
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         Ok(PgStore {
