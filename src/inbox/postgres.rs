@@ -855,9 +855,10 @@ impl PgStore {
 
     /// The entry table vacuumed and analyzed when enough changed. Every claim and
     /// settle leaves a dead row version behind, and the partial indexes the claim
-    /// reads (OPEN, IN_PROGRESS) keep pointing at them until a vacuum; autovacuum's defaults wait for a fifth of the
-    /// table to die, and its statistics go stale, so the planner walks the primary key
-    /// past every settled row, and a claim grows from milliseconds to tens of them. A
+    /// reads (OPEN, IN_PROGRESS) keep pointing at them until a vacuum; autovacuum's
+    /// defaults wait for a fifth of the table to die, and its statistics go stale, so
+    /// the planner walks the primary key past every settled row, and a claim grows
+    /// from milliseconds to tens of them. A
     /// vacuum here is the table owner's (Inlet created the table); without the right,
     /// PostgreSQL skips it with a warning.
     ///

@@ -8,12 +8,12 @@
 //! one test process never hands the same port out twice (its tests run as threads, so
 //! two of them picking at once would otherwise race each other).
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 /// Ports this process has handed out: never handed out again, even once released (a
 /// killed `inlet` or emulator is restarted on its port).
-static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
 /// The lowest port picked: below it lie the well-known services and the ports people
 /// give their own servers.
@@ -25,7 +25,6 @@ const LOWEST: u16 = 10_000;
 pub fn free_port() -> u16 {
     let below = ephemeral_low().filter(|low| *low > LOWEST + 2_000);
     let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    let handed = handed.get_or_insert_with(HashSet::new);
     for _ in 0..1_000 {
         let port = match below {
             Some(low) => fastrand::u16(LOWEST..low),
