@@ -29,19 +29,12 @@ use crate::shared::{Seen, Shared};
 use crate::telemetry::{Metrics, OutcomeLabel};
 
 /// One digest over the routing files (names and contents), so an added, changed or
-/// removed file of a directory is a new version.
+/// removed file of a directory is a new version. Read as one version of the directory
+/// (see [`crate::config::read_version`]), as the reload that follows reads it.
 fn config_digest(shared: &Shared) -> Option<String> {
     let path = shared.config.lock().expect("config lock").path.clone();
-    let is_dir = path.is_dir();
     let mut all = Vec::new();
-    for file in crate::config::routing_files(&path).ok()? {
-        let bytes = match std::fs::read(&file) {
-            Ok(bytes) => bytes,
-            // A file of a directory removed since the listing (see
-            // `config::files::load`): not in this version.
-            Err(_) if is_dir && !file.is_file() => continue,
-            Err(_) => return None,
-        };
+    for (file, bytes) in crate::config::read_version(&path).ok()? {
         all.extend_from_slice(file.to_string_lossy().as_bytes());
         all.push(0);
         all.extend_from_slice(crate::inbox::digest_hex(&bytes).as_bytes());

@@ -96,6 +96,64 @@ fn timestamped_dir_name() -> String {
     format!("..{:04}_{:02}_{:02}_{:02}_{:02}_{:02}.{:09}", t.year, t.month, t.day, t.hour, t.minute, t.second, t.nanos)
 }
 
+/// The race behind a refused reload, without a process around it: one thread swaps
+/// versions back to back (every other one with a key more) while this one reads the
+/// folder through `config::read_version`, as the reload and its digest do. Every read
+/// succeeds, always holds the keys every version has, and is one version: every file
+/// it returns carries the same version number. A read that resolved a key through the
+/// folder being removed used to fail, so one reload in some thousands was refused.
+#[test]
+fn a_read_of_a_folder_under_back_to_back_swaps_is_always_one_whole_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = |version: u64| {
+        let mut files = vec![
+            ("inlet.toml", format!("# version {version}\n").into_bytes()),
+            ("orders.toml", format!("# version {version}\n").into_bytes()),
+        ];
+        if version.is_multiple_of(2) {
+            files.push(("extra.toml", format!("# version {version}\n").into_bytes()));
+        }
+        files
+    };
+    let mut volume = ConfigMapVolume::new(&dir.path().join("routes"));
+    volume.project(&files(0));
+    let folder = volume.dir.clone();
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut version = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                version += 1;
+                volume.project(&files(version));
+            }
+            version
+        })
+    };
+    let started = Instant::now();
+    let (mut reads, mut seen) = (0u64, std::collections::BTreeSet::new());
+    while started.elapsed() < Duration::from_secs(3) {
+        let read = inlet::config::read_version(&folder)
+            .unwrap_or_else(|(file, e)| panic!("read {reads} failed at {}: {e}", file.display()));
+        let names: Vec<String> =
+            read.iter().map(|(f, _)| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        assert!(names.contains(&"inlet.toml".to_string()) && names.contains(&"orders.toml".to_string()), "{names:?}");
+        let versions: std::collections::BTreeSet<String> =
+            read.iter().map(|(_, bytes)| String::from_utf8(bytes.clone()).unwrap()).collect();
+        assert_eq!(versions.len(), 1, "read {reads} mixes versions: {versions:?}");
+        let version = versions.into_iter().next().unwrap();
+        let even = version.trim_end().rsplit(' ').next().unwrap().parse::<u64>().unwrap() % 2 == 0;
+        assert_eq!(names.contains(&"extra.toml".to_string()), even, "{version}: {names:?}");
+        seen.insert(version);
+        reads += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    eprintln!("{reads} reads saw {} of {swaps} versions", seen.len());
+    assert!(seen.len() >= 10, "the reads met too few swaps to say anything: {} of {swaps}", seen.len());
+}
+
 /// A push route to the plugin `plugin.wasm` beside the file (a key of the same
 /// ConfigMap), delivering to `target`.
 fn route(name: &str, target: &RecordingTarget, timeout: &str) -> String {

@@ -71,14 +71,7 @@ fn read_error(path: &Path, e: &std::io::Error) -> ConfigErrors {
 }
 
 fn read(file: &Path) -> Result<Text, ConfigErrors> {
-    let bytes = std::fs::read(file).map_err(|e| read_error(file, &e))?;
-    Ok(match String::from_utf8(bytes) {
-        Ok(text) => Text::Utf8(text),
-        Err(e) => {
-            let valid_up_to = e.utf8_error().valid_up_to();
-            Text::NotUtf8 { lossy: String::from_utf8_lossy(e.as_bytes()).into_owned(), valid_up_to }
-        }
-    })
+    std::fs::read(file).map(Text::from_bytes).map_err(|e| read_error(file, &e))
 }
 
 /// A routing file's contents: text, or bytes that are not UTF-8. The latter are read
@@ -91,6 +84,16 @@ enum Text {
 }
 
 impl Text {
+    fn from_bytes(bytes: Vec<u8>) -> Text {
+        match String::from_utf8(bytes) {
+            Ok(text) => Text::Utf8(text),
+            Err(e) => {
+                let valid_up_to = e.utf8_error().valid_up_to();
+                Text::NotUtf8 { lossy: String::from_utf8_lossy(e.as_bytes()).into_owned(), valid_up_to }
+            }
+        }
+    }
+
     /// The text, with replacement characters where it is not UTF-8.
     fn readable(&self) -> &str {
         match self {
@@ -182,23 +185,48 @@ pub(super) fn from_text(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<St
 
 pub(super) fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
     let is_dir = path.is_dir();
-    // A directory can change while it is read: kubelet swaps `..data` under a mounted
-    // ConfigMap, and a key's link resolved through the old target while that is being
-    // removed looks missing for a moment (to the listing, too). So a directory is read
-    // until the looks before and after the read agree (its listing and where `..data`
-    // points), a few times at most: one read of a swap in progress would take a key
-    // that is there for a file that was removed (seen as a refused reload, 1 in
-    // thousands, in tests/configmap.rs).
-    let mut tries = 0;
-    let texts = loop {
-        let before = look(path, is_dir);
-        let texts = read_texts(path, is_dir)?;
-        tries += 1;
-        if !is_dir || tries >= 5 || look(path, is_dir) == before {
-            break texts;
-        }
-    };
+    let files = read_version(path).map_err(|(file, e)| read_error(&file, &e))?;
+    let texts = files.into_iter().map(|(file, bytes)| (file, Text::from_bytes(bytes))).collect();
     check_texts(path, is_dir, texts, env)
+}
+
+/// How often a directory that keeps changing is read again before its last read is
+/// taken as it is (each read takes well under a millisecond; a kubelet swap, a few).
+const READS_OF_A_MOVING_DIRECTORY: u32 = 10;
+
+/// The routing files of a routing file or directory as one version: each file's path
+/// (as the folder shows it) and bytes.
+pub type Version = Vec<(PathBuf, Vec<u8>)>;
+
+/// The routing files of `path` as one [`Version`].
+///
+/// A directory can change while it is read. kubelet updates a mounted ConfigMap by
+/// writing the new version into a folder of its own, pointing `..data` at it (the one
+/// atomic step), then making the links of new keys (`KEY -> ..data/KEY`), removing
+/// those of keys gone, and removing the old folder. Read through the folder's own
+/// listing, a version can come out torn: a key made by the swap and not yet linked is
+/// missing, and a key's link resolved through the old folder just before its removal
+/// finds nothing, although the key is still there (seen as a refused reload, 1 in some
+/// thousands, in tests/configmap.rs). So a folder with a `..data` link is read through
+/// the version folder that link names (listing and files, shown under the folder's own
+/// names), and any directory is read until the looks before and after the read agree
+/// (its listing and where `..data` points), a few times at most; a read that failed
+/// while the look moved is read again rather than taken as an unreadable file. A file
+/// that fails to read while nothing moves is an error. kubelet names each version's
+/// folder afresh, so an unchanged `..data` means no swap happened in between.
+pub fn read_version(path: &Path) -> Result<Version, (PathBuf, std::io::Error)> {
+    let is_dir = path.is_dir();
+    let mut tries = 0;
+    loop {
+        let before = look(path, is_dir);
+        let version =
+            before.as_ref().and_then(|(_, data)| data.as_deref()).map(|data| path.join(data)).filter(|v| v.is_dir());
+        let read = read_files(path, version.as_deref());
+        tries += 1;
+        if !is_dir || tries >= READS_OF_A_MOVING_DIRECTORY || look(path, is_dir) == before {
+            return read;
+        }
+    }
 }
 
 /// What a directory holds now: its routing files and the target of its `..data` link.
@@ -206,22 +234,29 @@ fn look(path: &Path, is_dir: bool) -> Option<(Vec<PathBuf>, Option<PathBuf>)> {
     is_dir.then(|| (routing_files(path).unwrap_or_default(), std::fs::read_link(path.join("..data")).ok()))
 }
 
-/// The routing files of `path` and their texts.
-fn read_texts(path: &Path, is_dir: bool) -> Result<Vec<(PathBuf, Text)>, ConfigErrors> {
-    let files = routing_files(path).map_err(|e| read_error(path, &e))?;
-    let mut texts = Vec::new();
+/// The routing files of `path` and their bytes, as the directory is at this moment;
+/// those of a projected volume from `version`, the folder its `..data` names.
+fn read_files(path: &Path, version: Option<&Path>) -> Result<Version, (PathBuf, std::io::Error)> {
+    let is_dir = version.is_some() || path.is_dir();
+    let listed = version.unwrap_or(path);
+    let files = routing_files(listed).map_err(|e| (listed.to_path_buf(), e))?;
+    let mut read = Vec::new();
     for file in files {
-        let text = match read(&file) {
-            // A file of a directory gone since the listing (a team file deleted, a key
-            // dropped by kubelet's `..data` swap, whose link dangles until kubelet
-            // removes it) was removed, not broken: read the directory as it is now,
-            // without it, rather than refuse the whole reload for a moment's race.
-            Err(_) if is_dir && !file.is_file() => continue,
-            other => other?,
+        let shown = match (version, file.file_name()) {
+            (Some(_), Some(name)) => path.join(name),
+            _ => file.clone(),
         };
-        texts.push((file, text));
+        let bytes = match std::fs::read(&file) {
+            // A file of a plain directory gone since the listing (a team file
+            // deleted) was removed, not broken: read the directory as it is now,
+            // without it, rather than refuse the whole reload for a moment's race.
+            Err(_) if is_dir && version.is_none() && !file.is_file() => continue,
+            Err(e) => return Err((shown, e)),
+            Ok(bytes) => bytes,
+        };
+        read.push((shown, bytes));
     }
-    Ok(texts)
+    Ok(read)
 }
 
 /// Checks the texts of a routing file or directory, each against what it may read.

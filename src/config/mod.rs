@@ -21,7 +21,7 @@ use std::time::Duration;
 
 pub use access::{AdminAuth, AdminConfig, AdminToken, GOOGLE_JWKS_URL, OidcPush, PushAuth, Role, Secret};
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
-pub use files::{load_store, route_names, routing_files};
+pub use files::{load_store, read_version, route_names, routing_files};
 
 /// A loaded routing configuration: one file, or a directory of them.
 #[derive(Debug, Clone, PartialEq)]
