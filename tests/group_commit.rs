@@ -193,3 +193,32 @@ async fn an_outage_fails_a_lone_insert_with_the_stores_error() {
     };
     assert!(error.is_transient(), "an outage is transient: {error}");
 }
+
+/// A pooled connection that died while it sat idle (the server restarted, a
+/// middlebox dropped it) is replaced before a statement meets it: the pool pings a
+/// connection idle for a second or more before handing it out (and only such a one:
+/// the hot path's connections are back within milliseconds and pay no round trip).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_while_idle_is_replaced_before_an_insert_meets_it() {
+    let pg = TestPg::new().await;
+    let proxy = TcpProxy::start("127.0.0.1:5432").await;
+    let url = pg.url.replace("127.0.0.1:5432", &proxy.addr);
+    // One connection, so the insert after the cut gets the one that was cut.
+    let store = inbox::open(&url, 1).await.expect("open postgres through the proxy");
+    assert!(matches!(store.insert(&entry(0, "K"), T0).await.unwrap(), InsertOutcome::Inserted { .. }));
+    // The connection goes back to the pool after a ping of sqlx's own, in a task of
+    // its own; cut during that ping it would be closed then, and this would not test
+    // the idle connection. (Either way the insert below must succeed.)
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Every open connection cut, and new ones let through again at once.
+    proxy.set_up(false);
+    proxy.set_up(true);
+    // Idle past the pool's ping threshold (`PING_IF_IDLE_FOR`, one second): time is
+    // what this is about.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let outcome = store.insert(&entry(1, "K"), T0).await;
+    assert!(matches!(outcome, Ok(InsertOutcome::Inserted { .. })), "the first insert after the cut: {outcome:?}");
+    let mut direct = sqlx::PgConnection::connect(&pg.url).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_entry").fetch_one(&mut direct).await.unwrap();
+    assert_eq!(rows, 2);
+}
