@@ -35,6 +35,12 @@
 //!   its delivery. A push shed with 503 (more than `max_concurrent_pushes` in flight)
 //!   is sent again after its `Retry-After`, timed from its first send; the sheds are
 //!   counted in the row. The first 2 s of each open loop are sent but not counted.
+//! - `sustained`: ingest and relay together for `--sustain-seconds` (10 minutes) at 80 %
+//!   of the maximum measured first (the closed loop as in `latency`, one run of ten
+//!   times `--messages`), paced on a fresh database from 128 senders, each push timed
+//!   from when it was due: push → delivery p50/p99 in the first minute (after the
+//!   warm-up) beside the last, and the inlet process's RSS after the first minute
+//!   beside the end (read every 5 s), with a goal of no growth (≤ 1.10×).
 //! - `shadow`: the push → delivery p50/p99 of an open loop at a fixed rate
 //!   (`--shadow-rate`, default 200 msg/s, for `--latency-seconds`) with no candidate, beside the same with a
 //!   candidate plugin in shadow that sleeps (an hour per call, until its backstop),
@@ -116,6 +122,8 @@ struct Args {
     /// How long the largest backlog is worked on (its rate after 60 s needs > 60 s).
     long_window: Duration,
     latency_window: Duration,
+    /// How long the sustained section pushes at 80 % of the measured maximum.
+    sustain_window: Duration,
     /// The shadow section's push rate, messages per second.
     shadow_rate: f64,
     /// `[plugins] shadow_cpu_percent` of the runs with a candidate (`None`: the default).
@@ -131,7 +139,7 @@ struct Args {
     only: Option<Vec<String>>,
 }
 
-const SECTIONS: [&str; 7] = ["plugin", "ingest", "relay", "latency", "shadow", "backlog", "instances"];
+const SECTIONS: [&str; 8] = ["plugin", "ingest", "relay", "latency", "sustained", "shadow", "backlog", "instances"];
 
 impl Args {
     fn full() -> Args {
@@ -154,6 +162,7 @@ impl Args {
             instances_backlog: 100_000,
             long_window: Duration::from_secs(66),
             latency_window: Duration::from_secs(10),
+            sustain_window: Duration::from_secs(600),
             shadow_rate: 200.0,
             shadow_cpu_percent: None,
             shadow_churn_mib_per_s: None,
@@ -175,6 +184,7 @@ impl Args {
             instances_backlog: 5_000,
             long_window: Duration::from_secs(8),
             latency_window: Duration::from_secs(3),
+            sustain_window: Duration::from_secs(130),
             ..Args::full()
         }
     }
@@ -185,9 +195,9 @@ impl Args {
 }
 
 fn usage() -> &'static str {
-    "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,shadow,backlog,instances] \
+    "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,sustained,shadow,backlog,instances] \
      [--clients N] [--messages N] [--keys N] [--relay-backlog N] [--peer-jobs N] [--peer-concurrency N] \
-     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--shadow-rate N] [--latency-seconds N] [--shadow-cpu-percent N] [--shadow-memory-churn-mib-per-s N] [--shadow-candidates sleep,trap,hoard] \
+     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--shadow-rate N] [--latency-seconds N] [--sustain-seconds N] [--shadow-cpu-percent N] [--shadow-memory-churn-mib-per-s N] [--shadow-candidates sleep,trap,hoard] \
      [--pg-delay-us N]"
 }
 
@@ -226,6 +236,7 @@ fn parse_args() -> Result<Args, String> {
             "--instances" => args.instances = list(flag, v)?,
             "--shadow-rate" => args.shadow_rate = number(flag, v)? as f64,
             "--latency-seconds" => args.latency_window = Duration::from_secs(number(flag, v)? as u64),
+            "--sustain-seconds" => args.sustain_window = Duration::from_secs(number(flag, v)? as u64),
             "--shadow-cpu-percent" => args.shadow_cpu_percent = Some(number(flag, v)?),
             "--shadow-memory-churn-mib-per-s" => args.shadow_churn_mib_per_s = Some(number(flag, v)?),
             "--shadow-candidates" => {
@@ -279,6 +290,9 @@ async fn run(args: &Args, plugin: &Path, mut report: Report) -> Report {
     }
     if args.wants("latency") {
         latency_section(args, plugin, &target, &mut report).await;
+    }
+    if args.wants("sustained") {
+        sustained_section(args, plugin, &target, &mut report).await;
     }
     if args.wants("shadow") {
         shadow_section(args, plugin, &target, &mut report).await;
@@ -579,7 +593,7 @@ async fn warm_up(inlet: &Instance) {
 
 /// Message `i` of key `key-{i % keys}` as a push envelope; its seq is `i / keys + 1`.
 fn push_bodies(n: usize, keys: usize) -> Vec<(usize, String)> {
-    prefixed_push_bodies(n, keys, "")
+    (0..n).map(|i| (i, push_body(i, keys, ""))).collect()
 }
 
 /// Pushes every body from `clients` clients, each owning whole keys; panics unless
@@ -951,15 +965,16 @@ async fn latency_section(args: &Args, plugin: &Path, target: &Target, report: &m
     let total = (half * args.latency_window.as_secs_f64()) as usize;
     let pg = TestPg::new().await;
     let inlet = Instance::start(&pg.url, plugin, target, args.concurrency, "latency").await;
-    let paced = paced_latency(args, &inlet, target, push_bodies(total, args.keys), half).await;
+    let paced = paced_latency(args, &inlet, target, total, "", half).await;
     report.row(
         "latency pg",
         &format!("push -> delivery at {half:.0} msg/s (half), p50 / p99"),
         format!("{:.1} ms / {:.1} ms", ms(paced.p50), ms(paced.p99)),
         format!(
-            "{total} pushes over {:.0} s, {} shed (503) and sent again",
+            "{total} pushes over {:.0} s, {} shed (503) and {} refused connections, sent again",
             args.latency_window.as_secs_f64(),
-            paced.shed
+            paced.shed,
+            paced.refused
         ),
         None,
         None,
@@ -968,13 +983,260 @@ async fn latency_section(args: &Args, plugin: &Path, target: &Target, report: &m
     drop(pg);
 }
 
+/// The sustained section's maximum is measured over this many times `--messages`.
+const SUSTAIN_MAX_TIMES: usize = 10;
+/// How long the sustained section's first and last windows are.
+const SUSTAIN_EDGE: Duration = Duration::from_secs(60);
+/// How often the sustained section reads the inlet process's RSS.
+const RSS_EVERY: Duration = Duration::from_secs(5);
+/// The most the inlet process's RSS may grow from the end of the sustained run's first
+/// minute to its end and still count as no growth (what an allocator's arenas and a
+/// connection pool settling in take, not a leak: a leak grows with every message).
+const RSS_GROWTH_ALLOWED: f64 = 1.10;
+
+/// Ingest and relay together, as long as `--sustain-seconds` says (10 minutes by
+/// default), at 80 % of the maximum measured in the same run: the closed-loop push →
+/// delivered rate on a fresh database. Then the open loop on another fresh database:
+/// p50/p99 push → delivery in the first minute (after the warm-up) and in the last,
+/// and the inlet process's RSS at the end of the first minute and at the end. A relay
+/// that falls behind shows as a last minute slower than the first; a leak, as RSS
+/// that grows.
+async fn sustained_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {
+    let section = "sustained pg";
+    // The maximum over ten times the latency section's messages (about half a minute
+    // here): a burst of 10,000 on an empty table measured 3,137 to 4,625 msg/s in one
+    // afternoon, and 80 % of its high end was more than the instance could keep up
+    // for ten minutes.
+    let n = args.messages * SUSTAIN_MAX_TIMES;
+    let bodies = Arc::new(push_bodies(n, args.keys));
+    let pg = TestPg::new().await;
+    let inlet = Instance::start(&pg.url, plugin, target, args.concurrency, "sustained-max").await;
+    warm_up(&inlet).await;
+    wait_delivered(target, 1).await;
+    target.reset();
+    let start = Instant::now();
+    push_all(&inlet.push_url(), &bodies, args.keys, args.clients, "inserted").await;
+    wait_delivered(target, n as u64).await;
+    let max = rate(n, start.elapsed());
+    inlet.stop();
+    drop(pg);
+    eprintln!("sustained: the maximum, push -> delivered closed loop, {max:.0} msg/s");
+    report.row(
+        section,
+        "push -> delivered, closed loop (the maximum)",
+        per_s(max, "msg"),
+        format!("{n} pushes from {} clients", args.clients),
+        None,
+        None,
+    );
+
+    let per_second = max * 0.8;
+    let window = args.sustain_window;
+    let total = (per_second * window.as_secs_f64()) as usize;
+    let pg = TestPg::new().await;
+    let inlet = Instance::start(&pg.url, plugin, target, args.concurrency, "sustained").await;
+    let rss = {
+        let pid = inlet.process.pid();
+        let stop = Arc::new(AtomicBool::new(false));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let (stop2, samples2) = (Arc::clone(&stop), Arc::clone(&samples));
+        let task = tokio::spawn(async move {
+            let start = Instant::now();
+            let mut ticks = tokio::time::interval(RSS_EVERY);
+            while !stop2.load(Ordering::SeqCst) {
+                ticks.tick().await;
+                samples2.lock().unwrap().push((start.elapsed(), rss_kib(pid)));
+            }
+        });
+        (stop, samples, task)
+    };
+    eprintln!("sustained: {total} pushes at {per_second:.0} msg/s for {} s", window.as_secs());
+    let (paced, late, worst) = sustained_run(args, &inlet, target, total, per_second).await;
+    rss.0.store(true, Ordering::SeqCst);
+    rss.2.await.expect("the RSS sampler");
+    let samples = rss.1.lock().unwrap().clone();
+    inlet.stop();
+    drop(pg);
+
+    // Push i was due i / per_second seconds in: the first and the last minute by number.
+    let edge = (SUSTAIN_EDGE.as_secs_f64() * per_second) as usize;
+    let of = |from: usize, to: usize| {
+        let mut l: Vec<Duration> =
+            paced.by_push.iter().filter(|(i, _)| (from..to).contains(i)).map(|(_, l)| *l).collect();
+        l.sort();
+        l
+    };
+    let (first, last) = (of(0, edge), of(total.saturating_sub(edge), total));
+    // Minute by minute, to see when a run that ends slower than it began turned.
+    for (minute, from) in (0..total).step_by(edge.max(1)).enumerate() {
+        let l = of(from, (from + edge).min(total));
+        if !l.is_empty() {
+            eprintln!(
+                "sustained: minute {:>2}: p50 {:.1} ms, p99 {:.1} ms",
+                minute + 1,
+                ms(quantile(&l, 0.5)),
+                ms(quantile(&l, 0.99))
+            );
+        }
+    }
+    assert!(!first.is_empty() && !last.is_empty(), "the sustained run is shorter than its first and last minutes");
+    report.row(
+        section,
+        &format!("push -> delivery at {per_second:.0} msg/s (80 %) for {} s, p50 / p99", window.as_secs()),
+        format!("first minute {:.1} / {:.1} ms", ms(quantile(&first, 0.5)), ms(quantile(&first, 0.99))),
+        format!(
+            "last minute {:.1} / {:.1} ms; whole run {:.1} / {:.1} ms; {total} pushes from {SUSTAIN_SENDERS} senders, \
+             {late} sent over {} ms after they were due (the longest {:.0} ms), {} shed (503) and {} refused \
+             connections, sent again",
+            ms(quantile(&last, 0.5)),
+            ms(quantile(&last, 0.99)),
+            ms(paced.p50),
+            ms(paced.p99),
+            LATE.as_millis(),
+            ms(worst),
+            paced.shed,
+            paced.refused
+        ),
+        ratio(ms(quantile(&last, 0.99)), ms(quantile(&first, 0.99))),
+        None,
+    );
+    // RSS at the end of the first minute, and at the end (every push delivered).
+    let at = |t: Duration| samples.iter().rfind(|(s, _)| *s <= t).map_or(0, |(_, k)| *k);
+    let (settled, end) = (at(SUSTAIN_EDGE), samples.last().map_or(0, |(_, k)| *k));
+    let peak = samples.iter().map(|(_, k)| *k).max().unwrap_or(0);
+    let growth = ratio(end as f64, settled as f64);
+    report.row(
+        section,
+        "inlet RSS, end / after the first minute",
+        format!("{:.1} MiB", end as f64 / 1024.0),
+        format!("after the first minute {:.1} MiB; peak {:.1} MiB", settled as f64 / 1024.0, peak as f64 / 1024.0),
+        growth,
+        growth.map(|g| Goal::at_most(RSS_GROWTH_ALLOWED, g)),
+    );
+}
+
+/// Senders of the sustained run: Inlet's default `max_concurrent_pushes`, so no push
+/// is shed for their number.
+const SUSTAIN_SENDERS: usize = 128;
+/// A push sent this long after it was due was sent late (all senders were busy).
+const LATE: Duration = Duration::from_millis(10);
+
+/// Pushes `total` messages, push `i` due `i / per_s` seconds in, from
+/// [`SUSTAIN_SENDERS`] senders on kept connections: each takes the next push, waits
+/// until it is due, sends it (again after a 503's Retry-After or a failed connection)
+/// and takes the next. A push is timed from when it was due, not from when a sender got
+/// to it, so one that waited for a free sender counts the wait (no coordinated
+/// omission). Also how many pushes were sent over [`LATE`] after they were due, and
+/// the longest such wait.
+///
+/// Not [`paced_latency`]'s task per push: at thousands a second, with every push on a
+/// connection of its own when the instance slows, the client's connection pool spent
+/// this process's core on its waiters and the listener refused connections over its
+/// per-peer cap (seen in the first runs of this section).
+async fn sustained_run(
+    args: &Args,
+    inlet: &Instance,
+    target: &Target,
+    total: usize,
+    per_s: f64,
+) -> (Paced, u64, Duration) {
+    warm_up(inlet).await;
+    wait_delivered(target, 1).await;
+    target.reset();
+    target.record(true);
+    let http = reqwest::Client::builder().pool_max_idle_per_host(SUSTAIN_SENDERS).build().expect("http client");
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let [late, worst_us, shed, refused] = [(); 4].map(|_| Arc::new(AtomicU64::new(0)));
+    let start = Instant::now();
+    let due = move |i: usize| start + Duration::from_secs_f64(i as f64 / per_s);
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..SUSTAIN_SENDERS {
+        let (http, url, keys) = (http.clone(), inlet.push_url(), args.keys);
+        let next = Arc::clone(&next);
+        let [late, worst_us, shed, refused] = [&late, &worst_us, &shed, &refused].map(Arc::clone);
+        set.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    return;
+                }
+                let at = due(i);
+                tokio::time::sleep_until(at.into()).await;
+                let lag = at.elapsed();
+                if lag > LATE {
+                    late.fetch_add(1, Ordering::Relaxed);
+                }
+                worst_us.fetch_max(lag.as_micros() as u64, Ordering::Relaxed);
+                let body = push_body(i, keys, "");
+                loop {
+                    assert!(at.elapsed() < STALL_LIMIT, "sustained push {i} was not taken for {STALL_LIMIT:?}");
+                    let answer = match http
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                        .send()
+                        .await
+                    {
+                        Ok(answer) => answer,
+                        Err(_) => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            continue;
+                        }
+                    };
+                    match answer.status().as_u16() {
+                        200 => {
+                            // Read to the end, so the connection goes back to the pool.
+                            let _ = answer.bytes().await;
+                            break;
+                        }
+                        503 => {
+                            shed.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(retry_after(answer.headers())).await;
+                        }
+                        status => panic!("sustained push {i} was answered {status}"),
+                    }
+                }
+            }
+        });
+    }
+    join_all(set).await;
+    let took = start.elapsed();
+    eprintln!(
+        "sustained: every push answered after {:.0} s ({:.0} msg/s; due over {:.0} s)",
+        took.as_secs_f64(),
+        rate(total, took),
+        total as f64 / per_s
+    );
+    let sent: Vec<Option<Instant>> = (0..total).map(|i| Some(due(i))).collect();
+    let warm_up = (PACED_WARM_UP.as_secs_f64() * per_s) as usize;
+    let paced =
+        delivered(args.keys, target, &sent, warm_up, shed.load(Ordering::Relaxed), refused.load(Ordering::Relaxed))
+            .await;
+    (paced, late.load(Ordering::Relaxed), Duration::from_micros(worst_us.load(Ordering::Relaxed)))
+}
+
+/// The resident set of process `pid` (`VmRSS`, KiB); 0 once it is gone.
+fn rss_kib(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// What an open-loop run measured.
 struct Paced {
     p50: Duration,
     p99: Duration,
     shed: u64,
+    /// Sends that failed below HTTP (a connection refused or cut), each sent again.
+    refused: u64,
     /// Every counted push's latency, sorted (the shadow section pools them across runs).
     latencies: Vec<Duration>,
+    /// Every counted push's latency by its number, in the order they were sent (push
+    /// `i` was due `i / per_s` seconds into the run).
+    by_push: Vec<(usize, Duration)>,
 }
 
 /// Sends `bodies` to `inlet` at `per_s`, each at its time whatever the answers before
@@ -985,10 +1247,10 @@ async fn paced_latency(
     args: &Args,
     inlet: &Instance,
     target: &Target,
-    bodies: Vec<(usize, String)>,
+    total: usize,
+    prefix: &str,
     per_s: f64,
 ) -> Paced {
-    let total = bodies.len();
     warm_up(inlet).await;
     wait_delivered(target, 1).await;
     target.reset();
@@ -996,22 +1258,41 @@ async fn paced_latency(
     let http = reqwest::Client::builder().pool_max_idle_per_host(args.clients).build().expect("http client");
     let sent: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; total]));
     let shed = Arc::new(AtomicU64::new(0));
+    // Sends that failed below HTTP, and the first one's error.
+    let refused: Arc<Mutex<(u64, Option<String>)>> = Arc::default();
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
-    for (i, body) in bodies {
+    for i in 0..total {
+        // Made as it is sent: a long run's bodies would not all fit in memory at once
+        // beside the instance measured.
+        let body = push_body(i, args.keys, prefix);
         let at = start + Duration::from_secs_f64(i as f64 / per_s);
         let (http, url, sent, shed) = (http.clone(), inlet.push_url(), Arc::clone(&sent), Arc::clone(&shed));
+        let refused = Arc::clone(&refused);
         tokio::time::sleep_until(at.into()).await;
         set.spawn(async move {
             // The latency runs from the first send: a push shed with 503 is sent again
             // after the server's Retry-After, as a well-behaved sender would, and the
-            // wait is part of its latency.
+            // wait is part of its latency. So is one whose connection the listener
+            // refused (over `max_connections_per_peer`: every push here comes from one
+            // address), sent again after a second.
             let first = Instant::now();
             sent.lock().unwrap()[i] = Some(first);
             loop {
                 assert!(first.elapsed() < STALL_LIMIT, "paced push {i} was shed for {STALL_LIMIT:?}");
                 let answer = http.post(&url).header("content-type", "application/json").body(body.clone()).send().await;
-                let answer = answer.unwrap_or_else(|e| panic!("paced push {i}: {e}"));
+                let answer = match answer {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        {
+                            let mut refused = refused.lock().unwrap();
+                            refused.0 += 1;
+                            refused.1.get_or_insert_with(|| format!("{e:?}"));
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
                 match answer.status().as_u16() {
                     200 => break,
                     503 => {
@@ -1025,7 +1306,33 @@ async fn paced_latency(
     }
     join_all(set).await;
     let shed = shed.load(Ordering::Relaxed);
+    let (refused, first_refusal) = refused.lock().unwrap().clone();
+    if let Some(error) = &first_refusal {
+        eprintln!("paced run: {refused} sends failed below HTTP and were sent again; the first: {error}");
+    }
+    let sent = sent.lock().unwrap().clone();
+    let warm_up = (PACED_WARM_UP.as_secs_f64() * per_s) as usize;
+    delivered(args.keys, target, &sent, warm_up, shed, refused).await
+}
+
+/// Waits for a delivery of every push `sent` holds (push `i` timed from `sent[i]`),
+/// then times each from then to the target's first delivery of it; the first
+/// `warm_up` are not counted.
+async fn delivered(
+    keys: usize,
+    target: &Target,
+    sent: &[Option<Instant>],
+    warm_up: usize,
+    shed: u64,
+    refused: u64,
+) -> Paced {
+    let total = sent.len();
     wait_until("a delivery of every paced push", STALL_LIMIT, || async {
+        // Counted first: sorting millions of records at every poll would take the
+        // cores the instance is still using.
+        if target.count() < total as u64 {
+            return false;
+        }
         let mut seen: Vec<(usize, u64)> = target.recorded().iter().map(|(k, s, _)| (*k, *s)).collect();
         seen.sort_unstable();
         seen.dedup();
@@ -1033,8 +1340,6 @@ async fn paced_latency(
     })
     .await;
     target.record(false);
-    let keys = args.keys;
-    let sent = sent.lock().unwrap().clone();
     // The first delivery of each push (a redelivery after a lost answer counts once).
     let mut first: std::collections::HashMap<usize, Instant> = std::collections::HashMap::new();
     for (key, seq, at) in target.recorded() {
@@ -1042,14 +1347,15 @@ async fn paced_latency(
     }
     let matched = first.keys().filter(|i| sent.get(**i).copied().flatten().is_some()).count();
     assert_eq!(matched, total, "deliveries matched to {matched} of {total} paced pushes");
-    let warm_up = (PACED_WARM_UP.as_secs_f64() * per_s) as usize;
-    let mut latencies: Vec<Duration> = first
+    let mut by_push: Vec<(usize, Duration)> = first
         .iter()
         .filter(|(i, _)| **i >= warm_up.min(total / 2))
-        .filter_map(|(i, at)| sent.get(*i).copied().flatten().map(|s| at.saturating_duration_since(s)))
+        .filter_map(|(i, at)| sent.get(*i).copied().flatten().map(|s| (*i, at.saturating_duration_since(s))))
         .collect();
+    by_push.sort_unstable();
+    let mut latencies: Vec<Duration> = by_push.iter().map(|(_, l)| *l).collect();
     latencies.sort();
-    Paced { p50: quantile(&latencies, 0.5), p99: quantile(&latencies, 0.99), shed, latencies }
+    Paced { p50: quantile(&latencies, 0.5), p99: quantile(&latencies, 0.99), shed, refused, latencies, by_push }
 }
 
 /// The `q` quantile of sorted `latencies` (the nearest rank).
@@ -1214,7 +1520,7 @@ async fn shadow_run(
     });
     let inlet = Instance::start_with(&pg.url, plugin, shadow, target, args.concurrency, "shadow").await;
     let faults_before = inlet.page_faults();
-    let paced = paced_latency(args, &inlet, target, prefixed_push_bodies(total, args.keys, prefix), per_s).await;
+    let paced = paced_latency(args, &inlet, target, total, prefix, per_s).await;
     let faults = (inlet.page_faults() - faults_before) as f64 / total as f64;
     if shadowed {
         let metrics = reqwest::get(format!("{}/metrics", inlet.base()))
@@ -1320,17 +1626,15 @@ impl Spread for f64 {
 }
 
 /// [`push_bodies`] with the work order ids prefixed (`sleep-key-3`).
-fn prefixed_push_bodies(n: usize, keys: usize, prefix: &str) -> Vec<(usize, String)> {
-    (0..n)
-        .map(|i| {
-            let data = format!(
-                r#"{{"workOrderId":"{prefix}key-{}","completedItems":{},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#,
-                i % keys,
-                i / keys + 1
-            );
-            (i, push_envelope(data.as_bytes(), &[], &format!("bench-{i}")).to_string())
-        })
-        .collect()
+/// Message `i` of key `{prefix}key-{i % keys}` as a push envelope; its seq is
+/// `i / keys + 1`.
+fn push_body(i: usize, keys: usize, prefix: &str) -> String {
+    let data = format!(
+        r#"{{"workOrderId":"{prefix}key-{}","completedItems":{},"completionTimestamp":"2026-08-01T10:00:00Z"}}"#,
+        i % keys,
+        i / keys + 1
+    );
+    push_envelope(data.as_bytes(), &[], &format!("bench-{i}")).to_string()
 }
 
 /// The wait a shed push's `Retry-After` asks for (seconds), 1 s if it has none.
