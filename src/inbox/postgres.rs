@@ -106,12 +106,12 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(3))
             // sqlx pings a connection before it hands it out (a round trip before
             // every transaction and every query on the pool), and again when it comes
-            // back, where a broken one is closed. Before, only a connection that sat
-            // idle for `PING_IF_IDLE_FOR` is pinged: one that died idle (the server
-            // restarted, a middlebox dropped it) is replaced before a statement meets
-            // it, while the hot path, whose connections come back and go out within
-            // milliseconds, pays no round trip. Across a 0.5 ms round trip, 10 keys:
-            // 1,116-1,124 -> 1,294-1,357 deliveries/s (docs/measurements.md).
+            // back, where a broken one is closed. Here the first ping is only for a
+            // connection that sat idle for `PING_IF_IDLE_FOR`: one that died idle (the
+            // server restarted, a middlebox dropped it) is replaced before a statement
+            // meets it, while the hot path, whose connections come back and go out
+            // within milliseconds, pays no round trip. Across a 0.5 ms round trip, 10
+            // keys: 1,116-1,124 -> 1,294-1,357 deliveries/s (docs/measurements.md).
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
