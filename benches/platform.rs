@@ -1197,9 +1197,14 @@ async fn sustained_run(
 
 /// The resident set of process `pid` (`VmRSS`, KiB); 0 once it is gone.
 fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A `kB` field of `/proc/PID/status` (`field` with its colon); 0 once the process is gone.
+fn status_kib(pid: u32, field: &str) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     text.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
@@ -1820,11 +1825,7 @@ impl Instance {
     }
 
     fn hwm_kib(&self) -> u64 {
-        let text = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid())).unwrap_or_default();
-        text.lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
+        status_kib(self.process.pid(), "VmHWM:")
     }
 
     fn stop(mut self) {

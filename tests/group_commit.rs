@@ -209,13 +209,13 @@ async fn a_connection_cut_while_idle_is_replaced_before_an_insert_meets_it() {
     // The connection goes back to the pool after a ping of sqlx's own, in a task of
     // its own; cut during that ping it would be closed then, and this would not test
     // the idle connection. (Either way the insert below must succeed.)
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // lets sqlx's return ping end first (above)
     // Every open connection cut, and new ones let through again at once.
     proxy.set_up(false);
     proxy.set_up(true);
     // Idle past the pool's ping threshold (`PING_IF_IDLE_FOR`, one second): time is
     // what this is about.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await; // idleness is what is under test
     let outcome = store.insert(&entry(1, "K"), T0).await;
     assert!(matches!(outcome, Ok(InsertOutcome::Inserted { .. })), "the first insert after the cut: {outcome:?}");
     let mut direct = sqlx::PgConnection::connect(&pg.url).await.unwrap();
