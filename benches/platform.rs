@@ -1029,7 +1029,7 @@ async fn sustained_section(args: &Args, plugin: &Path, target: &Target, report: 
         (stop, samples, task)
     };
     eprintln!("sustained: {total} pushes at {per_second:.0} msg/s for {} s", window.as_secs());
-    let (paced, late, worst) = sustained_run(args, &inlet, target, total, per_second).await;
+    let (paced, late, worst, began) = sustained_run(args, &inlet, target, total, per_second).await;
     rss.0.store(true, Ordering::SeqCst);
     rss.2.await.expect("the RSS sampler");
     let samples = rss.1.lock().unwrap().clone();
@@ -1057,6 +1057,14 @@ async fn sustained_section(args: &Args, plugin: &Path, target: &Target, report: 
                 ms(quantile(&l, 0.99))
             );
         }
+    }
+    for (from, to) in stalled_seconds(&paced.by_push, per_second) {
+        eprintln!(
+            "sustained: stalled (a push due then waited over {} ms): {}-{} UTC, {from}-{to} s in",
+            STALLED.as_millis(),
+            clock(began + Duration::from_secs(from)),
+            clock(began + Duration::from_secs(to + 1)),
+        );
     }
     assert!(!first.is_empty() && !last.is_empty(), "the sustained run is shorter than its first and last minutes");
     report.row(
@@ -1094,6 +1102,33 @@ async fn sustained_section(args: &Args, plugin: &Path, target: &Target, report: 
     );
 }
 
+/// A push that waited this long for its delivery marks its second as stalled.
+const STALLED: Duration = Duration::from_secs(1);
+
+/// The stretches of seconds (by when pushes were due, from the run's start; both ends
+/// included) in which some push waited over [`STALLED`], so a stall can be matched to
+/// the database's log by wall-clock time.
+fn stalled_seconds(by_push: &[(usize, Duration)], per_s: f64) -> Vec<(u64, u64)> {
+    let mut seconds: Vec<u64> =
+        by_push.iter().filter(|(_, l)| *l > STALLED).map(|(i, _)| (*i as f64 / per_s) as u64).collect();
+    seconds.sort_unstable();
+    seconds.dedup();
+    let mut stretches: Vec<(u64, u64)> = Vec::new();
+    for s in seconds {
+        match stretches.last_mut() {
+            Some((_, to)) if *to + 1 == s => *to = s,
+            _ => stretches.push((s, s)),
+        }
+    }
+    stretches
+}
+
+/// `at` as UTC wall-clock time, `HH:MM:SS` (PostgreSQL's log prints it so).
+fn clock(at: std::time::SystemTime) -> String {
+    let s = at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) % 86_400;
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
 /// Senders of the sustained run: Inlet's default `max_concurrent_pushes`, so no push
 /// is shed for their number.
 const SUSTAIN_SENDERS: usize = 128;
@@ -1118,7 +1153,7 @@ async fn sustained_run(
     target: &Target,
     total: usize,
     per_s: f64,
-) -> (Paced, u64, Duration) {
+) -> (Paced, u64, Duration, std::time::SystemTime) {
     warm_up(inlet).await;
     wait_delivered(target, 1).await;
     target.reset();
@@ -1126,7 +1161,7 @@ async fn sustained_run(
     let http = reqwest::Client::builder().pool_max_idle_per_host(SUSTAIN_SENDERS).build().expect("http client");
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let [late, worst_us, shed, refused] = [(); 4].map(|_| Arc::new(AtomicU64::new(0)));
-    let start = Instant::now();
+    let (start, began) = (Instant::now(), std::time::SystemTime::now());
     let due = move |i: usize| start + Duration::from_secs_f64(i as f64 / per_s);
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..SUSTAIN_SENDERS {
@@ -1192,7 +1227,7 @@ async fn sustained_run(
     let paced =
         delivered(args.keys, target, &sent, warm_up, shed.load(Ordering::Relaxed), refused.load(Ordering::Relaxed))
             .await;
-    (paced, late.load(Ordering::Relaxed), Duration::from_micros(worst_us.load(Ordering::Relaxed)))
+    (paced, late.load(Ordering::Relaxed), Duration::from_micros(worst_us.load(Ordering::Relaxed)), began)
 }
 
 /// The resident set of process `pid` (`VmRSS`, KiB); 0 once it is gone.
