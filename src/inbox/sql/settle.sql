@@ -1,3 +1,5 @@
+-- The status through a sub-select, so the row is reached by its id whatever the
+-- statistics say (postgres.rs, BY_ID_STATEMENTS).
 UPDATE inbox_entry SET
     status = $4,
     lease_owner = NULL,
@@ -15,5 +17,5 @@ UPDATE inbox_entry SET
     dedup_key = COALESCE($15, dedup_key),
     error_fingerprint = COALESCE($16, error_fingerprint),
     first_attempt = COALESCE(first_attempt, $17)
-WHERE id = $1 AND status = 'IN_PROGRESS' AND lease_owner = $2 AND lease_token = $3
+WHERE id = $1 AND status = (SELECT 'IN_PROGRESS') AND lease_owner = $2 AND lease_token = $3
 RETURNING first_attempt

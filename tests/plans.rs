@@ -1,0 +1,129 @@
+//! The PostgreSQL store's statements keep to access paths whose cost grows with the
+//! entries they are about, not with the finished entries the table keeps, whatever
+//! the statistics say:
+//! - those that change one entry by its id reach it by its id (the primary key). A
+//!   table whose finished entries outnumber the rest a thousand to one is analyzed
+//!   from a sample that can meet none of the few OPEN, IN_PROGRESS or PARKED rows; the
+//!   planner then took the partial index of that status for nearly empty and read all
+//!   of it, dead entries included, for every settle (seen in the sustained benchmark:
+//!   settle batches of 0.2 to 0.5 s while inserts of their keys waited);
+//! - the housekeeping's reads of every unresolved entry (gauges, key floors) go
+//!   through the partial indexes of their statuses; written over several statuses at
+//!   once they read the whole table (0.6 to 0.9 s each at 2 million entries).
+
+use inlet::inbox;
+use inlet_testkit::pg::TestPg;
+use sqlx::Connection;
+
+/// Finished entries in the table, `history` of them, and a thousand of each unresolved
+/// status; statistics taken before the unresolved ones were written (they know only
+/// finished entries) or after (they know the table as it is).
+async fn table(url: &str, history: i64, analyzed_before_the_unresolved: bool) -> sqlx::PgConnection {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    let unresolved = "UPDATE inbox_entry SET status = 'IN_PROGRESS', lease_owner = 'o', lease_expires_at = 1,
+             finished_at = NULL WHERE id > $H - 1000;
+         UPDATE inbox_entry SET status = 'OPEN', finished_at = NULL WHERE id BETWEEN $H - 3000 AND $H - 2001;
+         UPDATE inbox_entry SET status = 'PARKED', finished_at = NULL WHERE id BETWEEN $H - 5000 AND $H - 4001;";
+    let (first, second) = if analyzed_before_the_unresolved {
+        ("ANALYZE inbox_entry;", unresolved)
+    } else {
+        (unresolved, "VACUUM ANALYZE inbox_entry;")
+    };
+    let history_rows = "INSERT INTO inbox_entry (route, dedup_key, correlation_key, raw_data, attributes,
+             message_id, payload_digest, status, next_attempt_at, received_at, updated_at, finished_at)
+         SELECT 'r', 'd-' || g, 'k-' || (g % 100), '\\x00', '[]', 'm-' || g, 'x', 'DONE', 0, g, g, g
+         FROM generate_series(1, $H) g";
+    // One at a time: a script of several runs as one transaction, and VACUUM runs
+    // outside any.
+    for script in [history_rows, first, second] {
+        let script = script.replace("$H", &history.to_string());
+        sqlx::raw_sql(&script).execute(&mut conn).await.unwrap();
+    }
+    conn
+}
+
+/// A value of PostgreSQL type `ty` to plan with: an id of an IN_PROGRESS entry (of
+/// 50,000) for the ids, so a custom plan is made for a row that is there; with NULLs a
+/// custom plan folds `id = NULL` to nothing to read.
+fn value_of(ty: &str) -> &'static str {
+    match ty {
+        "bigint" => "49500",
+        "integer" => "1",
+        "boolean" => "true",
+        "text" => "'r'",
+        "bytea" => "'\\x00'",
+        "bigint[]" => "'{49500}'",
+        "integer[]" => "'{1}'",
+        "boolean[]" => "'{false}'",
+        "text[]" => "'{r}'",
+        "bytea[]" => "'{\"\\\\x00\"}'",
+        other => panic!("no value to plan with for a parameter of type {other}"),
+    }
+}
+
+/// `sql`'s plan on `conn` under `mode` (`plan_cache_mode`), as PostgreSQL prints it.
+async fn plan(conn: &mut sqlx::PgConnection, name: &str, sql: &str, mode: &str) -> Vec<String> {
+    let statement = format!("s_{mode}_{}", name.replace(' ', "_"));
+    sqlx::raw_sql(&format!("SET plan_cache_mode = {mode}; PREPARE {statement} AS {sql}"))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let types: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(parameter_types)::regtype::text FROM pg_prepared_statements WHERE name = $1")
+            .bind(&statement)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    let values = types.iter().map(|t| value_of(t)).collect::<Vec<_>>().join(", ");
+    let execute = if values.is_empty() { statement } else { format!("{statement}({values})") };
+    sqlx::query_scalar(&format!("EXPLAIN EXECUTE {execute}")).fetch_all(&mut *conn).await.unwrap()
+}
+
+/// The lines of `plan` that read `inbox_entry` itself (its heap, by a scan of any kind).
+fn entry_reads(plan: &[String]) -> Vec<&String> {
+    plan.iter()
+        .filter(|l| l.contains("Scan") && (l.contains(" on inbox_entry ") || l.ends_with(" on inbox_entry")))
+        .collect()
+}
+
+/// The hot path runs its statements on generic plans (`begin_hot`), the rest on custom
+/// plans at first: both must keep their path.
+const MODES: [&str; 2] = ["force_generic_plan", "force_custom_plan"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_that_change_one_entry_reach_it_by_its_id_on_statistics_that_miss_its_status() {
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 1).await.unwrap();
+    let mut conn = table(&pg.url, 50_000, true).await;
+    for mode in MODES {
+        for (name, sql) in inbox::postgres::BY_ID_STATEMENTS {
+            let plan = plan(&mut conn, name, sql, mode).await;
+            let reads = entry_reads(&plan);
+            assert!(
+                !reads.is_empty() && reads.iter().all(|l| l.contains("Index Scan using inbox_entry_pkey")),
+                "{name} ({mode}) reads inbox_entry other than by its primary key:\n{}",
+                plan.join("\n")
+            );
+        }
+    }
+    drop(store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_housekeepings_reads_of_unresolved_entries_skip_the_finished_ones() {
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 1).await.unwrap();
+    let mut conn = table(&pg.url, 200_000, false).await;
+    for mode in MODES {
+        for (name, sql) in inbox::postgres::UNRESOLVED_READS {
+            let plan = plan(&mut conn, name, sql, mode).await;
+            let reads = entry_reads(&plan);
+            assert!(
+                !reads.is_empty() && reads.iter().all(|l| !l.contains("Seq Scan")),
+                "{name} ({mode}) reads all of inbox_entry:\n{}",
+                plan.join("\n")
+            );
+        }
+    }
+    drop(store);
+}
