@@ -86,22 +86,28 @@ fn entry_reads(plan: &[String]) -> Vec<&String> {
         .collect()
 }
 
-/// The hot path runs its statements on generic plans (`begin_hot`), the rest on custom
-/// plans at first: both must keep their path.
-const MODES: [&str; 2] = ["force_generic_plan", "force_custom_plan"];
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn statements_that_change_one_entry_reach_it_by_its_id_on_statistics_that_miss_its_status() {
+/// Plans each of `statements` on a fresh inbox whose table is made by [`table`]
+/// (`history` finished entries, analyzed before or after the unresolved ones), under
+/// generic plans (the hot path's, `begin_hot`) and custom ones (the rest's, at first),
+/// and holds every read of `inbox_entry` in each to `keeps` (`fault`: what a read that
+/// does not keep to it does).
+async fn every_plan(
+    statements: &[(&str, &str)],
+    history: i64,
+    analyzed_before_the_unresolved: bool,
+    keeps: fn(&str) -> bool,
+    fault: &str,
+) {
     let pg = TestPg::new().await;
     let store = inbox::open(&pg.url, 1).await.unwrap();
-    let mut conn = table(&pg.url, 50_000, true).await;
-    for mode in MODES {
-        for (name, sql) in inbox::postgres::BY_ID_STATEMENTS {
+    let mut conn = table(&pg.url, history, analyzed_before_the_unresolved).await;
+    for mode in ["force_generic_plan", "force_custom_plan"] {
+        for (name, sql) in statements {
             let plan = plan(&mut conn, name, sql, mode).await;
             let reads = entry_reads(&plan);
             assert!(
-                !reads.is_empty() && reads.iter().all(|l| l.contains("Index Scan using inbox_entry_pkey")),
-                "{name} ({mode}) reads inbox_entry other than by its primary key:\n{}",
+                !reads.is_empty() && reads.iter().all(|l| keeps(l)),
+                "{name} ({mode}) {fault}:\n{}",
                 plan.join("\n")
             );
         }
@@ -110,20 +116,13 @@ async fn statements_that_change_one_entry_reach_it_by_its_id_on_statistics_that_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_that_change_one_entry_reach_it_by_its_id_on_statistics_that_miss_its_status() {
+    let by_id = |read: &str| read.contains("Index Scan using inbox_entry_pkey");
+    every_plan(inbox::postgres::BY_ID_STATEMENTS, 50_000, true, by_id, "reads inbox_entry other than by its id").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_housekeepings_reads_of_unresolved_entries_skip_the_finished_ones() {
-    let pg = TestPg::new().await;
-    let store = inbox::open(&pg.url, 1).await.unwrap();
-    let mut conn = table(&pg.url, 200_000, false).await;
-    for mode in MODES {
-        for (name, sql) in inbox::postgres::UNRESOLVED_READS {
-            let plan = plan(&mut conn, name, sql, mode).await;
-            let reads = entry_reads(&plan);
-            assert!(
-                !reads.is_empty() && reads.iter().all(|l| !l.contains("Seq Scan")),
-                "{name} ({mode}) reads all of inbox_entry:\n{}",
-                plan.join("\n")
-            );
-        }
-    }
-    drop(store);
+    let not_all = |read: &str| !read.contains("Seq Scan");
+    every_plan(inbox::postgres::UNRESOLVED_READS, 200_000, false, not_all, "reads all of inbox_entry").await;
 }
