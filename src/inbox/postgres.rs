@@ -596,10 +596,10 @@ ON CONFLICT (route, correlation_key) DO UPDATE SET floor = $1 WHERE f.floor > $1
 #[doc(hidden)]
 pub const BY_ID_STATEMENTS: &[(&str, &str)] = &[
     ("settle many", SETTLE_MANY_SQL),
-    ("settle", include_str!("sql/settle.sql")),
-    ("park", include_str!("sql/park.sql")),
-    ("requeue", include_str!("sql/requeue.sql")),
-    ("ignore", include_str!("sql/ignore.sql")),
+    ("settle", super::sqlstore::SETTLE_SQL),
+    ("park", super::sqlstore::PARK_SQL),
+    ("requeue", super::sqlstore::REQUEUE_SQL),
+    ("ignore", super::sqlstore::IGNORE_SQL),
 ];
 
 /// The statements of the housekeeping that read every unresolved entry (the inbox
@@ -607,8 +607,8 @@ pub const BY_ID_STATEMENTS: &[(&str, &str)] = &[
 /// of their statuses, never the table with its finished entries (`tests/plans.rs`).
 #[doc(hidden)]
 pub const UNRESOLVED_READS: &[(&str, &str)] = &[
-    ("counts", include_str!("sql/counts.sql")),
-    ("blocked keys", include_str!("sql/blocked_keys.sql")),
+    ("counts", super::sqlstore::COUNTS_SQL),
+    ("blocked keys", super::sqlstore::BLOCKED_KEYS_SQL),
     ("floors mend", FLOORS_MEND_SQL),
 ];
 

@@ -1,6 +1,16 @@
 //! The store body shared by both backends. sqlx's per-database types make a generic
 //! implementation heavy; a macro keeps one body and one set of queries instead.
 
+/// Statements of the shared body that other code names too (PostgreSQL's lists of
+/// statements held to their access paths, `postgres::BY_ID_STATEMENTS` and
+/// `postgres::UNRESOLVED_READS`, which `tests/plans.rs` plans).
+pub(crate) const SETTLE_SQL: &str = include_str!("sql/settle.sql");
+pub(crate) const PARK_SQL: &str = include_str!("sql/park.sql");
+pub(crate) const REQUEUE_SQL: &str = include_str!("sql/requeue.sql");
+pub(crate) const IGNORE_SQL: &str = include_str!("sql/ignore.sql");
+pub(crate) const COUNTS_SQL: &str = include_str!("sql/counts.sql");
+pub(crate) const BLOCKED_KEYS_SQL: &str = include_str!("sql/blocked_keys.sql");
+
 /// Implements [`super::Store`] for `$store` (a struct with a `pool: $pool` field and
 /// its `migrations`), given the backend's insert statement, clock query and the query
 /// listing `inlet_schema`'s columns (none: no such table), and what a settle that gives
@@ -170,7 +180,7 @@ macro_rules! store_impl {
                 if let Some(((lock, _), key)) = rekey {
                     sqlx::query(lock).bind(id).bind(key).execute(&mut *conn).await?;
                 }
-                let settle = sqlx::query_scalar::<_, Option<String>>(include_str!("sql/settle.sql"))
+                let settle = sqlx::query_scalar::<_, Option<String>>($crate::inbox::sqlstore::SETTLE_SQL)
                     .bind(id)
                     .bind(&lease.owner)
                     .bind(lease.token)
@@ -849,12 +859,12 @@ macro_rules! store_impl {
             }
 
             async fn requeue(&self, id: i64, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
-                let r = sqlx::query(include_str!("sql/requeue.sql")).bind(id).bind(now).execute(&self.pool).await?;
+                let r = sqlx::query($crate::inbox::sqlstore::REQUEUE_SQL).bind(id).bind(now).execute(&self.pool).await?;
                 Ok(r.rows_affected() == 1)
             }
 
             async fn park(&self, id: i64, reason: &str, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
-                let r = sqlx::query(include_str!("sql/park.sql"))
+                let r = sqlx::query($crate::inbox::sqlstore::PARK_SQL)
                     .bind(id)
                     .bind(reason)
                     .bind(now)
@@ -865,7 +875,7 @@ macro_rules! store_impl {
             }
 
             async fn ignore(&self, id: i64, reason: &str, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
-                let r = sqlx::query(include_str!("sql/ignore.sql")).bind(id).bind(reason).bind(now).execute(&self.pool).await?;
+                let r = sqlx::query($crate::inbox::sqlstore::IGNORE_SQL).bind(id).bind(reason).bind(now).execute(&self.pool).await?;
                 Ok(r.rows_affected() == 1)
             }
 
@@ -994,7 +1004,7 @@ macro_rules! store_impl {
 
             async fn counts(&self) -> Result<Vec<$crate::inbox::RouteStatusCount>, $crate::inbox::StoreError> {
                 use sqlx::Row;
-                let rows = sqlx::query(include_str!("sql/counts.sql")).fetch_all(&self.pool).await?;
+                let rows = sqlx::query($crate::inbox::sqlstore::COUNTS_SQL).fetch_all(&self.pool).await?;
                 rows.iter()
                     .map(|row| {
                         let status: String = row.try_get("status")?;
@@ -1011,7 +1021,7 @@ macro_rules! store_impl {
             async fn blocked_keys(&self, route: &str, parked_blocks: bool)
                 -> Result<$crate::inbox::BlockedKeys, $crate::inbox::StoreError>
             {
-                let (keys, oldest): (i64, Option<i64>) = sqlx::query_as(include_str!("sql/blocked_keys.sql"))
+                let (keys, oldest): (i64, Option<i64>) = sqlx::query_as($crate::inbox::sqlstore::BLOCKED_KEYS_SQL)
                     .bind(route)
                     .bind(parked_blocks)
                     .fetch_one(&self.pool)
