@@ -30,6 +30,9 @@
 //!   Beside the rates, the CPU each part spent per unit of work (`support::cpu`):
 //!   PostgreSQL, inlet and this process's HTTP target per delivery; PostgreSQL and the
 //!   peer's node per job; and what the whole machine has per job at the peer's rate.
+//!   Every row of CPU per unit on PostgreSQL also gives the write-ahead log written per
+//!   unit, bytes and full-page images (`support::wal`), and so does the sustained row:
+//!   figures that hardly vary between runs, where a change of layout shows at once.
 //! - `latency`: push → delivered as fast as it goes (closed loop), then at half that
 //!   rate (open loop) with the p50/p99 time from sending a push to the target seeing
 //!   its delivery. A push shed with 503 (more than `max_concurrent_pushes` in flight)
@@ -90,6 +93,7 @@ use inlet_testkit::wait::wait_until;
 use support::RawRow;
 use support::calls::{native_cycle, per_call, plugin_cycle};
 use support::cpu::{CpuMeter, CpuSpent};
+use support::wal::{WalMeter, WalPer};
 
 const ROUTE: &str = "bench";
 /// Connections of every pool here: Inlet's default `store.max_connections`.
@@ -355,13 +359,13 @@ async fn ingest_section(args: &Args, plugin: &Path, target: &Target, report: &mu
         let pool = pg_pool(&pg.url).await;
         sqlx::raw_sql(RAW_TABLE).execute(&pool).await.expect("create the raw table");
         one.push(rate(n, raw_pg_one_per_tx(&pool, &rows, c).await));
-        let meter = CpuMeter::start();
+        let (meter, log) = (CpuMeter::start(), WalMeter::start(&pg.url).await);
         conflict.push(rate(n, raw_pg_one_per_tx(&pool, &rows, c).await));
-        conflict_cpu.push(CpuPer::of(&meter.stop(&everyone), n));
+        conflict_cpu.push(CpuPer::of(&meter.stop(&everyone), n).with_wal(log.stop(n).await));
         sqlx::raw_sql("TRUNCATE bench_raw").execute(&pool).await.expect("truncate");
-        let meter = CpuMeter::start();
+        let (meter, log) = (CpuMeter::start(), WalMeter::start(&pg.url).await);
         batched.push(rate(n, raw_pg_batched(&pool, &rows, 100, c).await));
-        batched_cpu.push(CpuPer::of(&meter.stop(&everyone), n));
+        batched_cpu.push(CpuPer::of(&meter.stop(&everyone), n).with_wal(log.stop(n).await));
         pool.close().await;
         drop(pg);
         // …then Inlet on another.
@@ -571,12 +575,13 @@ async fn inlet_ingest(
     warm_up(&inlet).await;
     let pids = [inlet.process.pid()];
     let part = CpuPer::part(&pids, None);
-    let meter = CpuMeter::start();
+    let n = bodies.len();
+    let (meter, log) = (CpuMeter::start(), wal_meter(url).await);
     let first = push_all(&inlet.push_url(), bodies, keys, clients, "inserted").await;
-    let first = (first, CpuPer::of(&meter.stop(&part), bodies.len()));
-    let meter = CpuMeter::start();
+    let first = (first, CpuPer::of(&meter.stop(&part), n).with_wal(wal_per(log, n).await));
+    let (meter, log) = (CpuMeter::start(), wal_meter(url).await);
     let again = push_all(&inlet.push_url(), bodies, keys, clients, "duplicate").await;
-    let again = (again, CpuPer::of(&meter.stop(&part), bodies.len()));
+    let again = (again, CpuPer::of(&meter.stop(&part), n).with_wal(wal_per(log, n).await));
     let stored = count_entries(&store).await;
     assert_eq!(stored, bodies.len() as u64 + 1, "inlet stored {stored} rows for {} pushes and a warm-up", bodies.len());
     inlet.stop();
@@ -589,6 +594,22 @@ async fn warm_up(inlet: &Instance) {
     let data = br#"{"workOrderId":"warmup","completedItems":1,"completionTimestamp":"2026-08-01T10:00:00Z"}"#;
     let status = post_push(&reqwest::Client::new(), &inlet.base(), ROUTE, &push_envelope(data, &[], "warmup")).await;
     assert_eq!(status, 200, "the warm-up push was answered {status}");
+}
+
+/// A [`WalMeter`] started on the server behind `url`, if it is PostgreSQL's.
+async fn wal_meter(url: &str) -> Option<WalMeter> {
+    match url.starts_with("postgres") {
+        true => Some(WalMeter::start(url).await),
+        false => None,
+    }
+}
+
+/// The log written per unit since `log` started (none on SQLite).
+async fn wal_per(log: Option<WalMeter>, units: usize) -> WalPer {
+    match log {
+        Some(log) => log.stop(units).await,
+        None => WalPer::default(),
+    }
 }
 
 /// Message `i` of key `key-{i % keys}` as a push envelope; its seq is `i / keys + 1`.
@@ -699,6 +720,8 @@ struct CpuPer {
     node: f64,
     other: f64,
     idle: f64,
+    /// What PostgreSQL wrote to its log per unit (none measured: zero).
+    wal: WalPer,
 }
 
 impl CpuPer {
@@ -710,7 +733,13 @@ impl CpuPer {
             node: spent.micros_per("node", units),
             other: spent.micros_per("other", units),
             idle: spent.idle,
+            wal: WalPer::default(),
         }
+    }
+
+    /// With the log written per unit over the same phase.
+    fn with_wal(self, wal: WalPer) -> CpuPer {
+        CpuPer { wal, ..self }
     }
 
     /// The group of a process: this benchmark, one of `inlets`, the peer `node`, a
@@ -741,37 +770,50 @@ impl CpuPer {
             node: m(|c| c.node),
             other: m(|c| c.other),
             idle: m(|c| c.idle),
+            wal: WalPer { bytes: m(|c| c.wal.bytes), full_pages: m(|c| c.wal.full_pages) },
+        }
+    }
+
+    /// `, WAL N B (F full pages)`, if the log was measured.
+    fn describe_wal(&self) -> String {
+        if self.wal.bytes > 0.0 {
+            format!(", WAL {:.0} B ({:.2} full pages)", self.wal.bytes, self.wal.full_pages)
+        } else {
+            String::new()
         }
     }
 
     /// For a raw anchor: only PostgreSQL and this process (its client) take part.
     fn describe_raw(&self) -> String {
         format!(
-            "postgres {:.0} / client {:.0} / other {:.0} µs, idle {:.0} %",
+            "postgres {:.0} / client {:.0} / other {:.0} µs, idle {:.0} %{}",
             self.postgres,
             self.bench,
             self.other + self.inlet + self.node,
-            self.idle * 100.0
+            self.idle * 100.0,
+            self.describe_wal()
         )
     }
 
     fn describe(&self) -> String {
         if self.node > 0.0 {
             format!(
-                "postgres {:.0} / node {:.0} / other {:.0} µs, idle {:.0} %",
+                "postgres {:.0} / node {:.0} / other {:.0} µs, idle {:.0} %{}",
                 self.postgres,
                 self.node,
                 self.bench + self.other + self.inlet,
-                self.idle * 100.0
+                self.idle * 100.0,
+                self.describe_wal()
             )
         } else {
             format!(
-                "{:.0} / {:.0} / {:.0} / {:.0} µs, idle {:.0} %",
+                "{:.0} / {:.0} / {:.0} / {:.0} µs, idle {:.0} %{}",
                 self.postgres,
                 self.inlet,
                 self.bench,
                 self.other,
-                self.idle * 100.0
+                self.idle * 100.0,
+                self.describe_wal()
             )
         }
     }
@@ -831,7 +873,7 @@ async fn relay_drain_for(
     }
     let claims_before = sum_metric(&running, "inlet_claim_duration_seconds").await;
     target.reset();
-    let meter = CpuMeter::start();
+    let (meter, log) = (CpuMeter::start(), WalMeter::start(&pg.url).await);
     store.resume_route(ROUTE).await.expect("resume");
     store.announce(&[ROUTE.to_string()]).await.expect("announce");
 
@@ -858,7 +900,8 @@ async fn relay_drain_for(
         assert!(began.elapsed() < STALL_LIMIT, "only {n} of {backlog} delivered after {STALL_LIMIT:?}");
     }
     let inlets: Vec<u32> = running.iter().map(|i| i.process.pid()).collect();
-    let cpu = CpuPer::of(&meter.stop(CpuPer::part(&inlets, None)), target.count() as usize);
+    let delivered = target.count() as usize;
+    let cpu = CpuPer::of(&meter.stop(CpuPer::part(&inlets, None)), delivered).with_wal(log.stop(delivered).await);
     let claims_after = sum_metric(&running, "inlet_claim_duration_seconds").await;
     let handed_on = series_totals(&running, ["inlet_claims_handed_on_total".to_string()])
         .await
@@ -1029,7 +1072,9 @@ async fn sustained_section(args: &Args, plugin: &Path, target: &Target, report: 
         (stop, samples, task)
     };
     eprintln!("sustained: {total} pushes at {per_second:.0} msg/s for {} s", window.as_secs());
+    let log = WalMeter::start(&pg.url).await;
     let (paced, late, worst, began) = sustained_run(args, &inlet, target, total, per_second).await;
+    let wal = log.stop(total).await;
     rss.0.store(true, Ordering::SeqCst);
     rss.2.await.expect("the RSS sampler");
     let samples = rss.1.lock().unwrap().clone();
@@ -1074,7 +1119,7 @@ async fn sustained_section(args: &Args, plugin: &Path, target: &Target, report: 
         format!(
             "last minute {:.1} / {:.1} ms; whole run {:.1} / {:.1} ms; {total} pushes from {SUSTAIN_SENDERS} senders, \
              {late} sent over {} ms after they were due (the longest {:.0} ms), {} shed (503) and {} refused \
-             connections, sent again",
+             connections, sent again; WAL per message {:.0} B ({:.2} full pages)",
             ms(quantile(&last, 0.5)),
             ms(quantile(&last, 0.99)),
             ms(paced.p50),
@@ -1082,7 +1127,9 @@ async fn sustained_section(args: &Args, plugin: &Path, target: &Target, report: 
             LATE.as_millis(),
             ms(worst),
             paced.shed,
-            paced.refused
+            paced.refused,
+            wal.bytes,
+            wal.full_pages
         ),
         ratio(ms(quantile(&last, 0.99)), ms(quantile(&first, 0.99))),
         None,
@@ -2059,15 +2106,19 @@ impl Peer {
         let (mut meter, mut spent, mut stdout) = (None, None, Vec::new());
         while let Some(line) = lines.next_line().await.expect("read the runner's output") {
             match line.as_str() {
-                r#"{"phase":"timed"}"# => meter = Some(CpuMeter::start()),
-                r#"{"phase":"untimed"}"# => spent = meter.take().map(|m| m.stop(CpuPer::part(&[], node))),
+                r#"{"phase":"timed"}"# => meter = Some((CpuMeter::start(), WalMeter::start(&pg.url).await)),
+                r#"{"phase":"untimed"}"# => {
+                    if let Some((cpu, log)) = meter.take() {
+                        spent = Some((cpu.stop(CpuPer::part(&[], node)), log.stop(jobs).await));
+                    }
+                }
                 _ => stdout.push(line),
             }
         }
         let status = child.wait().await.expect("wait for the graphile-worker runner");
         let stdout = stdout.join("\n");
         assert!(status.success(), "graphile-worker runner failed ({status}): {stdout}");
-        let spent = spent.expect("the runner printed no {\"phase\":\"untimed\"} line");
+        let (spent, wal) = spent.expect("the runner printed no {\"phase\":\"untimed\"} line");
         let line = stdout.lines().last().unwrap_or_default();
         let v: serde_json::Value =
             serde_json::from_str(line).unwrap_or_else(|e| panic!("runner printed `{line}`: {e}"));
@@ -2076,7 +2127,7 @@ impl Peer {
         PeerRun {
             jobs_per_s: v["jobs_per_s"].as_f64().unwrap_or_else(|| panic!("runner: no jobs_per_s in {line}")),
             version: v["version"].as_str().unwrap_or("?").to_string(),
-            cpu: CpuPer::of(&spent, jobs),
+            cpu: CpuPer::of(&spent, jobs).with_wal(wal),
         }
     }
 }

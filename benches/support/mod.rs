@@ -19,6 +19,7 @@ use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 pub mod calls;
 pub mod cpu;
 pub mod delay;
+pub mod wal;
 
 /// Connections of the baseline's pool: Inlet's default `store.max_connections`.
 pub const POOL_SIZE: u32 = 8;
