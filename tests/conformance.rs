@@ -1345,11 +1345,24 @@ async fn replay_windows_record_what_they_stored_and_are_listed_open_or_all(store
         store.replay_windows(None, Some(T0 + 2_000)).await.unwrap().iter().map(|w| w.id).collect();
     assert_eq!(open_later, [first], "the other window has ended by then");
     assert_eq!(store.replay_windows(None, None).await.unwrap().len(), 2);
+    // A route's windows open at a time: what ingest asks for every duplicate.
+    let open_of = |route: &'static str, at: Millis| {
+        let store = Arc::clone(&store);
+        async move {
+            let open = store.replay_windows(Some(route), Some(at)).await.unwrap();
+            open.iter().map(|w| (w.id, w.route.clone(), w.taken)).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(open_of("r", T0 + 10).await, [(first, "r".to_string(), 1)]);
+    assert_eq!(open_of("s", T0 + 10).await, [(other, "s".to_string(), 0)]);
+    assert!(open_of("s", T0 + 1_000).await.is_empty(), "a window is open until its end, not at it");
+    assert!(open_of("t", T0 + 10).await.is_empty(), "no window of another route");
 
     assert!(!store.close_replay_window(other, T0 + 2_000).await.unwrap(), "an ended window cannot be closed");
     assert!(store.close_replay_window(first, T0 + 2_000).await.unwrap());
     assert!(!store.close_replay_window(first, T0 + 3_000).await.unwrap(), "closed once");
     assert!(store.replay_windows(None, Some(T0 + 2_500)).await.unwrap().is_empty());
+    assert!(open_of("r", T0 + 2_500).await.is_empty(), "a closed window is not open");
     assert_eq!(store.replay_windows(Some("r"), None).await.unwrap()[0].closed_at, Some(T0 + 2_000));
 
     // Retention: the entry the window made goes, and its record with it.

@@ -602,6 +602,14 @@ pub const BY_ID_STATEMENTS: &[(&str, &str)] = &[
     ("ignore", super::sqlstore::IGNORE_SQL),
 ];
 
+/// Statements run for every message of some kind (ingest's question about replay
+/// windows, for every duplicate): each must be planned once per connection and then
+/// run on its generic plan, not planned afresh at every call as a statement with
+/// optional filters is (`tests/plans.rs`).
+#[doc(hidden)]
+pub const PER_MESSAGE_STATEMENTS: &[(&str, &str)] =
+    &[("open replay windows", super::sqlstore::REPLAY_WINDOWS_OPEN_SQL)];
+
 /// The statements of the housekeeping that read every unresolved entry (the inbox
 /// gauges, the key floors' mending): each must read them through the partial indexes
 /// of their statuses, never the table with its finished entries (`tests/plans.rs`).

@@ -10,6 +10,9 @@ pub(crate) const REQUEUE_SQL: &str = include_str!("sql/requeue.sql");
 pub(crate) const IGNORE_SQL: &str = include_str!("sql/ignore.sql");
 pub(crate) const COUNTS_SQL: &str = include_str!("sql/counts.sql");
 pub(crate) const BLOCKED_KEYS_SQL: &str = include_str!("sql/blocked_keys.sql");
+/// The replay windows of a route open at a time (`$1` route, `$2` time), asked by ingest
+/// for every duplicate it stores (`postgres::PER_MESSAGE_STATEMENTS`).
+pub(crate) const REPLAY_WINDOWS_OPEN_SQL: &str = include_str!("sql/replay_window_open.sql");
 
 /// Implements [`super::Store`] for `$store` (a struct with a `pool: $pool` field and
 /// its `migrations`), given the backend's insert statement, clock query and the query
@@ -283,7 +286,12 @@ macro_rules! store_impl {
             }
 
             /// The replay windows `sql/replay_window_list.sql` selects: of a route, open
-            /// at a time, of an id; each filter off when `None`.
+            /// at a time, of an id; each filter off when `None`. Those of a route open
+            /// at a time, which ingest asks for every duplicate it stores, through a
+            /// statement of their own ([`REPLAY_WINDOWS_OPEN_SQL`]): the list's optional
+            /// filters (`$1 IS NULL OR …`) make PostgreSQL plan it afresh at every
+            /// call, 63 µs of its 160 µs of CPU per duplicate (docs/measurements.md,
+            /// "What a delivery writes"); without them it is planned once per connection.
             async fn replay_window_rows(
                 &self,
                 route: Option<&str>,
@@ -291,12 +299,23 @@ macro_rules! store_impl {
                 id: Option<i64>,
             ) -> Result<Vec<$crate::inbox::ReplayWindow>, $crate::inbox::StoreError> {
                 use sqlx::Row as _;
-                let rows = sqlx::query(include_str!("sql/replay_window_list.sql"))
-                    .bind(route)
-                    .bind(open_at)
-                    .bind(id)
-                    .fetch_all(&self.pool)
-                    .await?;
+                let rows = match (route, open_at, id) {
+                    (Some(route), Some(at), None) => {
+                        sqlx::query($crate::inbox::sqlstore::REPLAY_WINDOWS_OPEN_SQL)
+                            .bind(route)
+                            .bind(at)
+                            .fetch_all(&self.pool)
+                            .await?
+                    }
+                    _ => {
+                        sqlx::query(include_str!("sql/replay_window_list.sql"))
+                            .bind(route)
+                            .bind(open_at)
+                            .bind(id)
+                            .fetch_all(&self.pool)
+                            .await?
+                    }
+                };
                 rows.iter()
                     .map(|r| {
                         Ok($crate::inbox::ReplayWindow {
