@@ -65,22 +65,27 @@ fn value_of(ty: &str) -> &'static str {
     }
 }
 
-/// `sql`'s plan on `conn` under `mode` (`plan_cache_mode`), as PostgreSQL prints it.
-async fn plan(conn: &mut sqlx::PgConnection, name: &str, sql: &str, mode: &str) -> Vec<String> {
-    let statement = format!("s_{mode}_{}", name.replace(' ', "_"));
+/// `sql` prepared on `conn` as `statement` under `mode` (`plan_cache_mode`, or
+/// `DEFAULT`); what runs it: `EXECUTE statement(values)`, a value per parameter.
+async fn prepare(conn: &mut sqlx::PgConnection, statement: &str, sql: &str, mode: &str) -> String {
     sqlx::raw_sql(&format!("SET plan_cache_mode = {mode}; PREPARE {statement} AS {sql}"))
         .execute(&mut *conn)
         .await
         .unwrap();
     let types: Vec<String> =
         sqlx::query_scalar("SELECT unnest(parameter_types)::regtype::text FROM pg_prepared_statements WHERE name = $1")
-            .bind(&statement)
+            .bind(statement)
             .fetch_all(&mut *conn)
             .await
             .unwrap();
     let values = types.iter().map(|t| value_of(t)).collect::<Vec<_>>().join(", ");
-    let execute = if values.is_empty() { statement } else { format!("{statement}({values})") };
-    sqlx::query_scalar(&format!("EXPLAIN EXECUTE {execute}")).fetch_all(&mut *conn).await.unwrap()
+    if values.is_empty() { format!("EXECUTE {statement}") } else { format!("EXECUTE {statement}({values})") }
+}
+
+/// `sql`'s plan on `conn` under `mode` (`plan_cache_mode`), as PostgreSQL prints it.
+async fn plan(conn: &mut sqlx::PgConnection, name: &str, sql: &str, mode: &str) -> Vec<String> {
+    let execute = prepare(conn, &format!("s_{mode}_{}", name.replace(' ', "_")), sql, mode).await;
+    sqlx::query_scalar(&format!("EXPLAIN {execute}")).fetch_all(&mut *conn).await.unwrap()
 }
 
 /// The lines of `plan` that read `inbox_entry` itself (its heap, by a scan of any kind).
@@ -135,16 +140,9 @@ async fn the_housekeepings_reads_of_unresolved_entries_skip_the_finished_ones() 
 /// the default `plan_cache_mode` and run `runs` times.
 async fn plans_made(conn: &mut sqlx::PgConnection, name: &str, sql: &str, runs: usize) -> (i64, i64) {
     let statement = format!("s_auto_{}", name.replace(' ', "_"));
-    sqlx::raw_sql(&format!("RESET plan_cache_mode; PREPARE {statement} AS {sql}")).execute(&mut *conn).await.unwrap();
-    let types: Vec<String> =
-        sqlx::query_scalar("SELECT unnest(parameter_types)::regtype::text FROM pg_prepared_statements WHERE name = $1")
-            .bind(&statement)
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
-    let values = types.iter().map(|t| value_of(t)).collect::<Vec<_>>().join(", ");
+    let execute = prepare(conn, &statement, sql, "DEFAULT").await;
     for _ in 0..runs {
-        sqlx::raw_sql(&format!("EXECUTE {statement}({values})")).execute(&mut *conn).await.unwrap();
+        sqlx::raw_sql(&execute).execute(&mut *conn).await.unwrap();
     }
     sqlx::query_as("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = $1")
         .bind(&statement)
