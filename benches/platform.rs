@@ -1810,13 +1810,20 @@ async fn instances_section(args: &Args, plugin: &Path, target: &Target, report: 
     let mut one = None;
     for &k in &args.instances {
         let d = relay_drain(args, plugin, target, args.instances_backlog, k).await;
-        eprintln!("instances {k}: {:.0} deliveries/s, handed on {:?}", d.rate, d.handed_on);
+        eprintln!(
+            "instances {k}: {:.0} deliveries/s, handed on {:?}, CPU per delivery (postgres / inlets / bench / other) {}",
+            d.rate,
+            d.handed_on,
+            d.cpu.describe()
+        );
         let base = *one.get_or_insert(d.rate);
+        // What a delivery cost each part: whether instances add work per delivery
+        // (contention) or share a machine that was already full.
         report.row(
             "instances pg",
             &format!("{k} instance(s), {} backlog{}", args.instances_backlog, away(args)),
             per_s(d.rate, "deliveries"),
-            String::new(),
+            format!("CPU per delivery, postgres / inlets / HTTP target / other: {}", d.cpu.describe()),
             ratio(d.rate, base),
             None,
         );
