@@ -10,9 +10,22 @@ pub(crate) const REQUEUE_SQL: &str = include_str!("sql/requeue.sql");
 pub(crate) const IGNORE_SQL: &str = include_str!("sql/ignore.sql");
 pub(crate) const COUNTS_SQL: &str = include_str!("sql/counts.sql");
 pub(crate) const BLOCKED_KEYS_SQL: &str = include_str!("sql/blocked_keys.sql");
+
+/// Replay windows as `ReplayWindow` reads them, those that `$where` keeps, oldest first.
+macro_rules! replay_windows {
+    ($where:literal) => {
+        concat!(include_str!("sql/replay_window_select.sql"), $where, "\nORDER BY w.id")
+    };
+}
 /// The replay windows of a route open at a time (`$1` route, `$2` time), asked by ingest
 /// for every duplicate it stores (`postgres::PER_MESSAGE_STATEMENTS`).
-pub(crate) const REPLAY_WINDOWS_OPEN_SQL: &str = include_str!("sql/replay_window_open.sql");
+pub(crate) const REPLAY_WINDOWS_OPEN_SQL: &str =
+    replay_windows!("WHERE w.route = $1 AND w.closed_at IS NULL AND w.closes_at > $2");
+/// Replay windows of a route (`$1`), open at a time (`$2`), of an id (`$3`); each filter
+/// off when NULL (the admin API's and CLI's list).
+pub(crate) const REPLAY_WINDOWS_SQL: &str = replay_windows!(
+    "WHERE ($1 IS NULL OR w.route = $1)\n  AND ($2 IS NULL OR (w.closed_at IS NULL AND w.closes_at > $2))\n  AND ($3 IS NULL OR w.id = $3)"
+);
 
 /// Implements [`super::Store`] for `$store` (a struct with a `pool: $pool` field and
 /// its `migrations`), given the backend's insert statement, clock query and the query
@@ -285,7 +298,7 @@ macro_rules! store_impl {
                 Ok(())
             }
 
-            /// The replay windows `sql/replay_window_list.sql` selects: of a route, open
+            /// The replay windows [`REPLAY_WINDOWS_SQL`] selects: of a route, open
             /// at a time, of an id; each filter off when `None`. Those of a route open
             /// at a time, which ingest asks for every duplicate it stores, through a
             /// statement of their own ([`REPLAY_WINDOWS_OPEN_SQL`]): the list's optional
@@ -308,7 +321,7 @@ macro_rules! store_impl {
                             .await?
                     }
                     _ => {
-                        sqlx::query(include_str!("sql/replay_window_list.sql"))
+                        sqlx::query($crate::inbox::sqlstore::REPLAY_WINDOWS_SQL)
                             .bind(route)
                             .bind(open_at)
                             .bind(id)

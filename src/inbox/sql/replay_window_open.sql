@@ -1,6 +1,0 @@
-SELECT w.id, w.route, w.published_from, w.published_to, w.opened_at, w.closes_at, w.closed_at,
-    w.opened_by, w.reason,
-    (SELECT count(*) FROM inbox_replay_entry r WHERE r.window_id = w.id) AS taken
-FROM inbox_replay_window w
-WHERE w.route = $1 AND w.closed_at IS NULL AND w.closes_at > $2
-ORDER BY w.id
