@@ -67,6 +67,10 @@
 //!   the rate in its first 5 s beside the rate after 60 s.
 //! - `instances`: 1, 2 and 4 instances on one database draining one backlog.
 //!
+//! `--pool N` gives every Inlet under test N pooled connections (`store.max_connections`,
+//! default 8, the product's default); the bench's own pools keep 8. With the
+//! `instances` section it tells contention for keys from the cost of more backends.
+//!
 //! `--pg-delay-us N` puts the database N µs away from Inlet in each direction for the
 //! `backlog` and `instances` sections (`support::delay`, a proxy in this process; the
 //! bench's own connections go direct): what round trips cost where the database is
@@ -96,7 +100,8 @@ use support::cpu::{CpuMeter, CpuSpent};
 use support::wal::{WalMeter, WalPer};
 
 const ROUTE: &str = "bench";
-/// Connections of every pool here: Inlet's default `store.max_connections`.
+/// Connections of the bench's own pools, and of each Inlet's unless `--pool` says
+/// otherwise: Inlet's default `store.max_connections`.
 const POOL: u32 = 8;
 const STALL_LIMIT: Duration = Duration::from_secs(600);
 
@@ -120,6 +125,8 @@ struct Args {
     peer_concurrency: usize,
     /// The route's delivery concurrency.
     concurrency: usize,
+    /// Each Inlet's `store.max_connections` (`--pool`).
+    pool: u32,
     backlogs: Vec<usize>,
     instances: Vec<usize>,
     instances_backlog: usize,
@@ -161,6 +168,7 @@ impl Args {
             // order allows with 1,000 keys.
             peer_concurrency: 32,
             concurrency: 1_000,
+            pool: POOL,
             backlogs: vec![10_000, 100_000, 1_000_000],
             instances: vec![1, 2, 4],
             instances_backlog: 100_000,
@@ -193,6 +201,10 @@ impl Args {
         }
     }
 
+    fn sizing(&self) -> Sizing {
+        Sizing { concurrency: self.concurrency, pool: self.pool }
+    }
+
     fn wants(&self, section: &str) -> bool {
         self.only.as_ref().is_none_or(|o| o.iter().any(|s| s == section))
     }
@@ -202,7 +214,7 @@ fn usage() -> &'static str {
     "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,sustained,shadow,backlog,instances] \
      [--clients N] [--messages N] [--keys N] [--relay-backlog N] [--peer-jobs N] [--peer-concurrency N] \
      [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--shadow-rate N] [--latency-seconds N] [--sustain-seconds N] [--shadow-cpu-percent N] [--shadow-memory-churn-mib-per-s N] [--shadow-candidates sleep,trap,hoard] \
-     [--pg-delay-us N]"
+     [--pool N] [--pg-delay-us N]"
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -236,6 +248,7 @@ fn parse_args() -> Result<Args, String> {
             "--peer-jobs" => args.peer_jobs = number(flag, v)?,
             "--peer-concurrency" => args.peer_concurrency = number(flag, v)?,
             "--concurrency" => args.concurrency = number(flag, v)?,
+            "--pool" => args.pool = number(flag, v)? as u32,
             "--backlogs" => args.backlogs = list(flag, v)?,
             "--instances" => args.instances = list(flag, v)?,
             "--shadow-rate" => args.shadow_rate = number(flag, v)? as f64,
@@ -277,8 +290,8 @@ fn main() {
     println!();
     println!(
         "inlet platform benchmark: {} round(s), median shown; nproc={nproc}; {} push clients; route concurrency {}; \
-         {} keys; pools of {POOL} connections; PostgreSQL {}",
-        args.rounds, args.clients, args.concurrency, args.keys, report.pg_version
+         {} keys; Inlet's pool {} connections, the bench's {POOL}; PostgreSQL {}",
+        args.rounds, args.clients, args.concurrency, args.keys, args.pool, report.pg_version
     );
     print!("{}", report.render());
 }
@@ -371,7 +384,7 @@ async fn ingest_section(args: &Args, plugin: &Path, target: &Target, report: &mu
         // …then Inlet on another.
         let pg = TestPg::new().await;
         let ((first, first_cpu), (again, again_cpu)) =
-            inlet_ingest(&pg.url, plugin, target, &bodies, args.keys, c).await;
+            inlet_ingest(&pg.url, plugin, target, &bodies, args.keys, c, args.pool).await;
         pushed.push(rate(n, first));
         dup.push(rate(n, again));
         pushed_cpu.push(first_cpu);
@@ -382,7 +395,7 @@ async fn ingest_section(args: &Args, plugin: &Path, target: &Target, report: &mu
         let url = format!("sqlite://{}", dir.path().join("raw.db").display());
         wal.push(rate(n, raw_sqlite_loop(&url, &rows, c).await));
         let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
-        let ((first, _), _) = inlet_ingest(&url, plugin, target, &bodies, args.keys, c).await;
+        let ((first, _), _) = inlet_ingest(&url, plugin, target, &bodies, args.keys, c, args.pool).await;
         sqlite_pushed.push(rate(n, first));
         eprintln!(
             "ingest round {round}: pg raw 1/tx {:.0}, conflicting {:.0}, 100/tx {:.0}; inlet {:.0}, duplicates {:.0}; \
@@ -568,10 +581,11 @@ async fn inlet_ingest(
     bodies: &Arc<Vec<(usize, String)>>,
     keys: usize,
     clients: usize,
+    pool: u32,
 ) -> ((Duration, CpuPer), (Duration, CpuPer)) {
     let store = inlet::inbox::open(url, 2).await.expect("open the store");
     pause(&store).await;
-    let inlet = Instance::start(url, plugin, target, 8, "ingest").await;
+    let inlet = Instance::start(url, plugin, target, Sizing { concurrency: 8, pool }, "ingest").await;
     warm_up(&inlet).await;
     let pids = [inlet.process.pid()];
     let part = CpuPer::part(&pids, None);
@@ -869,7 +883,7 @@ async fn relay_drain_for(
     };
     let mut running = Vec::new();
     for i in 0..instances {
-        running.push(Instance::start(&url, plugin, target, args.concurrency, &format!("relay-{i}")).await);
+        running.push(Instance::start(&url, plugin, target, args.sizing(), &format!("relay-{i}")).await);
     }
     let claims_before = sum_metric(&running, "inlet_claim_duration_seconds").await;
     target.reset();
@@ -995,7 +1009,7 @@ async fn latency_section(args: &Args, plugin: &Path, target: &Target, report: &m
     let half = closed / 2.0;
     let total = (half * args.latency_window.as_secs_f64()) as usize;
     let pg = TestPg::new().await;
-    let inlet = Instance::start(&pg.url, plugin, target, args.concurrency, "latency").await;
+    let inlet = Instance::start(&pg.url, plugin, target, args.sizing(), "latency").await;
     let paced = paced_latency(args, &inlet, target, total, "", half).await;
     report.row(
         "latency pg",
@@ -1055,7 +1069,7 @@ async fn sustained_section(args: &Args, plugin: &Path, target: &Target, report: 
     let window = args.sustain_window;
     let total = (per_second * window.as_secs_f64()) as usize;
     let pg = TestPg::new().await;
-    let inlet = Instance::start(&pg.url, plugin, target, args.concurrency, "sustained").await;
+    let inlet = Instance::start(&pg.url, plugin, target, args.sizing(), "sustained").await;
     let rss = {
         let pid = inlet.process.pid();
         let stop = Arc::new(AtomicBool::new(false));
@@ -1304,7 +1318,7 @@ async fn closed_loop(
     let n = bodies.len();
     let pg = TestPg::new().await;
     let store = inlet::inbox::open(&pg.url, 2).await.expect("open the store");
-    let inlet = Instance::start(&pg.url, plugin, target, args.concurrency, name).await;
+    let inlet = Instance::start(&pg.url, plugin, target, args.sizing(), name).await;
     warm_up(&inlet).await;
     wait_delivered(target, 1).await;
     target.reset();
@@ -1611,7 +1625,7 @@ async fn shadow_run(
         cpu_percent: args.shadow_cpu_percent,
         churn_mib_per_s: args.shadow_churn_mib_per_s,
     });
-    let inlet = Instance::start_with(&pg.url, plugin, shadow, target, args.concurrency, "shadow").await;
+    let inlet = Instance::start_with(&pg.url, plugin, shadow, target, args.sizing(), "shadow").await;
     let faults_before = inlet.page_faults();
     let paced = paced_latency(args, &inlet, target, total, prefix, per_s).await;
     let faults = (inlet.page_faults() - faults_before) as f64 / total as f64;
@@ -1841,6 +1855,13 @@ struct Shadow<'a> {
     churn_mib_per_s: Option<usize>,
 }
 
+/// How an Inlet under test is sized: its route's concurrency and its store's pool.
+#[derive(Clone, Copy)]
+struct Sizing {
+    concurrency: usize,
+    pool: u32,
+}
+
 struct Instance {
     process: InletProcess,
     _dir: tempfile::TempDir,
@@ -1848,8 +1869,8 @@ struct Instance {
 
 impl Instance {
     /// `inlet run` on `url` with one push route into the target, healthy.
-    async fn start(url: &str, plugin: &Path, target: &Target, concurrency: usize, name: &str) -> Instance {
-        Instance::start_with(url, plugin, None, target, concurrency, name).await
+    async fn start(url: &str, plugin: &Path, target: &Target, sizing: Sizing, name: &str) -> Instance {
+        Instance::start_with(url, plugin, None, target, sizing, name).await
     }
 
     /// [`Instance::start`], with a candidate plugin in shadow if one is given (and the
@@ -1859,7 +1880,7 @@ impl Instance {
         plugin: &Path,
         shadow: Option<Shadow<'_>>,
         target: &Target,
-        concurrency: usize,
+        Sizing { concurrency, pool }: Sizing,
         name: &str,
     ) -> Instance {
         let mut plugins = String::new();
@@ -1879,7 +1900,7 @@ impl Instance {
         std::fs::write(
             &config,
             format!(
-                "[store]\nurl = \"{url}\"\nmax_connections = {POOL}\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\n\
+                "[store]\nurl = \"{url}\"\nmax_connections = {pool}\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\n\
                  [admin]\nauth = \"none-loopback\"\n\n{plugins}\
                  [[route]]\nname = \"{ROUTE}\"\nplugin = \"{}\"\n{candidate}source = {{ kind = \"push\" }}\n\
                  target = {{ kind = \"http\", url = \"{}\", timeout = \"10s\" }}\nordering = \"per-key\"\nconcurrency = {concurrency}\n",
