@@ -201,7 +201,7 @@ impl Ingest {
                 }
             },
         };
-        if let Ok(InsertOutcome::Duplicate { id }) = result {
+        if let Ok(InsertOutcome::Duplicate { id, replay_open: true }) = result {
             let replayed = self.replays(route, &[(&entry, id)]).await;
             if let Some(replayed) = replayed?.pop().flatten() {
                 return Ok(Accepted { outcome: replayed, stored: Stored::Replayed });
@@ -243,7 +243,7 @@ impl Ingest {
                 .zip(outcomes.iter())
                 .enumerate()
                 .filter_map(|(i, (entry, outcome))| match outcome {
-                    InsertOutcome::Duplicate { id } => Some((i, (entry, *id))),
+                    InsertOutcome::Duplicate { id, replay_open: true } => Some((i, (entry, *id))),
                     _ => None,
                 })
                 .collect();
@@ -284,7 +284,10 @@ impl Ingest {
     /// it whose first entry arrived before the window opened (so a message first seen
     /// while the window is open is not stored twice), once: stored again under
     /// [`crate::inbox::replay_dedup_key`], a later redelivery is a duplicate of that.
-    /// The windows are read only when a batch holds duplicates. An error means nack,
+    /// Asked only for the duplicates whose insert saw a window of the route open
+    /// (`InsertOutcome::Duplicate::replay_open`), so a redelivery where none is open costs
+    /// no question of its own; the windows are read again here, and a window closed
+    /// in between takes nothing. An error means nack,
     /// as for any insert (what was stored absorbs the redelivery).
     async fn replays(
         &self,

@@ -133,7 +133,7 @@ async fn insert_is_idempotent_and_conflicts_are_kept(store: Arc<dyn Store>) {
     let InsertOutcome::Inserted { id } = first else { panic!("first insert: {first:?}") };
 
     let again = store.insert(&entry("r", "k", "evt-1", "payload"), T0 + 1).await.unwrap();
-    assert_eq!(again, InsertOutcome::Duplicate { id }, "the same payload again is a redelivery");
+    assert_eq!(again, InsertOutcome::Duplicate { id, replay_open: false }, "the same payload again is a redelivery");
 
     let other_route = store.insert(&entry("r2", "k", "evt-1", "payload"), T0).await.unwrap();
     assert!(matches!(other_route, InsertOutcome::Inserted { .. }), "dedup keys are per route");
@@ -164,7 +164,7 @@ async fn insert_is_idempotent_and_conflicts_are_kept(store: Arc<dyn Store>) {
     let batch =
         store.insert_batch(&[entry("r", "k2", "evt-2", "x"), entry("r", "k", "evt-1", "payload")], T0).await.unwrap();
     assert!(matches!(batch[0], InsertOutcome::Inserted { .. }));
-    assert_eq!(batch[1], InsertOutcome::Duplicate { id });
+    assert_eq!(batch[1], InsertOutcome::Duplicate { id, replay_open: false });
 }
 
 /// A batch mixing new rows, redeliveries (of an older row and of a row earlier in the
@@ -190,8 +190,12 @@ async fn a_batch_insert_answers_and_orders_as_one_by_one(store: Arc<dyn Store>) 
         InsertOutcome::Inserted { id } => id,
         other => panic!("entry {i}: {other:?}"),
     };
-    assert_eq!(out[1], InsertOutcome::Duplicate { id: old }, "a redelivery of an older row");
-    assert_eq!(out[3], InsertOutcome::Duplicate { id: new_id(0) }, "a redelivery of a row earlier in the batch");
+    assert_eq!(out[1], InsertOutcome::Duplicate { id: old, replay_open: false }, "a redelivery of an older row");
+    assert_eq!(
+        out[3],
+        InsertOutcome::Duplicate { id: new_id(0), replay_open: false },
+        "a redelivery of a row earlier in the batch"
+    );
     let ids: Vec<i64> = [0, 2, 4, 5, 6].iter().map(|&i| new_id(i)).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids follow the batch's order: {ids:?}");
     assert!(ids[0] > old);
@@ -229,13 +233,19 @@ async fn a_batch_insert_answers_and_orders_as_one_by_one(store: Arc<dyn Store>) 
     // Nothing but redeliveries: no row is added.
     let before = store.count(&ListFilter { route: Some("r".into()), ..Default::default() }).await.unwrap();
     let again = store.insert_batch(&[entry("r", "k", "a1", "a1"), entry("r", "j", "a2", "a2")], T0 + 2).await.unwrap();
-    assert_eq!(again, vec![InsertOutcome::Duplicate { id: ids[0] }, InsertOutcome::Duplicate { id: ids[1] }]);
+    assert_eq!(
+        again,
+        vec![
+            InsertOutcome::Duplicate { id: ids[0], replay_open: false },
+            InsertOutcome::Duplicate { id: ids[1], replay_open: false }
+        ]
+    );
     let after = store.count(&ListFilter { route: Some("r".into()), ..Default::default() }).await.unwrap();
     assert_eq!(before, after);
 
     // A dedup key is known per route: the same key and payload on another route is new.
     let mixed = store.insert_batch(&[entry("r", "k", "a1", "a1"), entry("r2", "k", "a1", "a1")], T0 + 3).await.unwrap();
-    assert_eq!(mixed[0], InsertOutcome::Duplicate { id: ids[0] });
+    assert_eq!(mixed[0], InsertOutcome::Duplicate { id: ids[0], replay_open: false });
     assert!(matches!(mixed[1], InsertOutcome::Inserted { id } if id > ids[4]), "{mixed:?}");
 }
 
@@ -1329,8 +1339,8 @@ async fn replay_windows_record_what_they_stored_and_are_listed_open_or_all(store
     assert_eq!(store.get(made).await.unwrap().unwrap().status, Status::Open);
     assert_eq!(
         store.insert_replay(&again, first, original, T0 + 20).await.unwrap(),
-        InsertOutcome::Duplicate { id: made },
-        "the window's second redelivery is a duplicate"
+        InsertOutcome::Duplicate { id: made, replay_open: true },
+        "the window's second redelivery is a duplicate (and its window is open)"
     );
     assert_eq!(store.replay_entries(first).await.unwrap(), [(made, original)]);
     assert!(store.replay_entries(other).await.unwrap().is_empty());
@@ -1357,12 +1367,39 @@ async fn replay_windows_record_what_they_stored_and_are_listed_open_or_all(store
     assert_eq!(open_of("s", T0 + 10).await, [(other, "s".to_string(), 0)]);
     assert!(open_of("s", T0 + 1_000).await.is_empty(), "a window is open until its end, not at it");
     assert!(open_of("t", T0 + 10).await.is_empty(), "no window of another route");
+    // A redelivery's insert says whether a window of its route is open, alone and in a
+    // batch, so that ingest asks for the windows only then: it agrees with the list.
+    for route in ["s", "t"] {
+        insert(&store, entry(route, "k", "evt-1", "p")).await;
+    }
+    let redelivery_sees = |route: &'static str, at: Millis| {
+        let store = Arc::clone(&store);
+        async move {
+            let e = entry(route, "k", "evt-1", "p");
+            let alone = store.insert(&e, at).await.unwrap();
+            let batch = store.insert_batch(&[e.clone(), e.clone()], at).await.unwrap();
+            let seen: Vec<bool> = std::iter::once(alone)
+                .chain(batch)
+                .map(|o| match o {
+                    InsertOutcome::Duplicate { replay_open, .. } => replay_open,
+                    other => panic!("{route}: a redelivery, got {other:?}"),
+                })
+                .collect();
+            assert!(seen.iter().all(|s| *s == seen[0]), "{route} at {at}: alone and batched disagree: {seen:?}");
+            seen[0]
+        }
+    };
+    assert!(redelivery_sees("r", T0 + 10).await);
+    assert!(redelivery_sees("s", T0 + 10).await);
+    assert!(!redelivery_sees("s", T0 + 1_000).await, "a window is open until its end, not at it");
+    assert!(!redelivery_sees("t", T0 + 10).await, "no window of another route");
 
     assert!(!store.close_replay_window(other, T0 + 2_000).await.unwrap(), "an ended window cannot be closed");
     assert!(store.close_replay_window(first, T0 + 2_000).await.unwrap());
     assert!(!store.close_replay_window(first, T0 + 3_000).await.unwrap(), "closed once");
     assert!(store.replay_windows(None, Some(T0 + 2_500)).await.unwrap().is_empty());
     assert!(open_of("r", T0 + 2_500).await.is_empty(), "a closed window is not open");
+    assert!(!redelivery_sees("r", T0 + 2_500).await, "a closed window is not open");
     assert_eq!(store.replay_windows(Some("r"), None).await.unwrap()[0].closed_at, Some(T0 + 2_000));
 
     // Retention: the entry the window made goes, and its record with it.

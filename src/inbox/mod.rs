@@ -217,7 +217,10 @@ pub enum InsertOutcome {
     /// A new entry.
     Inserted { id: i64 },
     /// The same payload under a known dedup key: a redelivery, nothing stored.
-    Duplicate { id: i64 },
+    /// `replay_open`: whether a replay window of the route was open when the store
+    /// answered (the insert's own statement looks, so a redelivery costs no question
+    /// of its own where no window is open); only then may ingest store it again.
+    Duplicate { id: i64, replay_open: bool },
     /// A different payload under a known dedup key: stored PARKED as its own entry
     /// (`entry`) that points at the `existing` one, for a person to judge. `first` is
     /// false when this conflicting payload was already stored (a redelivery of it),
@@ -228,7 +231,7 @@ pub enum InsertOutcome {
 impl InsertOutcome {
     pub fn id(self) -> i64 {
         match self {
-            InsertOutcome::Inserted { id } | InsertOutcome::Duplicate { id } => id,
+            InsertOutcome::Inserted { id } | InsertOutcome::Duplicate { id, .. } => id,
             InsertOutcome::Conflict { entry, .. } => entry,
         }
     }

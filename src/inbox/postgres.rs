@@ -446,11 +446,12 @@ pub const INSERT_SQL: &str = concat!(
     insert_body!(),
     "RETURNING id, route, correlation_key, status), ",
     key_floor_rows!(),
-    "SELECT id, NULL::text AS payload_digest FROM new"
+    "SELECT id, NULL::text AS payload_digest, NULL::boolean AS replay_open FROM new"
 );
 
 /// The first insert of a message, answered in one statement whether it is new or a
-/// redelivery: the new row's id and no digest, or the existing row's id and digest.
+/// redelivery: the new row's id and no digest, or the existing row's id and digest
+/// and whether a replay window of the route is open (at `$15`, the insert's time).
 /// Nothing comes back when the row it conflicts with was committed after this
 /// statement's snapshot was taken (a concurrent insert of the same key): the caller
 /// then reads it in a statement of its own.
@@ -460,9 +461,12 @@ pub const INSERT_OR_EXISTING_SQL: &str = concat!(
     insert_body!(),
     "RETURNING id, route, correlation_key, status), ",
     key_floor_rows!(),
-    "SELECT id, NULL::text AS payload_digest FROM new\n",
+    "SELECT id, NULL::text AS payload_digest, NULL::boolean AS replay_open FROM new\n",
     "UNION ALL\n",
-    "SELECT id, payload_digest FROM inbox_entry\n",
+    "SELECT id, payload_digest,\n",
+    "    EXISTS (SELECT 1 FROM inbox_replay_window w WHERE ",
+    super::sqlstore::replay_open!("$1::text", "$15::bigint"),
+    ")\nFROM inbox_entry\n",
     "WHERE route = $1 AND dedup_key = $2 AND NOT EXISTS (SELECT 1 FROM new)"
 );
 
@@ -472,7 +476,8 @@ pub const INSERT_OR_EXISTING_SQL: &str = concat!(
 /// key: route, `:`, correlation key). Returns, for every row in array order, the id
 /// it was inserted under, or else the id and digest of the row already holding its
 /// dedup key in this statement's snapshot (a redelivery, or a conflict for the caller
-/// to settle). A row with neither — its dedup key taken by an earlier row of the same
+/// to settle), with whether a replay window of the row's route is open at `$17` (asked
+/// of redeliveries only). A row with neither — its dedup key taken by an earlier row of the same
 /// batch, or by a row committed after the snapshot was taken — is left to the caller
 /// to insert one by one. The lookup is a `LATERAL` probe per row, so that a plan made
 /// while the table was small (a prepared statement's generic plan, kept until the
@@ -500,7 +505,11 @@ ORDER BY r.ord
 ON CONFLICT (route, dedup_key) DO NOTHING
 RETURNING id, route, dedup_key, correlation_key, status), ",
     key_floor_rows!(),
-    "SELECT new.id, old.id, old.payload_digest
+    "SELECT new.id, old.id, old.payload_digest,
+    CASE WHEN new.id IS NULL AND old.id IS NOT NULL
+        THEN EXISTS (SELECT 1 FROM inbox_replay_window w WHERE ",
+    super::sqlstore::replay_open!("k.route", "$17::bigint"),
+    ") END
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(route, dedup_key, ord)
 LEFT JOIN new ON new.route = k.route AND new.dedup_key = k.dedup_key
 LEFT JOIN LATERAL (
@@ -508,6 +517,10 @@ LEFT JOIN LATERAL (
     LIMIT 1) old ON true
 ORDER BY k.ord"
 );
+
+/// A row of [`INSERT_MANY_SQL`]: the id inserted; else the id and digest of the row
+/// met, and whether a replay window of the route is open.
+type InsertManyRow = (Option<i64>, Option<i64>, Option<String>, Option<bool>);
 
 impl PgStore {
     /// The batch insert's fast path, in one statement: what became of each entry
@@ -530,7 +543,7 @@ impl PgStore {
             entries.iter().map(|e| matches!(e.status, Status::Done | Status::Ignored).then_some(now)).collect();
         let fingerprint: Vec<Option<String>> =
             entries.iter().map(|e| e.last_error.as_deref().map(super::failures::fingerprint)).collect();
-        let rows: Vec<(Option<i64>, Option<i64>, Option<String>)> = sqlx::query_as(INSERT_MANY_SQL)
+        let rows: Vec<InsertManyRow> = sqlx::query_as(INSERT_MANY_SQL)
             .bind(col(|e| Some(e.route.as_str())))
             .bind(col(|e| Some(e.dedup_key.as_str())))
             .bind(col(|e| e.decoded.as_ref().map(|d| d.correlation_key.as_str())))
@@ -558,8 +571,10 @@ impl PgStore {
         // (rows go in array order); a later one with the same key goes one by one.
         let mut taken = std::collections::HashSet::new();
         let outcomes = rows.into_iter().zip(&digest).map(|(row, digest)| match row {
-            (Some(id), _, _) if taken.insert(id) => Some(InsertOutcome::Inserted { id }),
-            (None, Some(id), Some(existing)) if existing == *digest => Some(InsertOutcome::Duplicate { id }),
+            (Some(id), _, _, _) if taken.insert(id) => Some(InsertOutcome::Inserted { id }),
+            (None, Some(id), Some(existing), replay_open) if existing == *digest => {
+                Some(InsertOutcome::Duplicate { id, replay_open: replay_open.unwrap_or(true) })
+            }
             _ => None,
         });
         Ok(Some(outcomes.collect()))
@@ -602,13 +617,14 @@ pub const BY_ID_STATEMENTS: &[(&str, &str)] = &[
     ("ignore", super::sqlstore::IGNORE_SQL),
 ];
 
-/// Statements run for every message of some kind (ingest's question about replay
-/// windows, for every duplicate): each must be planned once per connection and then
-/// run on its generic plan, not planned afresh at every call as a statement with
-/// optional filters is (`tests/plans.rs`).
+/// Statements that read for every message of some kind (a redelivery the insert did
+/// not answer, ingest's question about replay windows when one is open): each must be
+/// planned once per connection and then run on its generic plan, not planned afresh
+/// at every call as a statement with optional filters is (`tests/plans.rs`, which
+/// runs each twenty times: reads only).
 #[doc(hidden)]
 pub const PER_MESSAGE_STATEMENTS: &[(&str, &str)] =
-    &[("open replay windows", super::sqlstore::REPLAY_WINDOWS_OPEN_SQL)];
+    &[("existing", super::sqlstore::EXISTING_SQL), ("open replay windows", super::sqlstore::REPLAY_WINDOWS_OPEN_SQL)];
 
 /// The statements of the housekeeping that read every unresolved entry (the inbox
 /// gauges, the key floors' mending): each must read them through the partial indexes

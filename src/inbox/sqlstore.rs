@@ -13,14 +13,32 @@ pub(crate) const BLOCKED_KEYS_SQL: &str = include_str!("sql/blocked_keys.sql");
 
 /// Replay windows as `ReplayWindow` reads them, those that `$where` keeps, oldest first.
 macro_rules! replay_windows {
-    ($where:literal) => {
-        concat!(include_str!("sql/replay_window_select.sql"), $where, "\nORDER BY w.id")
+    ($($where:tt)+) => {
+        concat!(include_str!("sql/replay_window_select.sql"), $($where)+, "\nORDER BY w.id")
     };
 }
+/// The condition that replay window `w` of route `$route` is open at `$now` (each an
+/// SQL expression of the statement it goes in): one text for the windows' list and for
+/// the statements that meet a redelivery.
+macro_rules! replay_open {
+    ($route:literal, $now:literal) => {
+        concat!("w.route = ", $route, " AND w.closed_at IS NULL AND w.closes_at > ", $now)
+    };
+}
+pub(crate) use replay_open;
+
 /// The replay windows of a route open at a time (`$1` route, `$2` time), asked by ingest
-/// for every duplicate it stores (`postgres::PER_MESSAGE_STATEMENTS`).
-pub(crate) const REPLAY_WINDOWS_OPEN_SQL: &str =
-    replay_windows!("WHERE w.route = $1 AND w.closed_at IS NULL AND w.closes_at > $2");
+/// for a redelivery when its insert saw a window open (`postgres::PER_MESSAGE_STATEMENTS`).
+pub(crate) const REPLAY_WINDOWS_OPEN_SQL: &str = replay_windows!("WHERE ", replay_open!("$1", "$2"));
+
+/// The row holding a dedup key (`$1` route, `$2` key), its digest, and whether a
+/// replay window of the route is open at `$3` ([`crate::inbox::InsertOutcome::Duplicate`]):
+/// for a redelivery that the insert's own statement did not answer.
+pub(crate) const EXISTING_SQL: &str = concat!(
+    "SELECT id, payload_digest,\n    EXISTS (SELECT 1 FROM inbox_replay_window w WHERE ",
+    replay_open!("$1", "$3"),
+    ") AS replay_open\nFROM inbox_entry WHERE route = $1 AND dedup_key = $2"
+);
 /// Replay windows of a route (`$1`), open at a time (`$2`), of an id (`$3`); each filter
 /// off when NULL (the admin API's and CLI's list).
 pub(crate) const REPLAY_WINDOWS_SQL: &str = replay_windows!(
@@ -357,17 +375,18 @@ macro_rules! store_impl {
                 // after that statement began, by a second one.
                 let sql = $insert_or_existing_sql.unwrap_or($insert_sql);
                 let first = Self::insert_row(conn, sql, e, &e.dedup_key, &digest, None, e.status, e.last_error.as_deref(), now).await?;
-                let (existing, existing_digest): (i64, String) = match first {
-                    Some((id, None)) => return Ok(InsertOutcome::Inserted { id }),
-                    Some((id, Some(existing_digest))) => (id, existing_digest),
-                    None => sqlx::query_as("SELECT id, payload_digest FROM inbox_entry WHERE route = $1 AND dedup_key = $2")
+                let (existing, existing_digest, replay_open): (i64, String, bool) = match first {
+                    Some((id, None, _)) => return Ok(InsertOutcome::Inserted { id }),
+                    Some((id, Some(existing_digest), replay_open)) => (id, existing_digest, replay_open.unwrap_or(true)),
+                    None => sqlx::query_as($crate::inbox::sqlstore::EXISTING_SQL)
                         .bind(&e.route)
                         .bind(&e.dedup_key)
+                        .bind(now)
                         .fetch_one(&mut *conn)
                         .await?,
                 };
                 if existing_digest == digest {
-                    return Ok(InsertOutcome::Duplicate { id: existing });
+                    return Ok(InsertOutcome::Duplicate { id: existing, replay_open });
                 }
                 let key = $crate::inbox::conflict_dedup_key(&e.dedup_key, &digest);
                 let reason = format!(
@@ -376,7 +395,7 @@ macro_rules! store_impl {
                 );
                 let parked = Self::insert_row(conn, $insert_sql, e, &key, &digest, Some(existing), Status::Parked, Some(&reason), now).await?;
                 let (entry, first) = match parked {
-                    Some((id, _)) => (id, true),
+                    Some((id, _, _)) => (id, true),
                     None => ( sqlx::query_scalar("SELECT id FROM inbox_entry WHERE route = $1 AND dedup_key = $2")
                         .bind(&e.route)
                         .bind(&key)
@@ -387,7 +406,9 @@ macro_rules! store_impl {
             }
 
             /// Runs an insert statement (`$insert_sql`, or `$insert_or_existing_sql`)
-            /// for `e`: the row it returns, `(id, None)` for a new row.
+            /// for `e`: the row it returns, `(id, None, None)` for a new row, `(id of
+            /// the row met, its digest, whether a replay window of the route is open)`
+            /// for a redelivery that `$insert_or_existing_sql` answered.
             #[allow(clippy::too_many_arguments)]
             async fn insert_row(
                 conn: &mut $conn,
@@ -399,7 +420,7 @@ macro_rules! store_impl {
                 status: $crate::inbox::Status,
                 last_error: Option<&str>,
                 now: $crate::clock::Millis,
-            ) -> Result<Option<(i64, Option<String>)>, $crate::inbox::StoreError> {
+            ) -> Result<Option<(i64, Option<String>, Option<bool>)>, $crate::inbox::StoreError> {
                 Ok(bind_entry!(sqlx::query_as(sql), e, dedup_key, digest, conflict_of, status, last_error, now)
                     .fetch_optional(&mut *conn)
                     .await?)
