@@ -936,6 +936,15 @@ impl PgStore {
     /// analyzing each time would cost a tenth of a core. `sql/postgres_0008_statistics.sql`
     /// keeps statistics on the filtered columns only, from a fifth of the sample.
     /// (Figures: docs/measurements.md.)
+    ///
+    /// Without parallel workers (`PARALLEL 0`), as autovacuum runs: a manual `VACUUM`
+    /// otherwise vacuums the indexes with up to `max_parallel_maintenance_workers`
+    /// more processes, which speeds the vacuum by taking cores from the claims,
+    /// settles and inserts it runs beside (seen on 2 cores at 4,500 msg/s: a vacuum
+    /// every 10–25 s, and two parallel workers running beside it in a sixth of the
+    /// seconds `scripts/pg-watch` caught one). This bounds what maintenance takes; it
+    /// is not a speed-up: three minutes at 4,000 msg/s, two runs each way, moved p99 by
+    /// no more than the runs spread (docs/measurements.md).
     async fn maintain_entries(&self) -> Result<Option<String>, StoreError> {
         let stats: Option<(i64, i64, i64)> = sqlx::query_as(
             "SELECT n_live_tup, n_dead_tup, n_mod_since_analyze FROM pg_stat_user_tables \
@@ -947,10 +956,10 @@ impl PgStore {
         let analyze = changed >= (live / ANALYZE_SHARE).max(MAINTAIN_MIN_ROWS);
         if dead >= (live / VACUUM_SHARE).max(MAINTAIN_MIN_ROWS) {
             if analyze {
-                sqlx::raw_sql("VACUUM (ANALYZE) inbox_entry").execute(&self.pool).await?;
+                sqlx::raw_sql("VACUUM (ANALYZE, PARALLEL 0) inbox_entry").execute(&self.pool).await?;
                 return Ok(Some(format!("vacuumed and analyzed inbox_entry ({dead} dead rows, {live} live)")));
             }
-            sqlx::raw_sql("VACUUM inbox_entry").execute(&self.pool).await?;
+            sqlx::raw_sql("VACUUM (PARALLEL 0) inbox_entry").execute(&self.pool).await?;
             return Ok(Some(format!("vacuumed inbox_entry ({dead} dead rows, {live} live)")));
         }
         if analyze {
