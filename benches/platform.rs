@@ -65,7 +65,8 @@
 //! - `backlog`: one instance at 10k / 100k / 1M entries of backlog: its rate, its mean
 //!   claim time (`inlet_claim_duration_seconds`), its peak RSS (VmHWM); at the largest,
 //!   the rate in its first 5 s beside the rate after 60 s.
-//! - `instances`: 1, 2 and 4 instances on one database draining one backlog.
+//! - `instances`: 1, 2 and 4 instances on one database draining one backlog
+//!   (`--instances-backlog`, 100,000 entries: about ten seconds on a fast machine).
 //!
 //! `--pool N` gives every Inlet under test N pooled connections (`store.max_connections`,
 //! default 8, the product's default); the bench's own pools keep 8. With the
@@ -213,7 +214,7 @@ impl Args {
 fn usage() -> &'static str {
     "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,sustained,shadow,backlog,instances] \
      [--clients N] [--messages N] [--keys N] [--relay-backlog N] [--peer-jobs N] [--peer-concurrency N] \
-     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--shadow-rate N] [--latency-seconds N] [--sustain-seconds N] [--shadow-cpu-percent N] [--shadow-memory-churn-mib-per-s N] [--shadow-candidates sleep,trap,hoard] \
+     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--instances-backlog N] [--shadow-rate N] [--latency-seconds N] [--sustain-seconds N] [--shadow-cpu-percent N] [--shadow-memory-churn-mib-per-s N] [--shadow-candidates sleep,trap,hoard] \
      [--pool N] [--pg-delay-us N]"
 }
 
@@ -251,6 +252,7 @@ fn parse_args() -> Result<Args, String> {
             "--pool" => args.pool = number(flag, v)? as u32,
             "--backlogs" => args.backlogs = list(flag, v)?,
             "--instances" => args.instances = list(flag, v)?,
+            "--instances-backlog" => args.instances_backlog = number(flag, v)?,
             "--shadow-rate" => args.shadow_rate = number(flag, v)? as f64,
             "--latency-seconds" => args.latency_window = Duration::from_secs(number(flag, v)? as u64),
             "--sustain-seconds" => args.sustain_window = Duration::from_secs(number(flag, v)? as u64),
