@@ -258,6 +258,7 @@ async fn claim(
         lease_ms: LEASE_MS,
         ordered: variant != Variant::Unordered,
         parked_blocks: true,
+        share: None,
     };
     match variant {
         Variant::Locked | Variant::Unordered => {

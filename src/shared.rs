@@ -189,6 +189,7 @@ impl Shared {
                     metrics: Arc::clone(&self.metrics),
                     options: self.relay_options.clone(),
                     last_release: std::sync::Mutex::default(),
+                    share: std::sync::Mutex::default(),
                     settles: Some(Arc::clone(&self.settles)),
                 });
                 let task = tokio::spawn(async move { relay.run(stop_rx).await });

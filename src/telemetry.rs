@@ -164,6 +164,9 @@ pub struct Metrics {
     /// 1 while a route is paused (its relay on this instance claims nothing), else 0;
     /// each instance reports what its relay last read (aggregate with `max`).
     pub route_paused: Family<RouteLabel, Gauge>,
+    /// How many instances divide a per-key route's keys, as this instance last read
+    /// its members (1 alone, and on SQLite).
+    pub route_instances: Family<RouteLabel, Gauge>,
     /// Routes refused at start or reload, once per distinct cause.
     pub route_load_failures: Family<RouteLabel, Counter>,
     /// Plugin files refused because they are not the build their route pins, once per
@@ -325,6 +328,7 @@ impl Metrics {
             config_reloads: Family::default(),
             route_up: Family::default(),
             route_paused: Family::default(),
+            route_instances: Family::default(),
             route_load_failures: Family::default(),
             plugin_digest_mismatch: Family::default(),
             routing_files_refused: Gauge::default(),
@@ -438,6 +442,11 @@ impl Metrics {
             "route_paused",
             "1 while a route is paused (nothing claimed, ingest goes on), as this instance's relay last read it",
             m.route_paused.clone(),
+        );
+        registry.register(
+            "route_instances",
+            "Instances dividing a per-key route's keys, as this instance last read the route's members",
+            m.route_instances.clone(),
         );
         registry.register(
             "route_load_failures",

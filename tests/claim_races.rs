@@ -46,7 +46,7 @@ fn entry(key: Option<&str>, dedup: &str) -> NewEntry {
 }
 
 fn req(owner: &str, parked_blocks: bool) -> ClaimRequest<'_> {
-    ClaimRequest { route: "r", owner, limit: 10, now: T0, lease_ms: LEASE, ordered: true, parked_blocks }
+    ClaimRequest { route: "r", owner, limit: 10, now: T0, lease_ms: LEASE, ordered: true, parked_blocks, share: None }
 }
 
 fn ids(claimed: &[Claimed]) -> Vec<i64> {
@@ -120,6 +120,8 @@ async fn pg_claim_held_open(conn: &mut sqlx::PgConnection, owner: &str, parked_b
         .bind(r.parked_blocks)
         .bind(i64::from(r.limit))
         .bind(4_096i64) // the window: every entry here
+        .bind(None::<i64>) // every key: no part
+        .bind(None::<i64>)
         .fetch_all(&mut *conn)
         .await
         .unwrap();

@@ -373,6 +373,7 @@ async fn entries_in_every_state(store: &dyn inbox::Store) -> std::collections::H
         lease_ms: 600_000,
         ordered: false,
         parked_blocks: false,
+        share: None,
     };
     for (name, route, status) in [
         ("d1", "busy", Status::Open),

@@ -114,7 +114,7 @@ fn undecodable(route: &str, dedup: &str, payload: &[u8]) -> NewEntry {
 }
 
 fn req<'a>(route: &'a str, owner: &'a str, now: Millis, limit: u32) -> ClaimRequest<'a> {
-    ClaimRequest { route, owner, limit, now, lease_ms: LEASE, ordered: true, parked_blocks: true }
+    ClaimRequest { route, owner, limit, now, lease_ms: LEASE, ordered: true, parked_blocks: true, share: None }
 }
 
 fn ids(claimed: &[Claimed]) -> Vec<i64> {
@@ -1525,4 +1525,94 @@ async fn sqlite_a_settle_hands_nothing_on() {
         store.settle_batch(&[settle_of(&c[0], T0 + 1, Settlement::Done, next_of("h", "A", true))]).await.unwrap();
     assert!(matches!(results[0], Ok(None)));
     assert_eq!(ids(&store.claim(&req("h", "w", T0 + 2, 10)).await.unwrap()), vec![a1]);
+}
+
+/// PostgreSQL: the instances that relay a route divide its keys. Each says so with
+/// `share` and gets its part among those heard from within the ttl, in the order of
+/// their names; one that leaves, or falls silent past the ttl, no longer counts; each
+/// route has its own members. SQLite divides nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_instances_that_relay_a_route_each_get_a_part_of_its_keys() {
+    use inbox::{Presence, Share};
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let here = Presence::Here { ttl: std::time::Duration::from_secs(5) };
+    let share = async |route: &str, owner: &str| store.share(route, owner, here).await.unwrap();
+    assert_eq!(share("k", "b").await, Some(Share { index: 0, count: 1 }));
+    assert_eq!(share("k", "a").await, Some(Share { index: 0, count: 2 }), "a sorts before b");
+    assert_eq!(share("k", "b").await, Some(Share { index: 1, count: 2 }));
+    assert_eq!(share("k", "c").await, Some(Share { index: 2, count: 3 }));
+    assert_eq!(share("other", "c").await, Some(Share { index: 0, count: 1 }), "another route's members are its own");
+    assert_eq!(store.share("k", "a", Presence::Leaving).await.unwrap(), None);
+    assert_eq!(share("k", "b").await, Some(Share { index: 0, count: 2 }), "a left");
+    // c falls silent: ten seconds since it last said so, past the ttl of five.
+    let mut conn = pg.connect().await;
+    sqlx::query("UPDATE inbox_route_member SET seen_at = seen_at - interval '10 seconds' WHERE owner = 'c'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(share("k", "b").await, Some(Share { index: 0, count: 1 }), "c is silent past its ttl");
+    assert_eq!(share("k", "c").await, Some(Share { index: 1, count: 2 }), "c speaks again");
+
+    let (sqlite, _guard) = sqlite().await;
+    assert_eq!(sqlite.share("k", "a", here).await.unwrap(), None, "SQLite divides nothing");
+}
+
+/// PostgreSQL: a claim with a part of the keys takes only the heads of its part's keys
+/// (their hash, as the statement computes it) and the entries without a key; the two
+/// parts of two take every head between them, from the window of oldest entries and,
+/// once the route is claimed from its heads (few keys), from the heads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_claim_with_a_part_of_the_keys_takes_only_that_part() {
+    use inbox::Share;
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let keys: Vec<String> = (0..40).map(|k| format!("K{k}")).collect();
+    let mut heads: HashMap<String, Vec<i64>> = HashMap::new();
+    for round in 0..2 {
+        for key in &keys {
+            heads
+                .entry(key.clone())
+                .or_default()
+                .push(insert(&store, entry("p", key, &format!("{key}-{round}"), "x")).await);
+        }
+    }
+    let loose = insert(&store, NewEntry { decoded: None, ..entry("p", "", "u0", "raw") }).await;
+    let mut conn = pg.connect().await;
+    let part_of: HashMap<String, i64> =
+        sqlx::query_as("SELECT k, (hashtextextended(k, 0) & 9223372036854775807) % 2 FROM unnest($1::text[]) AS k")
+            .bind(&keys)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    assert!((1..39).contains(&part_of.values().filter(|p| **p == 0).count()), "both parts have keys: {part_of:?}");
+    for round in 0..2 {
+        let now = T0 + round;
+        let mut taken = Vec::new();
+        for index in 0..2u32 {
+            let owner = format!("w{index}");
+            let claim = ClaimRequest { share: Some(Share { index, count: 2 }), ..req("p", &owner, now, 100) };
+            let claimed = store.claim(&claim).await.unwrap();
+            for c in &claimed {
+                match c.entry.correlation_key.as_deref() {
+                    None => assert_eq!((round, c.entry.id), (0, loose), "the entry without a key, to the first claim"),
+                    Some(key) => {
+                        assert_eq!(part_of[key], i64::from(index), "round {round}: {key} claimed by part {index}")
+                    }
+                }
+            }
+            taken.extend(claimed);
+        }
+        let mut got: Vec<i64> = ids(&taken).into_iter().filter(|id| *id != loose).collect();
+        got.sort();
+        let mut want: Vec<i64> = heads.values().map(|h| h[round as usize]).collect();
+        want.sort();
+        assert_eq!(got, want, "round {round}: the two parts took every key's head");
+        for c in &taken {
+            store.settle(c.entry.id, &c.lease, now, &Settlement::Done).await.unwrap();
+        }
+    }
+    assert_eq!(store.keys_met("p"), Some(40), "the walk counted every key of the route, not a part's");
 }

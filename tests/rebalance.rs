@@ -3,7 +3,8 @@
 //! keys drain. Never two requests in flight for one key, per key the target sees the
 //! entries in order (an entry the killed instance held may arrive again, right after
 //! itself), every entry ends DONE, the killed instance's keys go on elsewhere and the
-//! newcomer takes part.
+//! newcomer takes part. The instances divide the keys among themselves (each claims
+//! only its part) and divide them again when one goes and another comes.
 //!
 //! Needs the plugins built (`scripts/build-plugins`) and PostgreSQL running
 //! (`scripts/ensure-postgres`).
@@ -68,6 +69,31 @@ async fn owners_by_key(pg: &TestPg, from: i64, until: i64) -> BTreeMap<String, V
     by_key
 }
 
+/// How many instances divide the route's keys, as the instance at `base` last read
+/// its members (`inlet_route_instances`).
+async fn instances_seen(http: &reqwest::Client, base: &str) -> Option<i64> {
+    let text = http.get(format!("{base}/metrics")).send().await.ok()?.text().await.ok()?;
+    let series = format!("inlet_route_instances{{route=\"{ROUTE}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&series)).and_then(|v| v.trim().parse().ok())
+}
+
+/// Waits until every instance of `running` reads `n` instances dividing the keys.
+async fn wait_for_members(http: &reqwest::Client, running: &[(String, InletProcess)], n: i64) {
+    let bases: Vec<String> = running.iter().map(|(_, p)| p.base.clone()).collect();
+    wait_until(&format!("every instance to see {n} dividing the keys"), Duration::from_secs(30), || {
+        let (http, bases) = (http.clone(), bases.clone());
+        async move {
+            for base in &bases {
+                if instances_seen(&http, base).await != Some(n) {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_instances_keep_per_key_order_while_one_is_killed_and_one_added() {
     let started = Instant::now();
@@ -111,6 +137,8 @@ lease       = "5s"
     }
     let bases: Vec<String> = running.iter().map(|(_, p)| p.base.clone()).collect();
     eprintln!("four instances healthy after {:?}", started.elapsed());
+    // Each relays a part of the keys (inbox_route_member): all four see all four.
+    wait_for_members(&http, &running, 4).await;
 
     // Push every key's entries in order (each answered before the next), the keys
     // concurrently, spread over the instances.
@@ -178,6 +206,8 @@ lease       = "5s"
     })
     .await;
     eprintln!("drained after {:?}", started.elapsed());
+    // c fell silent and e joined: the four left divide the keys.
+    wait_for_members(&http, &running, 4).await;
 
     // --- Per-key promises at the target -------------------------------------------------
     assert_eq!(camunda.max_in_flight_per_key(), 1, "two requests in flight for one key: {:?}", camunda.overlaps());

@@ -314,6 +314,26 @@ pub struct ClaimRequest<'a> {
     pub ordered: bool,
     /// Whether a PARKED entry holds back later entries of its key.
     pub parked_blocks: bool,
+    /// On an ordered route, only the keys of this part (entries without a key are
+    /// everyone's); `None`: every key. See [`Store::share`].
+    pub share: Option<Share>,
+}
+
+/// An instance's part of a route's keys: those whose hash, modulo `count`, is `index`
+/// ([`Store::share`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub index: u32,
+    pub count: u32,
+}
+
+/// What an instance tells the others about a route it relays ([`Store::share`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    /// It relays the route; it counts as gone once `ttl` passes without saying so again.
+    Here { ttl: std::time::Duration },
+    /// It stops relaying the route: its part goes to the others at their next look.
+    Leaving,
 }
 
 /// How an attempt ended, as the store records it.
@@ -821,6 +841,17 @@ pub trait Store: Send + Sync + 'static {
         &self,
         items: &[SettleRequest],
     ) -> Result<Vec<Result<Option<Claimed>, StoreError>>, StoreError>;
+
+    /// Says that `owner` relays `route` (or stops, [`Presence::Leaving`]) and returns its
+    /// part of the route's keys among the instances that said so within their `ttl`
+    /// (their names in order: the `index`th of `count`). `None` where keys are not
+    /// divided (SQLite: one instance), and for `Leaving`.
+    ///
+    /// The parts say where an instance's claims look, never what keeps a key's order:
+    /// the key locks and the in-flight check of every claim do that. While two instances
+    /// see different members (one just came or went), some keys are looked at by both,
+    /// as when keys were not divided, or by neither until the next look.
+    async fn share(&self, route: &str, owner: &str, presence: Presence) -> Result<Option<Share>, StoreError>;
 
     /// How many keys a route had when its claims last counted them (PostgreSQL: each
     /// walk of the heads, or every 10 s on a route claimed from its window), `None`

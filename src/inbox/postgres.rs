@@ -51,6 +51,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     )
     .compatible_from(11)
     .outside_transaction(),
+    Migration::new(14, "route_members", include_str!("sql/postgres_0014_route_members.sql")).compatible_from(11),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII). Taken for
@@ -187,6 +188,24 @@ macro_rules! key_lock {
     };
 }
 
+/// Whether `$key` is in the claim's part of the route's keys (its hash modulo `$n` is
+/// `$i`, [`super::Store::share`]); every key where `$n` is NULL.
+macro_rules! in_share {
+    ($key:literal, $i:literal, $n:literal) => {
+        concat!(
+            "(",
+            $n,
+            "::bigint IS NULL OR (hashtextextended(",
+            $key,
+            ", 0) & 9223372036854775807) % ",
+            $n,
+            "::bigint = ",
+            $i,
+            "::bigint)"
+        )
+    };
+}
+
 /// The claim of an unordered route: one statement.
 const CLAIM_SQL: &str = concat!(
     "WITH picked AS (\n",
@@ -213,7 +232,7 @@ pub const CLAIM_SQL_UNLOCKED: &str = concat!(
 /// entries (the window: up to the id of the `$6`th, found once), and the keys among
 /// them each try-locked (never waiting); returns `(id, key)` of the candidates this
 /// transaction may claim: those without a key and those whose key it now holds. The
-/// claim's `$1`–`$5`, and `$6`. (`held` calls a volatile function, so PostgreSQL runs
+/// claim's `$1`–`$5`, `$6`, and its part of the keys, `$7` of `$8` (NULL: every key). (`held` calls a volatile function, so PostgreSQL runs
 /// it once, as written; `candidate` is read twice, so it is materialized once.)
 ///
 /// Its check of each windowed entry is the one without the key's floor
@@ -243,6 +262,9 @@ pub const CLAIM_KEYS_SQL: &str = concat!(
     "      AND (e.route, e.id) <= ($1, COALESCE((\n",
     "        SELECT w.id FROM inbox_entry w WHERE w.route = $1 AND w.status = 'OPEN'\n",
     "        ORDER BY w.id OFFSET $6 - 1 LIMIT 1), 9223372036854775807))\n",
+    "      AND (e.correlation_key IS NULL OR ",
+    in_share!("e.correlation_key", "$7", "$8"),
+    ")\n",
     include_str!("sql/claim_eligible.sql"),
     "    ORDER BY e.id\n",
     "    LIMIT $5\n",
@@ -263,8 +285,9 @@ pub const CLAIM_KEYS_SQL: &str = concat!(
 /// (a walk from the key's first index entry stepped over every entry settled since
 /// the last vacuum, 2–4 ms per key: docs/measurements.md). The oldest `$4` heads that are OPEN, due, not
 /// blocked by a PARKED entry where `$3` says parked blocks, of a key with nothing in
-/// flight and not among step one's keys (`$5`), each try-locked as in
-/// [`CLAIM_KEYS_SQL`]. Each row also says how many keys the walk met; when it takes
+/// flight and not among step one's keys (`$5`), of the claim's part of the keys (`$6`
+/// of `$7`), each try-locked as in [`CLAIM_KEYS_SQL`]. Each row also says how many keys the route has (all
+/// parts); when it takes
 /// none, one row without an id says so. Entries without a key are left to the window,
 /// which reaches them as the entries ahead of them are delivered, or, on a route
 /// claimed heads first, to [`CLAIM_UNKEYED_SQL`].
@@ -276,7 +299,9 @@ pub const CLAIM_HEADS_SQL: &str = concat!(
     "        WHERE e.route = $1 AND e.correlation_key = f.correlation_key AND e.id >= f.floor\n",
     "          AND e.status IN ('OPEN', 'PARKED') AND (e.status = 'OPEN' OR $3)\n",
     "        ORDER BY e.id LIMIT 1) h\n",
-    "    WHERE f.route = $1\n",
+    "    WHERE f.route = $1 AND ",
+    in_share!("f.correlation_key", "$6", "$7"),
+    "\n",
     "), candidate AS (\n",
     "    SELECT c.id, c.correlation_key FROM head c\n",
     "    WHERE c.status = 'OPEN' AND c.next_attempt_at <= $2 AND NOT (c.correlation_key = ANY($5))\n",
@@ -1113,10 +1138,20 @@ impl PgStore {
         // And its statements run on generic plans, as a batch of settles' do
         // ([`PgStore::begin_hot`]). Both are set by the `BEGIN` (`CLAIM_BEGIN_SQL`).
         let heads_first = self.heads_first(req.route);
+        // Alone, an instance's part is every key: no hash to compute.
+        let (part, parts) = match req.share {
+            Some(s) if s.count > 1 => (Some(i64::from(s.index)), Some(i64::from(s.count))),
+            _ => (None, None),
+        };
         let mut candidates: Vec<(i64, Option<String>)> = if heads_first {
             Vec::new()
         } else {
-            candidates!(sqlx::query_as(CLAIM_KEYS_SQL)).bind(claim_window(req.limit)).fetch_all(&mut *tx).await?
+            candidates!(sqlx::query_as(CLAIM_KEYS_SQL))
+                .bind(claim_window(req.limit))
+                .bind(part)
+                .bind(parts)
+                .fetch_all(&mut *tx)
+                .await?
         };
         let short = i64::from(req.limit) - candidates.len() as i64;
         // A route whose window fills its claims never walks its heads, so its keys are
@@ -1134,6 +1169,8 @@ impl PgStore {
                 .bind(req.parked_blocks)
                 .bind(short)
                 .bind(&taken)
+                .bind(part)
+                .bind(parts)
                 .fetch_all(&mut *tx)
                 .await?;
             self.remember_keys(req.route, heads.first().map_or(0, |h| h.2));
@@ -1155,6 +1192,52 @@ impl PgStore {
         let rows = claim.fetch_all(&mut *tx).await?;
         tx.commit().await?;
         Ok(rows)
+    }
+}
+
+/// `$2` relays route `$1` (as of the database's clock) and forgets members silent for an
+/// hour; its part of the route's keys among the members heard from within `$3` seconds,
+/// in the order of their names: `(index, count)`. (The statement does not see its own
+/// upsert in the table, so `me` adds it.)
+const MEMBER_HERE_SQL: &str = "\
+WITH me AS (
+    INSERT INTO inbox_route_member (route, owner, seen_at) VALUES ($1, $2, clock_timestamp())
+    ON CONFLICT (route, owner) DO UPDATE SET seen_at = excluded.seen_at
+    RETURNING owner
+), gone AS (
+    DELETE FROM inbox_route_member
+    WHERE route = $1 AND owner <> $2 AND seen_at < clock_timestamp() - interval '1 hour'
+), live AS (
+    SELECT owner FROM inbox_route_member
+    WHERE route = $1 AND owner <> $2 AND seen_at >= clock_timestamp() - make_interval(secs => $3)
+    UNION ALL SELECT owner FROM me
+)
+SELECT count(*) FILTER (WHERE owner < $2), count(*) FROM live";
+
+/// `$2` stops relaying route `$1`.
+const MEMBER_LEAVING_SQL: &str = "DELETE FROM inbox_route_member WHERE route = $1 AND owner = $2";
+
+impl PgStore {
+    async fn share_among_members(
+        &self,
+        route: &str,
+        owner: &str,
+        presence: super::Presence,
+    ) -> Result<Option<super::Share>, StoreError> {
+        let ttl = match presence {
+            super::Presence::Here { ttl } => ttl,
+            super::Presence::Leaving => {
+                sqlx::query(MEMBER_LEAVING_SQL).bind(route).bind(owner).execute(&self.pool).await?;
+                return Ok(None);
+            }
+        };
+        let (index, count): (i64, i64) = sqlx::query_as(MEMBER_HERE_SQL)
+            .bind(route)
+            .bind(owner)
+            .bind(ttl.as_secs_f64())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(Some(super::Share { index: index as u32, count: count as u32 }))
     }
 }
 

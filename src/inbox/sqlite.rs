@@ -353,6 +353,16 @@ impl SqliteStore {
     fn listen_to_others(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
         None
     }
+
+    /// One instance per file: every key is its own.
+    async fn share_among_members(
+        &self,
+        _route: &str,
+        _owner: &str,
+        _presence: super::Presence,
+    ) -> Result<Option<super::Share>, StoreError> {
+        Ok(None)
+    }
 }
 
 store_impl! {

@@ -596,6 +596,15 @@ macro_rules! store_impl {
                 self.keys_counted(route)
             }
 
+            async fn share(
+                &self,
+                route: &str,
+                owner: &str,
+                presence: $crate::inbox::Presence,
+            ) -> Result<Option<$crate::inbox::Share>, $crate::inbox::StoreError> {
+                self.share_among_members(route, owner, presence).await
+            }
+
             async fn release_expired(&self, route: &str, now: $crate::clock::Millis) -> Result<u64, $crate::inbox::StoreError> {
                 let r = sqlx::query(include_str!("sql/release_expired.sql")).bind(route).bind(now).execute(&self.pool).await?;
                 Ok(r.rows_affected())

@@ -18,7 +18,8 @@ use crate::config::{Ordering, ParkedPolicy};
 use crate::inbox::failures::{Attempt, RequestRecord};
 use crate::inbox::group::{Committed, Group, Grouped, Settles};
 use crate::inbox::{
-    ClaimRequest, Claimed, Decoded, Lease, NextOfKey, SettleRequest, Settlement, Status, Store, StoreError,
+    ClaimRequest, Claimed, Decoded, Lease, NextOfKey, Presence, SettleRequest, Settlement, Share, Status, Store,
+    StoreError,
 };
 use crate::plugin::wit;
 use crate::routing::Route;
@@ -54,6 +55,16 @@ const HAND_ON_LIMIT: usize = 64;
 /// How often a relay looks for expired leases to take back.
 const RELEASE_EVERY: Duration = Duration::from_secs(1);
 
+/// How often the relay of a per-key route tells the other instances it relays the
+/// route and reads its part of the keys ([`Store::share`]).
+const MEMBER_EVERY: Duration = Duration::from_secs(1);
+
+/// How long after its last word an instance counts as gone: its part of the keys then
+/// goes to the others. A pause longer than this (a stalled disk, a lost network) only
+/// makes instances look at the same keys for a while, which the claims' key locks
+/// make safe.
+const MEMBER_TTL: Duration = Duration::from_secs(5);
+
 pub struct Relay {
     pub route: Arc<Route>,
     pub store: Arc<dyn Store>,
@@ -62,6 +73,9 @@ pub struct Relay {
     pub options: RelayOptions,
     /// When expired leases were last looked for.
     pub last_release: std::sync::Mutex<Option<Instant>>,
+    /// This instance's part of the route's keys, as last read ([`Store::share`]);
+    /// `None`: every key.
+    pub share: std::sync::Mutex<Option<Share>>,
     /// Settles of attempts that end together are committed together (shared by the
     /// relays of a process); `None`: each settle commits alone.
     pub settles: Option<Arc<Group<Settles>>>,
@@ -76,6 +90,10 @@ impl Relay {
         let mut store_down_since: Option<Instant> = None;
         let mut pause = PauseWatch::default();
         tracing::info!(route, concurrency, owner = %self.options.owner, "relay started");
+        let membership = (self.route.config.ordering == Ordering::PerKey).then(|| {
+            let relay = Arc::clone(&self);
+            tokio::spawn(async move { relay.keep_membership().await })
+        });
         while !*shutdown.borrow() {
             let free = concurrency - in_flight.len();
             let mut full_batch = false;
@@ -115,7 +133,40 @@ impl Relay {
             while in_flight.try_join_next().is_some() {}
         }
         tracing::info!(route, in_flight = in_flight.len(), "relay stopping; letting in-flight attempts finish");
+        if let Some(membership) = membership {
+            membership.abort();
+            // Its keys go to the others now, not when its word runs out.
+            if let Err(error) = self.store.share(&route, &self.options.owner, Presence::Leaving).await {
+                tracing::warn!(route, %error, "could not tell the other instances this one stops relaying the route");
+            }
+        }
         while in_flight.join_next().await.is_some() {}
+    }
+
+    /// Tells the other instances, every [`MEMBER_EVERY`], that this one relays the
+    /// route, and keeps the part of the keys that leaves it; logs when the part
+    /// changes. A failure keeps the last part (the claims fail too while the inbox is
+    /// away, and say so).
+    async fn keep_membership(&self) {
+        let route = self.route.name();
+        let mut ticks = tokio::time::interval(MEMBER_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            match self.store.share(route, &self.options.owner, Presence::Here { ttl: MEMBER_TTL }).await {
+                Ok(share) => {
+                    let before = std::mem::replace(&mut *self.share.lock().expect("share lock"), share);
+                    if before != share
+                        && let Some(Share { index, count }) = share
+                    {
+                        tracing::info!(route, instances = count, part = index, "the route's keys are divided anew");
+                    }
+                    let count = share.map_or(1, |s| s.count);
+                    self.metrics.route_instances.get_or_create(&Metrics::route(route)).set(i64::from(count));
+                }
+                Err(error) => tracing::debug!(route, %error, "cannot say this instance relays the route; trying again"),
+            }
+        }
     }
 
     /// Claims up to `limit` entries, unless the route is paused. Whether it is paused
@@ -166,6 +217,7 @@ impl Relay {
                 tracing::warn!(route = self.route.name(), released, "took back entries whose lease expired");
             }
         }
+        let share = *self.share.lock().expect("share lock");
         let started = Instant::now();
         let claimed = self
             .store
@@ -177,6 +229,7 @@ impl Relay {
                 lease_ms: cfg.lease.as_millis() as Millis,
                 ordered: cfg.ordering == Ordering::PerKey,
                 parked_blocks: cfg.parked == ParkedPolicy::BlockKey,
+                share,
             })
             .await;
         self.metrics
@@ -388,7 +441,9 @@ impl Relay {
             return None;
         }
         let keys = self.store.keys_met(self.route.name())?;
-        if keys > cfg.concurrency as i64 {
+        // With the keys divided among instances, this one's slots serve its part.
+        let parts = self.share.lock().expect("share lock").map_or(1, |s| i64::from(s.count.max(1)));
+        if (keys + parts - 1) / parts > cfg.concurrency as i64 {
             return None;
         }
         Some(NextOfKey {
