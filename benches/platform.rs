@@ -887,6 +887,14 @@ async fn relay_drain_for(
     for i in 0..instances {
         running.push(Instance::start(&url, plugin, target, args.sizing(), &format!("relay-{i}")).await);
     }
+    // The drain starts once every instance has its part of the keys (the route's
+    // members, read every second).
+    let want = (instances * instances) as f64;
+    wait_until("every instance to see the others", Duration::from_secs(30), || {
+        let running = &running;
+        async move { series_totals(running, ["inlet_route_instances".to_string()]).await.is_some_and(|[n]| n == want) }
+    })
+    .await;
     let claims_before = sum_metric(&running, "inlet_claim_duration_seconds").await;
     target.reset();
     let (meter, log) = (CpuMeter::start(), WalMeter::start(&pg.url).await);

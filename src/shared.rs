@@ -190,6 +190,7 @@ impl Shared {
                     options: self.relay_options.clone(),
                     last_release: std::sync::Mutex::default(),
                     share: std::sync::Mutex::default(),
+                    busy: std::sync::atomic::AtomicUsize::new(0),
                     settles: Some(Arc::clone(&self.settles)),
                 });
                 let task = tokio::spawn(async move { relay.run(stop_rx).await });

@@ -854,8 +854,9 @@ pub trait Store: Send + Sync + 'static {
     async fn share(&self, route: &str, owner: &str, presence: Presence) -> Result<Option<Share>, StoreError>;
 
     /// How many keys a route had when its claims last counted them (PostgreSQL: each
-    /// walk of the heads, or every 10 s on a route claimed from its window), `None`
-    /// if unknown: whether every key of the route can have a delivery slot of its own.
+    /// walk of the heads, or every 10 s on a route claimed from its window), in the
+    /// claims' part of the keys ([`ClaimRequest::share`]); `None` if unknown: whether
+    /// every key this instance claims can have a delivery slot of its own.
     fn keys_met(&self, _route: &str) -> Option<i64> {
         None
     }

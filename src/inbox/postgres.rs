@@ -78,8 +78,8 @@ pub struct PgStore {
     /// the lock lives exactly as long as it), and whether it holds the lock.
     gauge_lease: tokio::sync::Mutex<Option<(PgConnection, bool)>>,
     /// How many keys each route had when its claims last walked its heads (or counted
-    /// its keys, [`KEYS_COUNT_SQL`]), and when; routes with few
-    /// ([`HEADS_FIRST_KEYS`]) are claimed from their heads.
+    /// its keys, [`KEYS_COUNT_SQL`]), in this instance's part of them, and when; routes
+    /// with few ([`HEADS_FIRST_KEYS`]) are claimed from their heads.
     keys_walked: std::sync::Mutex<std::collections::HashMap<String, (i64, std::time::Instant)>>,
     /// When [`PgStore::keep_floors`] last ran.
     floors_kept: std::sync::Mutex<Option<std::time::Instant>>,
@@ -286,8 +286,8 @@ pub const CLAIM_KEYS_SQL: &str = concat!(
 /// the last vacuum, 2–4 ms per key: docs/measurements.md). The oldest `$4` heads that are OPEN, due, not
 /// blocked by a PARKED entry where `$3` says parked blocks, of a key with nothing in
 /// flight and not among step one's keys (`$5`), of the claim's part of the keys (`$6`
-/// of `$7`), each try-locked as in [`CLAIM_KEYS_SQL`]. Each row also says how many keys the route has (all
-/// parts); when it takes
+/// of `$7`), each try-locked as in [`CLAIM_KEYS_SQL`]. Each row also says how many keys the walk met (the
+/// part's); when it takes
 /// none, one row without an id says so. Entries without a key are left to the window,
 /// which reaches them as the entries ahead of them are delivered, or, on a route
 /// claimed heads first, to [`CLAIM_UNKEYED_SQL`].
@@ -315,7 +315,9 @@ pub const CLAIM_HEADS_SQL: &str = concat!(
     "    SELECT c.correlation_key FROM candidate c WHERE pg_try_advisory_xact_lock(",
     key_lock!("c.correlation_key"),
     ")), walked AS (\n",
-    "    SELECT count(*) AS keys FROM inbox_key_floor f WHERE f.route = $1\n",
+    "    SELECT count(*) AS keys FROM inbox_key_floor f WHERE f.route = $1 AND ",
+    in_share!("f.correlation_key", "$6", "$7"),
+    "\n",
     ")\n",
     "SELECT c.id, c.correlation_key, walked.keys FROM walked\n",
     "LEFT JOIN candidate c ON c.correlation_key IN (SELECT correlation_key FROM held)"
@@ -333,9 +335,12 @@ const HEADS_FIRST_KEYS: i64 = 256;
 /// has its keys counted ([`KEYS_COUNT_SQL`]).
 const KEYS_RECOUNT: Duration = Duration::from_secs(10);
 
-/// The keys of route `$1`, as a walk of the heads meets them: its rows of
-/// `inbox_key_floor`.
-const KEYS_COUNT_SQL: &str = "SELECT count(*) FROM inbox_key_floor f WHERE f.route = $1";
+/// The keys of route `$1` in the claim's part (`$2` of `$3`), as a walk of the heads
+/// meets them: its rows of `inbox_key_floor`.
+const KEYS_COUNT_SQL: &str = concat!(
+    "SELECT count(*) FROM inbox_key_floor f WHERE f.route = $1 AND ",
+    in_share!("f.correlation_key", "$2", "$3")
+);
 
 /// In heads-first mode, the entries without a key, which the walk of the heads does
 /// not reach: the oldest `$3` due OPEN ones (from `inbox_entry_unresolved_key`, where
@@ -1158,7 +1163,8 @@ impl PgStore {
         // counted now and then instead: how many there are decides whether its settles
         // hand on (`Store::keys_met`), and whether its claims start from the heads.
         if !heads_first && short <= 0 && self.keys_stale(req.route) {
-            let keys: i64 = sqlx::query_scalar(KEYS_COUNT_SQL).bind(req.route).fetch_one(&mut *tx).await?;
+            let keys: i64 =
+                sqlx::query_scalar(KEYS_COUNT_SQL).bind(req.route).bind(part).bind(parts).fetch_one(&mut *tx).await?;
             self.remember_keys(req.route, keys);
         }
         if short > 0 {

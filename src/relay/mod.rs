@@ -49,7 +49,10 @@ struct PauseWatch {
 
 /// How many entries in a row a delivery slot takes from its settles (of one key)
 /// before it goes back to the relay's claims, which take the oldest due entries of
-/// the route (entries without a key, keys new since the last count).
+/// the route (entries without a key, keys new since the last count), when the relay
+/// has no free slot for them. While it has one, nothing waits for this slot, and it
+/// goes on: its key needs no claim of the relay's (a claim reads every key of the
+/// route's part, or a window of its oldest entries).
 const HAND_ON_LIMIT: usize = 64;
 
 /// How often a relay looks for expired leases to take back.
@@ -76,6 +79,8 @@ pub struct Relay {
     /// This instance's part of the route's keys, as last read ([`Store::share`]);
     /// `None`: every key.
     pub share: std::sync::Mutex<Option<Share>>,
+    /// Delivery slots in use: attempts in flight, each with the entries handed on to it.
+    pub busy: std::sync::atomic::AtomicUsize,
     /// Settles of attempts that end together are committed together (shared by the
     /// relays of a process); `None`: each settle commits alone.
     pub settles: Option<Arc<Group<Settles>>>,
@@ -107,6 +112,7 @@ impl Relay {
                         for c in claimed {
                             let relay = Arc::clone(&self);
                             let stop = shutdown.clone();
+                            relay.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             in_flight.spawn(async move { relay.attempt_contained(c, stop).await });
                         }
                     }
@@ -248,9 +254,11 @@ impl Relay {
     /// and the attempt number, so every line it logs says which entry it is about.
     ///
     /// When its settle hands on the key's next entry (see [`Relay::next_of_key`]),
-    /// the slot attempts that one at once, up to [`HAND_ON_LIMIT`] entries in a row
-    /// and not once `stop` turns true; then the slot goes back to the relay's claims.
+    /// the slot attempts that one at once — beyond [`HAND_ON_LIMIT`] entries in a row
+    /// only while the relay has a free slot, and not once `stop` turns true; then the
+    /// slot goes back to the relay's claims.
     async fn attempt_contained(self: Arc<Self>, c: Claimed, stop: watch::Receiver<bool>) {
+        let _slot = SlotInUse(Arc::clone(&self));
         let mut c = Some(c);
         let mut handed = 0;
         while let Some(claimed) = c.take() {
@@ -261,7 +269,9 @@ impl Relay {
                 key = claimed.entry.correlation_key.as_deref().unwrap_or(""),
                 attempt = claimed.entry.attempts,
             );
-            let hand_on = handed < HAND_ON_LIMIT && !*stop.borrow();
+            let concurrency = self.route.config.concurrency;
+            let slot_free = self.busy.load(std::sync::atomic::Ordering::Relaxed) < concurrency;
+            let hand_on = (handed < HAND_ON_LIMIT || slot_free) && !*stop.borrow();
             c = tracing::Instrument::instrument(Arc::clone(&self).attempt_caught(claimed, hand_on), span).await;
             handed += 1;
         }
@@ -440,10 +450,9 @@ impl Relay {
         if cfg.ordering != Ordering::PerKey || self.settles.is_none() {
             return None;
         }
+        // With the keys divided among instances, the keys of this one's part.
         let keys = self.store.keys_met(self.route.name())?;
-        // With the keys divided among instances, this one's slots serve its part.
-        let parts = self.share.lock().expect("share lock").map_or(1, |s| i64::from(s.count.max(1)));
-        if (keys + parts - 1) / parts > cfg.concurrency as i64 {
+        if keys > cfg.concurrency as i64 {
             return None;
         }
         Some(NextOfKey {
@@ -727,6 +736,16 @@ impl Relay {
                 Settlement::Parked { error }
             }
         })
+    }
+}
+
+/// A delivery slot of the relay in use ([`Relay::busy`]), given back however the
+/// attempts in it end.
+struct SlotInUse(Arc<Relay>);
+
+impl Drop for SlotInUse {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
