@@ -303,6 +303,38 @@ fn toml_str(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
 
+/// Pauses the route and pushes `each` messages to each of `few` keys through the
+/// instance at `base`, in order: the backlog a target's outage leaves.
+async fn backlog_while_paused(pg: &TestPg, http: &reqwest::Client, base: &str, few: usize, each: i64) {
+    let mut conn = pg.connect().await;
+    sqlx::query(
+        "INSERT INTO inbox_route_pause (route, paused_at, paused_by, reason) VALUES ($1, 0, 'test', 'backlog')",
+    )
+    .bind(ROUTE)
+    .execute(&mut conn)
+    .await
+    .expect("pause the route");
+    // No wait for the relays to read the pause: every claim statement, and a settle's
+    // claim of the next entry, refuses a paused route once the pause has committed.
+    for seq in 1..=each {
+        for k in 0..few {
+            let response = http
+                .post(format!("{base}/push/{ROUTE}"))
+                .header("content-type", "application/json")
+                .body(push_body(k, seq))
+                .send()
+                .await
+                .expect("push");
+            assert_eq!(response.status().as_u16(), 200, "push {} seq {seq}", key(k));
+        }
+    }
+}
+
+async fn resume(pg: &TestPg) {
+    let mut conn = pg.connect().await;
+    sqlx::query("DELETE FROM inbox_route_pause").execute(&mut conn).await.expect("resume the route");
+}
+
 /// Few keys and a backlog, two instances: each key's next entry is handed on by the
 /// settle of the one before it (`inlet_claims_handed_on_total`), across both
 /// processes, and still never two in flight for one key, order kept, each entry
@@ -320,32 +352,10 @@ async fn two_instances_hand_each_of_few_keys_its_next_entry_in_order() {
     for p in [&mut a, &mut b] {
         p.wait_healthy(Duration::from_secs(30)).await;
     }
-    // The backlog builds while the route is paused (as after a target's outage).
-    let mut conn = pg.connect().await;
-    sqlx::query(
-        "INSERT INTO inbox_route_pause (route, paused_at, paused_by, reason) VALUES ($1, 0, 'test', 'backlog')",
-    )
-    .bind(ROUTE)
-    .execute(&mut conn)
-    .await
-    .expect("pause the route");
-    // No wait for the relays to read the pause: every claim statement, and a settle's
-    // claim of the next entry, refuses a paused route once the pause has committed.
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client");
-    for seq in 1..=EACH {
-        for k in 0..FEW {
-            let response = http
-                .post(format!("{}/push/{ROUTE}", a.base))
-                .header("content-type", "application/json")
-                .body(push_body(k, seq))
-                .send()
-                .await
-                .expect("push");
-            assert_eq!(response.status().as_u16(), 200, "push {} seq {seq}", key(k));
-        }
-    }
+    backlog_while_paused(&pg, &http, &a.base, FEW, EACH).await;
     assert_eq!(camunda.count(), 0, "delivered while paused");
-    sqlx::query("DELETE FROM inbox_route_pause").execute(&mut conn).await.expect("resume the route");
+    resume(&pg).await;
 
     wait_drained(&camunda, &pg, [&mut a, &mut b], total).await;
 
@@ -392,28 +402,9 @@ async fn with_a_slot_free_a_keys_slot_hands_on_its_whole_backlog() {
     let config = write_routes(dir.path(), &pg, &camunda.url());
     let mut a = spawn(&config, "a");
     a.wait_healthy(Duration::from_secs(30)).await;
-    let mut conn = pg.connect().await;
-    sqlx::query(
-        "INSERT INTO inbox_route_pause (route, paused_at, paused_by, reason) VALUES ($1, 0, 'test', 'backlog')",
-    )
-    .bind(ROUTE)
-    .execute(&mut conn)
-    .await
-    .expect("pause the route");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client");
-    for seq in 1..=EACH {
-        for k in 0..FEW {
-            let response = http
-                .post(format!("{}/push/{ROUTE}", a.base))
-                .header("content-type", "application/json")
-                .body(push_body(k, seq))
-                .send()
-                .await
-                .expect("push");
-            assert_eq!(response.status().as_u16(), 200, "push {} seq {seq}", key(k));
-        }
-    }
-    sqlx::query("DELETE FROM inbox_route_pause").execute(&mut conn).await.expect("resume the route");
+    backlog_while_paused(&pg, &http, &a.base, FEW, EACH).await;
+    resume(&pg).await;
     wait_until(&format!("{total} successful deliveries"), DRAIN_TIMEOUT, || {
         a.assert_running();
         let ok = camunda.deliveries().iter().filter(|d| (200..300).contains(&d.status)).count();
