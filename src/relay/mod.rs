@@ -112,8 +112,8 @@ impl Relay {
                         for c in claimed {
                             let relay = Arc::clone(&self);
                             let stop = shutdown.clone();
-                            relay.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            in_flight.spawn(async move { relay.attempt_contained(c, stop).await });
+                            let slot = SlotInUse::take(Arc::clone(&relay));
+                            in_flight.spawn(async move { relay.attempt_contained(c, stop, slot).await });
                         }
                     }
                     Err(error) => {
@@ -257,8 +257,7 @@ impl Relay {
     /// the slot attempts that one at once — beyond [`HAND_ON_LIMIT`] entries in a row
     /// only while the relay has a free slot, and not once `stop` turns true; then the
     /// slot goes back to the relay's claims.
-    async fn attempt_contained(self: Arc<Self>, c: Claimed, stop: watch::Receiver<bool>) {
-        let _slot = SlotInUse(Arc::clone(&self));
+    async fn attempt_contained(self: Arc<Self>, c: Claimed, stop: watch::Receiver<bool>, _slot: SlotInUse) {
         let mut c = Some(c);
         let mut handed = 0;
         while let Some(claimed) = c.take() {
@@ -739,9 +738,16 @@ impl Relay {
     }
 }
 
-/// A delivery slot of the relay in use ([`Relay::busy`]), given back however the
-/// attempts in it end.
+/// A delivery slot of the relay in use ([`Relay::busy`]), taken when its attempt is
+/// spawned and given back when that task ends or is dropped, however it ends.
 struct SlotInUse(Arc<Relay>);
+
+impl SlotInUse {
+    fn take(relay: Arc<Relay>) -> SlotInUse {
+        relay.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        SlotInUse(relay)
+    }
+}
 
 impl Drop for SlotInUse {
     fn drop(&mut self) {
