@@ -25,7 +25,7 @@ use crate::clock::Clock;
 use crate::config::{Config, Ordering, ParkedPolicy};
 use crate::delivery::Clients;
 use crate::inbox::DbClock;
-use crate::inbox::group::{Group, Settles};
+use crate::inbox::group::{Fleet, Group, Settles};
 use crate::inbox::{self, Status};
 use crate::ingest::Ingest;
 use crate::pubsub_client::Connection;
@@ -299,11 +299,12 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         None => None,
     };
     let writers = group_commit_writers(store.backend());
-    let settles = Arc::new(Group::start(Settles(Arc::clone(&store)), writers));
+    let fleet = Arc::new(Fleet::default());
+    let settles = Arc::new(Group::start(Settles(Arc::clone(&store)), writers, Arc::clone(&fleet)));
     let shared = Arc::new(Shared {
         ingest: Arc::new(
             Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics))
-                .with_group_commit(writers)
+                .with_group_commit(writers, fleet)
                 .with_announcements(),
         ),
         pubsub: options.pubsub.clone(),
@@ -482,7 +483,8 @@ async fn wake_on_announcements(
 /// Tasks committing push inserts (and, apart, settles) in groups, by backend. On
 /// PostgreSQL two: one gathers a batch while the other's round trips and commit are
 /// out. More only make the batches smaller, and a small batch costs PostgreSQL more per
-/// row. On SQLite one: the file has one writer lock, and a second writer only waits in
+/// row. (With other instances on the database, the second commits beside the first
+/// only a full batch: `inbox::group::Fleet`.) On SQLite one: the file has one writer lock, and a second writer only waits in
 /// SQLite's busy handler, which sleeps in steps of milliseconds; one writer takes the
 /// next batch the moment the last commits. (Figures: docs/measurements.md.)
 fn group_commit_writers(backend: &str) -> usize {

@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use crate::clock::{Clock, Millis};
-use crate::inbox::group::{Committed, GroupCommit, Grouped, Inserts};
+use crate::inbox::group::{Committed, Fleet, GroupCommit, Grouped, Inserts};
 use crate::inbox::{Decoded, InsertOutcome, NewEntry, ReplayWindow, Status, Store, StoreError};
 use crate::plugin::{PluginFault, wit};
 use crate::routing::Route;
@@ -128,10 +128,11 @@ impl Ingest {
     }
 
     /// Single messages ([`Ingest::accept`], the push path) that arrive while others
-    /// are committing are committed with them ([`GroupCommit`]), by `writers` tasks.
-    pub fn with_group_commit(mut self, writers: usize) -> Ingest {
+    /// are committing are committed with them ([`GroupCommit`]), by `writers` tasks
+    /// paced by `fleet`.
+    pub fn with_group_commit(mut self, writers: usize, fleet: Arc<Fleet>) -> Ingest {
         let inserts = Inserts { store: Arc::clone(&self.store), clock: Arc::clone(&self.clock) };
-        self.group = Some(GroupCommit::start(inserts, writers));
+        self.group = Some(GroupCommit::start(inserts, writers, fleet));
         self
     }
 

@@ -1,7 +1,8 @@
 //! Group commit of single inserts (`inlet::inbox::group`), on both stores: inserts
 //! that queue up while a commit is in flight go out together in one transaction, each
 //! answered only once its row is committed; a failed batch hands every insert back
-//! to be tried alone, so one bad row cannot fail its neighbours.
+//! to be tried alone, so one bad row cannot fail its neighbours. With other instances
+//! on the database, a second writer commits beside the first only a full batch.
 //!
 //! The batches are made deterministic by holding the database's write lock from
 //! another connection: the writers block on it, and the test waits (by state, not by
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inlet::clock::Millis;
-use inlet::inbox::group::{GroupCommit, Grouped, Inserts};
+use inlet::inbox::group::{Fleet, GroupCommit, Grouped, Inserts, MAX_BATCH};
 use inlet::inbox::{self, Decoded, InsertOutcome, NewEntry, Status, Store};
 use inlet_testkit::pg::TestPg;
 use inlet_testkit::proxy::TcpProxy;
@@ -71,7 +72,7 @@ async fn until_taken(group: &GroupCommit, n: u64) {
 /// behind them; `release` lets the database go. Every insert must be stored, in
 /// exactly three commits, and each answered row readable by another connection.
 async fn batches_what_queued_up(store: Arc<dyn Store>, release: impl AsyncFnOnce()) {
-    let group = Arc::new(GroupCommit::start(inserts(&store), 2));
+    let group = Arc::new(GroupCommit::start(inserts(&store), 2, Arc::new(Fleet::default())));
     let mut inserts = Vec::new();
     for n in 0..2 {
         inserts.push(spawn_insert(&group, entry(n, "K")));
@@ -138,6 +139,65 @@ async fn sqlite_inserts_that_queue_up_commit_together() {
     .await;
 }
 
+/// With other instances on the database: one insert taken by a writer (blocked on
+/// the lock), then `behind` more queued behind it. Short of a full batch, the second
+/// writer holds them until the first commit has ended, so none is taken before the
+/// release; a full batch it takes while the first commit is still blocked. Either
+/// way every insert is stored, in exactly two commits.
+async fn with_other_instances_batches(behind: usize) {
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let mut locker = pg.connect().await;
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query("LOCK TABLE inbox_entry IN EXCLUSIVE MODE").execute(&mut locker).await.unwrap();
+    let fleet = Arc::new(Fleet::default());
+    fleet.seen("r", 2);
+    assert!(fleet.crowded());
+    let group = Arc::new(GroupCommit::start(inserts(&store), 2, Arc::clone(&fleet)));
+    let mut inserts = vec![spawn_insert(&group, entry(0, "K"))];
+    until_taken(&group, 1).await;
+    for n in 1..1 + behind {
+        inserts.push(spawn_insert(&group, entry(n, &format!("K{}", n % 5))));
+    }
+    if behind < MAX_BATCH {
+        until_queued(&group, behind).await;
+        assert_eq!(group.taken(), 1, "a batch short of full is not taken while another commit is out");
+    } else {
+        until_taken(&group, 1 + behind as u64).await;
+    }
+    assert_eq!(group.commits(), 0, "nothing commits while the database is locked");
+    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+
+    let mut stored = 0;
+    for insert in inserts {
+        let committed = insert.await.unwrap().expect("the group committer answers");
+        assert!(
+            matches!(committed.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })),
+            "entry {} was not stored with its batch",
+            committed.item.dedup_key
+        );
+        stored += 1;
+    }
+    assert_eq!(stored, 1 + behind);
+    assert_eq!(group.commits(), 2, "the blocked insert, then everything that queued behind it in one");
+
+    // The other instances gone, a lone write is not held back by anything.
+    fleet.left("r");
+    assert!(!fleet.crowded());
+    let alone = group.submit(entry(1 + behind, "K")).await.unwrap();
+    assert!(matches!(alone.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_other_instances_a_batch_short_of_full_waits_for_the_commit_out() {
+    with_other_instances_batches(QUEUED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_other_instances_a_full_batch_commits_beside_the_commit_out() {
+    with_other_instances_batches(MAX_BATCH).await;
+}
+
 /// A batch with a row PostgreSQL refuses (a NUL in text) fails whole; every insert
 /// comes back to be tried alone, and the good ones then store as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +208,7 @@ async fn a_refused_row_hands_its_whole_batch_back_to_be_inserted_alone() {
     sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
     sqlx::query("LOCK TABLE inbox_entry IN EXCLUSIVE MODE").execute(&mut locker).await.unwrap();
 
-    let group = Arc::new(GroupCommit::start(inserts(&store), 1));
+    let group = Arc::new(GroupCommit::start(inserts(&store), 1, Arc::new(Fleet::default())));
     let first = spawn_insert(&group, entry(0, "K"));
     until_taken(&group, 1).await;
     let mut poison = entry(1, "K");
@@ -183,7 +243,7 @@ async fn an_outage_fails_a_lone_insert_with_the_stores_error() {
     let url = pg.url.replace("127.0.0.1:5432", &proxy.addr);
     assert_ne!(url, pg.url, "the store must go through the proxy");
     let store = inbox::open(&url, 2).await.expect("open postgres through the proxy");
-    let group = GroupCommit::start(inserts(&store), 1);
+    let group = GroupCommit::start(inserts(&store), 1, Arc::new(Fleet::default()));
     let ok = group.submit(entry(0, "K")).await.unwrap();
     assert!(matches!(ok.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
     proxy.set_up(false);

@@ -141,6 +141,9 @@ impl Relay {
         tracing::info!(route, in_flight = in_flight.len(), "relay stopping; letting in-flight attempts finish");
         if let Some(membership) = membership {
             membership.abort();
+            if let Some(settles) = &self.settles {
+                settles.fleet().left(&route);
+            }
             // Its keys go to the others now, not when its word runs out.
             if let Err(error) = self.store.share(&route, &self.options.owner, Presence::Leaving).await {
                 tracing::warn!(route, %error, "could not tell the other instances this one stops relaying the route");
@@ -169,6 +172,9 @@ impl Relay {
                     }
                     let count = share.map_or(1, |s| s.count);
                     self.metrics.route_instances.get_or_create(&Metrics::route(route)).set(i64::from(count));
+                    if let Some(settles) = &self.settles {
+                        settles.fleet().seen(route, count);
+                    }
                 }
                 Err(error) => tracing::debug!(route, %error, "cannot say this instance relays the route; trying again"),
             }
