@@ -484,9 +484,10 @@ async fn wake_on_announcements(
 /// PostgreSQL two: one gathers a batch while the other's round trips and commit are
 /// out. More only make the batches smaller, and a small batch costs PostgreSQL more per
 /// row. (With other instances on the database, the second commits beside the first
-/// only a full batch: `inbox::group::Fleet`.) On SQLite one: the file has one writer lock, and a second writer only waits in
-/// SQLite's busy handler, which sleeps in steps of milliseconds; one writer takes the
-/// next batch the moment the last commits. (Figures: docs/measurements.md.)
+/// only a full batch: `inbox::group::Fleet`.) On SQLite one: the file has one writer
+/// lock, and a second writer only waits in SQLite's busy handler, which sleeps in steps
+/// of milliseconds; one writer takes the next batch the moment the last commits.
+/// (Figures: docs/measurements.md.)
 fn group_commit_writers(backend: &str) -> usize {
     if backend == "sqlite" { 1 } else { 2 }
 }

@@ -411,7 +411,8 @@ async fn ten_thousand_messages(backend: &str) {
     let mut stored = wait_settled(&rows, N as i64, Duration::from_secs(60), Duration::from_secs(300)).await;
     let mut lost = streams_lost(&running);
     let mut restarted = "";
-    if stored < N as i64 && lost == 0.0 && pubsub_counts(&running).outstanding == 0.0 {
+    let counts = pubsub_counts(&running);
+    if stored < N as i64 && lost == 0.0 && counts.outstanding == 0.0 {
         // Everything Inlet was given is stored, delivered and acked, it holds nothing,
         // its one stream is open, and nothing more comes: the emulator stopped
         // dispatching to a live stream (seen once, in a clean-clone CI run, after
@@ -422,7 +423,7 @@ async fn ten_thousand_messages(backend: &str) {
         // would show messages outstanding, or leave them missing after the restart.
         println!(
             "{backend}: the emulator stopped dispatching after {stored} of {N} with the stream open and nothing outstanding; restarting Inlet on a new stream\n{}",
-            pubsub_counts(&running).lines.join("\n")
+            counts.lines.join("\n")
         );
         running.stop().await;
         running = start_in_process(dir.path(), &url, &routes, &emulator).await;

@@ -35,8 +35,9 @@ pub const MAX_BATCH: usize = 256;
 /// (members of their routes); shared by the process's groups.
 #[derive(Default)]
 pub struct Fleet {
-    /// Instances seen per route, where more than one.
-    crowded_routes: std::sync::Mutex<std::collections::BTreeMap<String, u32>>,
+    /// Routes on which another instance is seen.
+    crowded_routes: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Whether `crowded_routes` has any, for the writers to read without the lock.
     crowded: AtomicBool,
 }
 
@@ -44,10 +45,10 @@ impl Fleet {
     /// `instances` relay `route` now, this one among them.
     pub fn seen(&self, route: &str, instances: u32) {
         let mut routes = self.crowded_routes.lock().expect("fleet lock");
-        if instances > 1 {
-            routes.insert(route.to_string(), instances);
-        } else {
+        if instances <= 1 {
             routes.remove(route);
+        } else if !routes.contains(route) {
+            routes.insert(route.to_string());
         }
         self.crowded.store(!routes.is_empty(), Ordering::SeqCst);
     }
