@@ -18,7 +18,7 @@ use inlet_testkit::ports::free_port;
 use inlet_testkit::process::InletProcess;
 use inlet_testkit::push::push_work_order;
 use inlet_testkit::recording_target::RecordingTarget;
-use inlet_testkit::wait::{wait_for, wait_until};
+use inlet_testkit::wait::{Progress, wait_for, wait_until, wait_while_progressing};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -189,19 +189,36 @@ async fn shadow_reports_one_render_in_ten_and_a_replay_of_the_same_1000_entries_
     let setup = Setup::new(&target, "\n[plugins]\nshadow_cpu_percent = 100\n");
     let (mut inlet, api) = spawn(&setup.config).await;
 
-    // Live traffic: work orders wo-0 … wo-999, one at a time.
+    // Live traffic: work orders wo-0 … wo-999, one at a time, in rounds the shadow's
+    // queue holds whole (two jobs an entry, a decode and a delivery, against its 1,024):
+    // its thread runs at the lowest CPU priority, so on a busy machine it may fall a
+    // round behind the deliveries, and a full queue drops work by design.
     const N: u32 = 1000;
+    const ROUND: u32 = 250;
     let mut entries = std::collections::BTreeMap::new();
-    for i in 0..N {
-        entries.insert(api.push(&format!("wo-{i}"), 1).await, format!("wo-{i}"));
+    let mut report = Value::Null;
+    for round in 0..N / ROUND {
+        for i in round * ROUND..(round + 1) * ROUND {
+            entries.insert(api.push(&format!("wo-{i}"), 1).await, format!("wo-{i}"));
+        }
+        let sent = (round + 1) * ROUND;
+        api.all_done(sent as usize).await;
+        // What fails the test is a shadow that drops or stops comparing, not a slow one.
+        report = wait_while_progressing(&format!("the shadow compared {sent} deliveries"), WAIT, || async {
+            let r = api.shadow(ADMIN).await;
+            let compared: Vec<u64> = ["decode", "render", "classify"]
+                .iter()
+                .map(|c| r["counts"][c]["compared"].as_u64().unwrap_or(0))
+                .collect();
+            assert_eq!(r["counts"]["dropped"], 0, "the shadow dropped work: {r}");
+            if compared.iter().all(|&c| c == u64::from(sent)) {
+                Progress::Done(r)
+            } else {
+                Progress::At(compared.iter().sum(), r.to_string())
+            }
+        })
+        .await;
     }
-    api.all_done(N as usize).await;
-    let report = wait_for("the shadow compared every delivery", WAIT, || async {
-        let r = api.shadow(ADMIN).await;
-        let done = ["decode", "render", "classify"].iter().all(|c| r["counts"][c]["compared"] == N);
-        done.then_some(r)
-    })
-    .await;
 
     // Exactly the ids ending in 7 differ, in the path alone; nothing else differs.
     assert_eq!(report["state"], "running", "{report}");
@@ -321,15 +338,21 @@ async fn a_candidate_that_sleeps_traps_or_hoards_memory_changes_no_outcome_on_th
     let faults = |r: &Value, kind: &str| -> u64 {
         ["decode", "render", "classify"].iter().map(|c| r["counts"][c]["faults"][kind].as_u64().unwrap_or(0)).sum()
     };
-    let started = std::time::Instant::now();
-    let report = loop {
+    // At the shadow's lowest CPU priority this may take long on a busy machine; what
+    // fails the test is counting that stops.
+    let report = wait_while_progressing("the candidate's faults all counted", WAIT, || async {
         let r = api.shadow(ADMIN).await;
         if faults(&r, "timeout") >= 1 && faults(&r, "trap") >= 8 && faults(&r, "out_of_memory") >= 1 {
-            break r;
+            return Progress::Done(r);
         }
-        assert!(started.elapsed() < WAIT, "the candidate's faults were not all counted: {r}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        let counted = ["decode", "render", "classify"]
+            .iter()
+            .map(|c| r["counts"][c]["compared"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+            + ["timeout", "trap", "out_of_memory"].iter().map(|k| faults(&r, k)).sum::<u64>();
+        Progress::At(counted, r.to_string())
+    })
+    .await;
     assert_eq!(report["counts"]["decode"]["differing"], 0, "faults are not differences: {report}");
     let metrics = api.metrics().await;
     for call in ["decode", "render", "classify"] {

@@ -8,7 +8,8 @@
 //! plugins. A test that needs a service it cannot reach fails loudly; nothing is skipped.
 //!
 //! Waiting is done only through [`wait::wait_until`] / [`wait::wait_for`]
-//! ([`wait::poll_blocking`] where awaiting is impossible): poll with a deadline, never a
+//! ([`wait::wait_while_progressing`] for work whose pace is not ours,
+//! [`wait::poll_blocking`] where awaiting is impossible): poll with a deadline, never a
 //! fixed sleep.
 
 pub mod camunda;

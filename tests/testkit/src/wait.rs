@@ -1,6 +1,7 @@
 //! Waiting: the only way tests wait for something is to poll it with a deadline —
-//! [`wait_until`] / [`wait_for`], or [`poll_blocking`] where awaiting is impossible —
-//! never a fixed sleep.
+//! [`wait_until`] / [`wait_for`], [`wait_while_progressing`] (a deadline on progress,
+//! for work whose pace is not ours), or [`poll_blocking`] where awaiting is
+//! impossible — never a fixed sleep.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -39,6 +40,46 @@ where
         }
         if tokio::time::Instant::now() >= deadline {
             panic!("timed out after {timeout:?} waiting for {what}");
+        }
+    }
+}
+
+/// What a condition polled by [`wait_while_progressing`] found.
+pub enum Progress<T> {
+    /// Met: the value to return.
+    Done(T),
+    /// Not yet: how far it has come (a count that only grows while work goes on),
+    /// and what to print if it stops moving.
+    At(u64, String),
+}
+
+/// Like [`wait_for`], for work whose pace is not ours to promise (a shadow that runs
+/// at the lowest CPU priority, behind whatever else the machine is doing): polls `f`
+/// until it is done, and panics naming `what`, with the last thing `f` said, only
+/// when its count has not grown for `stalled` — work that stops, not work that is
+/// slow.
+pub async fn wait_while_progressing<T, F, Fut>(what: &str, stalled: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Progress<T>>,
+{
+    let mut best: Option<(u64, tokio::time::Instant)> = None;
+    let mut ticks = tokio::time::interval(POLL_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let (at, said) = match f().await {
+            Progress::Done(value) => return value,
+            Progress::At(at, said) => (at, said),
+        };
+        let now = tokio::time::Instant::now();
+        match best {
+            Some((count, since)) if at <= count => {
+                if now.duration_since(since) >= stalled {
+                    panic!("no progress for {stalled:?} (stuck at {count}) waiting for {what}: {said}");
+                }
+            }
+            _ => best = Some((at, now)),
         }
     }
 }
