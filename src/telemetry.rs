@@ -445,7 +445,7 @@ impl Metrics {
         );
         registry.register(
             "route_instances",
-            "Instances dividing a per-key route's keys, as this instance last read the route's members",
+            "Instances relaying the route (dividing its keys, if per-key), as this instance last read the route's members",
             m.route_instances.clone(),
         );
         registry.register(

@@ -433,3 +433,53 @@ async fn with_a_slot_free_a_keys_slot_hands_on_its_whole_backlog() {
     // each key is allowed for a settle whose group failed (it then commits alone).
     assert!(handed >= (total - FEW - 1) as f64, "{handed} of {total} handed on: a slot stopped while one was free");
 }
+
+/// The instances relaying `ROUTE`, as the instance at `base` last read its members
+/// (`inlet_route_instances`).
+async fn instances_seen(http: &reqwest::Client, base: &str) -> Option<i64> {
+    let series = format!("inlet_route_instances{{route=\"{ROUTE}\"}}");
+    inlet_testkit::metrics::series(http, base, &series).await.map(|v| v as i64)
+}
+
+/// A route without order has no keys to divide, but its relays still say they are
+/// here, so each instance knows how many share the database: that count is what paces
+/// a process's settle commits beside the others' (`inbox::group::Fleet`), and a fleet
+/// relaying only unordered routes was counted alone before. When one stops, the other
+/// counts itself alone again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_of_an_unordered_route_see_each_other_come_and_go() {
+    let pg = TestPg::new().await;
+    let camunda = FakeCamunda::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_routes(dir.path(), &pg, &camunda.url());
+    let per_key = std::fs::read_to_string(&config).expect("read the routing file");
+    let unordered = per_key.replace(r#"ordering    = "per-key""#, r#"ordering    = "none""#);
+    assert_ne!(unordered, per_key, "the route is made unordered");
+    std::fs::write(&config, unordered).expect("write the routing file");
+    let (mut a, mut b) = (spawn(&config, "a"), spawn(&config, "b"));
+    for p in [&mut a, &mut b] {
+        p.wait_healthy(Duration::from_secs(30)).await;
+    }
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client");
+    for p in [&a, &b] {
+        let base = p.base.clone();
+        wait_until("each instance to see two relaying the unordered route", Duration::from_secs(30), || {
+            let (http, base) = (http.clone(), base.clone());
+            async move { instances_seen(&http, &base).await == Some(2) }
+        })
+        .await;
+    }
+    b.sigterm_and_wait(Duration::from_secs(30));
+    let base = a.base.clone();
+    wait_until("a to see itself alone once b has stopped", Duration::from_secs(30), || {
+        let (http, base) = (http.clone(), base.clone());
+        async move { instances_seen(&http, &base).await == Some(1) }
+    })
+    .await;
+    let log = a.log();
+    let changes: Vec<&str> = log.lines().filter(|l| l.contains("instances relaying the route changed")).collect();
+    for n in [2, 1] {
+        assert!(changes.iter().any(|l| l.contains(&format!("instances={n}"))), "no change to {n} logged: {changes:?}");
+    }
+    assert!(!log.contains("keys are divided"), "an unordered route has no keys to divide");
+}

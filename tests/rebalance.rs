@@ -72,9 +72,8 @@ async fn owners_by_key(pg: &TestPg, from: i64, until: i64) -> BTreeMap<String, V
 /// How many instances divide the route's keys, as the instance at `base` last read
 /// its members (`inlet_route_instances`).
 async fn instances_seen(http: &reqwest::Client, base: &str) -> Option<i64> {
-    let text = http.get(format!("{base}/metrics")).send().await.ok()?.text().await.ok()?;
-    let series = format!("inlet_route_instances{{route=\"{ROUTE}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(&series)).and_then(|v| v.trim().parse().ok())
+    let series = format!("inlet_route_instances{{route=\"{ROUTE}\"}}");
+    inlet_testkit::metrics::series(http, base, &series).await.map(|v| v as i64)
 }
 
 /// Waits until every instance of `running` reads `n` instances dividing the keys.

@@ -95,10 +95,13 @@ impl Relay {
         let mut store_down_since: Option<Instant> = None;
         let mut pause = PauseWatch::default();
         tracing::info!(route, concurrency, owner = %self.options.owner, "relay started");
-        let membership = (self.route.config.ordering == Ordering::PerKey).then(|| {
+        // Every route's relay says it is here: a per-key route's claims read their
+        // part of the keys from the members, and every route's settles are paced by
+        // how many instances share the database ([`crate::inbox::group::Fleet`]).
+        let membership = {
             let relay = Arc::clone(&self);
             tokio::spawn(async move { relay.keep_membership().await })
-        });
+        };
         while !*shutdown.borrow() {
             let free = concurrency - in_flight.len();
             let mut full_batch = false;
@@ -139,23 +142,21 @@ impl Relay {
             while in_flight.try_join_next().is_some() {}
         }
         tracing::info!(route, in_flight = in_flight.len(), "relay stopping; letting in-flight attempts finish");
-        if let Some(membership) = membership {
-            membership.abort();
-            if let Some(settles) = &self.settles {
-                settles.fleet().left(&route);
-            }
-            // Its keys go to the others now, not when its word runs out.
-            if let Err(error) = self.store.share(&route, &self.options.owner, Presence::Leaving).await {
-                tracing::warn!(route, %error, "could not tell the other instances this one stops relaying the route");
-            }
+        membership.abort();
+        if let Some(settles) = &self.settles {
+            settles.fleet().left(&route);
+        }
+        // Its keys go to the others now, not when its word runs out.
+        if let Err(error) = self.store.share(&route, &self.options.owner, Presence::Leaving).await {
+            tracing::warn!(route, %error, "could not tell the other instances this one stops relaying the route");
         }
         while in_flight.join_next().await.is_some() {}
     }
 
     /// Tells the other instances, every [`MEMBER_EVERY`], that this one relays the
-    /// route, and keeps the part of the keys that leaves it; logs when the part
-    /// changes. A failure keeps the last part (the claims fail too while the inbox is
-    /// away, and say so).
+    /// route, and keeps the part of the keys that leaves it (which only a per-key
+    /// route's claims read); logs when the count or the part changes. A failure keeps
+    /// the last part (the claims fail too while the inbox is away, and say so).
     async fn keep_membership(&self) {
         let route = self.route.name();
         let mut ticks = tokio::time::interval(MEMBER_EVERY);
@@ -168,7 +169,11 @@ impl Relay {
                     if before != share
                         && let Some(Share { index, count }) = share
                     {
-                        tracing::info!(route, instances = count, part = index, "the route's keys are divided anew");
+                        if self.route.config.ordering == Ordering::PerKey {
+                            tracing::info!(route, instances = count, part = index, "the route's keys are divided anew");
+                        } else {
+                            tracing::info!(route, instances = count, "instances relaying the route changed");
+                        }
                     }
                     let count = share.map_or(1, |s| s.count);
                     self.metrics.route_instances.get_or_create(&Metrics::route(route)).set(i64::from(count));
@@ -229,7 +234,10 @@ impl Relay {
                 tracing::warn!(route = self.route.name(), released, "took back entries whose lease expired");
             }
         }
-        let share = *self.share.lock().expect("share lock");
+        let ordered = cfg.ordering == Ordering::PerKey;
+        // The part of the keys is for ordered claims; an unordered route's entries are
+        // anyone's.
+        let share = if ordered { *self.share.lock().expect("share lock") } else { None };
         let started = Instant::now();
         let claimed = self
             .store
@@ -239,7 +247,7 @@ impl Relay {
                 limit,
                 now,
                 lease_ms: cfg.lease.as_millis() as Millis,
-                ordered: cfg.ordering == Ordering::PerKey,
+                ordered,
                 parked_blocks: cfg.parked == ParkedPolicy::BlockKey,
                 share,
             })

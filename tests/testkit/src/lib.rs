@@ -15,6 +15,7 @@
 pub mod camunda;
 pub mod emulator;
 pub mod in_process;
+pub mod metrics;
 pub mod object_store;
 pub mod paths;
 mod per_key;
