@@ -282,3 +282,84 @@ async fn a_connection_cut_while_idle_is_replaced_before_an_insert_meets_it() {
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_entry").fetch_one(&mut direct).await.unwrap();
     assert_eq!(rows, 2);
 }
+
+/// The pool opened with `n` connections, each now idle: `n` reads held by a lock on
+/// the table until all `n` wait, then let go.
+async fn open_connections(pg: &TestPg, store: &Arc<dyn Store>, n: usize) {
+    let mut locker = pg.connect().await;
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query("LOCK TABLE inbox_entry IN ACCESS EXCLUSIVE MODE").execute(&mut locker).await.unwrap();
+    let reads: Vec<_> = (0..n)
+        .map(|_| {
+            let store = Arc::clone(store);
+            tokio::spawn(async move { store.get(1).await })
+        })
+        .collect();
+    let waiting =
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    wait_until(&format!("{n} reads waiting on the lock"), Duration::from_secs(10), || async move {
+        let mut direct = pg.connect().await;
+        sqlx::query_scalar::<_, i64>(waiting).fetch_one(&mut direct).await.unwrap() == n as i64
+    })
+    .await;
+    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    for read in reads {
+        read.await.unwrap().expect("a read");
+    }
+}
+
+/// The server processes of this database (other than the asking one) whose last
+/// statement was a `COMMIT`: those a batch ran on.
+async fn backends_that_committed(pg: &TestPg) -> i64 {
+    let mut direct = pg.connect().await;
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND query = 'COMMIT'",
+    )
+    .fetch_one(&mut direct)
+    .await
+    .unwrap()
+}
+
+/// Batches one after another go out on the connection the last one used, not on each
+/// of the pool's idle connections in turn (sqlx hands out the one idle longest): a
+/// writer's transactions keep to one server process, whose caches are warm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_one_after_another_keep_to_one_connection() {
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 8).await.expect("open postgres");
+    open_connections(&pg, &store, 8).await;
+    assert_eq!(backends_that_committed(&pg).await, 0, "no batch yet");
+    for b in 0..40 {
+        let batch = [entry(2 * b, "B"), entry(2 * b + 1, "B")];
+        let outcomes = store.insert_batch(&batch, T0).await.unwrap();
+        assert!(outcomes.iter().all(|o| matches!(o, InsertOutcome::Inserted { .. })), "{outcomes:?}");
+    }
+    assert_eq!(backends_that_committed(&pg).await, 1, "forty batches on one server process");
+}
+
+/// A writer's kept connection that died while it sat idle is replaced before a batch
+/// meets it, as the pool's own are: pinged when taken after a second or more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writers_connection_cut_while_idle_is_replaced_before_a_batch_meets_it() {
+    let pg = TestPg::new().await;
+    let proxy = TcpProxy::start("127.0.0.1:5432").await;
+    let url = pg.url.replace("127.0.0.1:5432", &proxy.addr);
+    // Two connections: one kept for the writers, one for the rest.
+    let store = inbox::open(&url, 2).await.expect("open postgres through the proxy");
+    let first = store.insert_batch(&[entry(0, "K"), entry(1, "K")], T0).await.unwrap();
+    assert!(first.iter().all(|o| matches!(o, InsertOutcome::Inserted { .. })), "{first:?}");
+    // Every open connection cut, the kept one among them, and new ones let through.
+    proxy.set_up(false);
+    proxy.set_up(true);
+    // Idle past the ping threshold (`PING_IF_IDLE_FOR`, one second): time is what this
+    // is about.
+    tokio::time::sleep(Duration::from_millis(1_500)).await; // idleness is what is under test
+    let second = store.insert_batch(&[entry(2, "K"), entry(3, "K")], T0).await;
+    assert!(
+        second.as_ref().is_ok_and(|o| o.iter().all(|o| matches!(o, InsertOutcome::Inserted { .. }))),
+        "the first batch after the cut: {second:?}"
+    );
+    let mut direct = sqlx::PgConnection::connect(&pg.url).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_entry").fetch_one(&mut direct).await.unwrap();
+    assert_eq!(rows, 4);
+}

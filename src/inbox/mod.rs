@@ -67,6 +67,7 @@ macro_rules! bind_entry {
 mod lint;
 mod sql_text;
 mod sqlstore;
+mod warm;
 
 pub mod postgres;
 pub mod schema;

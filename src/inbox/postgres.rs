@@ -63,9 +63,14 @@ const MIGRATION_LOCK: i64 = 452_824_163_700;
 const MIGRATION_LOCK_RETRY: Duration = Duration::from_millis(100);
 
 /// How long a pooled connection sits idle before it is pinged when it is handed out
-/// again (see `connect_with_migrations`). A connection cut while it was idle for less
-/// fails its next statement, as one cut while in use does; it is then closed.
-const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+/// again (see `connect_with_migrations`; the writers' kept connections alike). A
+/// connection cut while it was idle for less fails its next statement, as one cut
+/// while in use does; it is then closed.
+use super::warm::PING_IF_IDLE_FOR;
+
+/// Connections kept warm for the group-commit writers ([`super::warm`]): two writers
+/// for settles, two for inserts (`app.rs`); at most half of the pool.
+const WARM_KEEP: u32 = 4;
 
 /// The session advisory lock whose holder publishes the inbox gauges (the migration
 /// lock's key plus one).
@@ -83,6 +88,8 @@ pub struct PgStore {
     keys_walked: std::sync::Mutex<std::collections::HashMap<String, (i64, std::time::Instant)>>,
     /// When [`PgStore::keep_floors`] last ran.
     floors_kept: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The group-commit writers' connections between batches ([`super::warm`]).
+    warm: super::warm::Kept<Postgres>,
 }
 
 impl PgStore {
@@ -130,6 +137,7 @@ impl PgStore {
             gauge_lease: tokio::sync::Mutex::new(None),
             keys_walked: Default::default(),
             floors_kept: Default::default(),
+            warm: super::warm::Kept::new(WARM_KEEP.min(max_connections / 2) as usize),
         })
     }
 
@@ -741,8 +749,8 @@ impl PgStore {
     /// cost as much as running them. On a 10-key drain, PostgreSQL's CPU per delivery
     /// went 454 → 277–298 µs and the rate 2,095–2,334 → 2,846–2,985 deliveries/s
     /// (docs/measurements.md, "Claims handed on, and generic plans").
-    async fn begin_hot(pool: &PgPool) -> Result<sqlx::Transaction<'static, Postgres>, StoreError> {
-        Ok(pool.begin_with(HOT_BEGIN_SQL).await?)
+    async fn begin_hot(conn: &mut PgConnection) -> Result<sqlx::Transaction<'_, Postgres>, StoreError> {
+        Ok(sqlx::Connection::begin_with(conn, HOT_BEGIN_SQL).await?)
     }
 
     /// The next entries of the settled items' keys, claimed on `conn` (the settles'

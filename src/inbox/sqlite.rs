@@ -55,6 +55,8 @@ fn inbox_file(url: &str) -> Result<Option<PathBuf>, StoreError> {
 pub struct SqliteStore {
     pool: SqlitePool,
     migrations: &'static [Migration],
+    /// None kept: one writer, one file ([`super::warm`]).
+    warm: super::warm::Kept<Sqlite>,
 }
 
 impl SqliteStore {
@@ -77,7 +79,7 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await?;
-        Ok(SqliteStore { pool, migrations: MIGRATIONS })
+        Ok(SqliteStore { pool, migrations: MIGRATIONS, warm: super::warm::Kept::new(0) })
     }
 
     /// Every migration of a run applies in its one transaction: SQLite has nothing to
@@ -326,8 +328,8 @@ impl SqliteStore {
     }
 
     /// A transaction of the hot path: an ordinary one here.
-    async fn begin_hot(pool: &SqlitePool) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
-        Ok(pool.begin().await?)
+    async fn begin_hot(conn: &mut SqliteConnection) -> Result<sqlx::Transaction<'_, Sqlite>, StoreError> {
+        Ok(sqlx::Connection::begin(conn).await?)
     }
 
     /// Claims do not count keys here.

@@ -542,7 +542,8 @@ macro_rules! store_impl {
                 -> Result<Vec<$crate::inbox::InsertOutcome>, $crate::inbox::StoreError>
             {
                 use $crate::inbox::InsertOutcome;
-                let mut tx = Self::begin_hot(&self.pool).await?;
+                let mut warm = self.warm.take(&self.pool).await?;
+                let mut tx = Self::begin_hot(warm.conn()).await?;
                 // The new rows and the redeliveries in one statement, where the backend
                 // has one; then what it could not answer (dedup-key conflicts) one by one. A
                 // conflict parks a row of its own, which must take its place in the
@@ -565,10 +566,11 @@ macro_rules! store_impl {
                         }
                         if out.len() == entries.len() {
                             tx.commit().await?;
+                            warm.keep();
                             return Ok(out);
                         }
                         tx.rollback().await?;
-                        tx = self.pool.begin().await?;
+                        tx = sqlx::Connection::begin(warm.conn()).await?;
                     }
                 }
                 let mut out = Vec::with_capacity(entries.len());
@@ -576,6 +578,7 @@ macro_rules! store_impl {
                     out.push(Self::insert_one(&mut tx, e, now).await?);
                 }
                 tx.commit().await?;
+                warm.keep();
                 Ok(out)
             }
 
@@ -635,7 +638,8 @@ macro_rules! store_impl {
                 &self,
                 items: &[$crate::inbox::SettleRequest],
             ) -> Result<Vec<Result<Option<$crate::inbox::Claimed>, $crate::inbox::StoreError>>, $crate::inbox::StoreError> {
-                let mut tx = Self::begin_hot(&self.pool).await?;
+                let mut warm = self.warm.take(&self.pool).await?;
+                let mut tx = Self::begin_hot(warm.conn()).await?;
                 // One statement for the whole batch where the backend has one (it also
                 // takes the locks of the keys whose settles ask for their next entry).
                 let asks = items.iter().any(|i| i.next.is_some());
@@ -668,6 +672,7 @@ macro_rules! store_impl {
                     next.push(claimed.pop());
                 }
                 tx.commit().await?;
+                warm.keep();
                 Ok(settled
                     .into_iter()
                     .zip(items)
