@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::metrics::route_instances;
 use inlet_testkit::paths::plugin_path;
 use inlet_testkit::pg::TestPg;
 use inlet_testkit::ports::free_port;
@@ -434,13 +435,6 @@ async fn with_a_slot_free_a_keys_slot_hands_on_its_whole_backlog() {
     assert!(handed >= (total - FEW - 1) as f64, "{handed} of {total} handed on: a slot stopped while one was free");
 }
 
-/// The instances relaying `ROUTE`, as the instance at `base` last read its members
-/// (`inlet_route_instances`).
-async fn instances_seen(http: &reqwest::Client, base: &str) -> Option<i64> {
-    let series = format!("inlet_route_instances{{route=\"{ROUTE}\"}}");
-    inlet_testkit::metrics::series(http, base, &series).await.map(|v| v as i64)
-}
-
 /// A route without order has no keys to divide, but its relays still say they are
 /// here, so each instance knows how many share the database: that count is what paces
 /// a process's settle commits beside the others' (`inbox::group::Fleet`), and a fleet
@@ -465,7 +459,7 @@ async fn instances_of_an_unordered_route_see_each_other_come_and_go() {
         let base = p.base.clone();
         wait_until("each instance to see two relaying the unordered route", Duration::from_secs(30), || {
             let (http, base) = (http.clone(), base.clone());
-            async move { instances_seen(&http, &base).await == Some(2) }
+            async move { route_instances(&http, &base, ROUTE).await == Some(2) }
         })
         .await;
     }
@@ -473,7 +467,7 @@ async fn instances_of_an_unordered_route_see_each_other_come_and_go() {
     let base = a.base.clone();
     wait_until("a to see itself alone once b has stopped", Duration::from_secs(30), || {
         let (http, base) = (http.clone(), base.clone());
-        async move { instances_seen(&http, &base).await == Some(1) }
+        async move { route_instances(&http, &base, ROUTE).await == Some(1) }
     })
     .await;
     let log = a.log();

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use inlet_testkit::camunda::FakeCamunda;
+use inlet_testkit::metrics::route_instances;
 use inlet_testkit::paths::plugin_path;
 use inlet_testkit::pg::TestPg;
 use inlet_testkit::ports::free_port;
@@ -69,13 +70,6 @@ async fn owners_by_key(pg: &TestPg, from: i64, until: i64) -> BTreeMap<String, V
     by_key
 }
 
-/// How many instances divide the route's keys, as the instance at `base` last read
-/// its members (`inlet_route_instances`).
-async fn instances_seen(http: &reqwest::Client, base: &str) -> Option<i64> {
-    let series = format!("inlet_route_instances{{route=\"{ROUTE}\"}}");
-    inlet_testkit::metrics::series(http, base, &series).await.map(|v| v as i64)
-}
-
 /// Waits until every instance of `running` reads `n` instances dividing the keys.
 async fn wait_for_members(http: &reqwest::Client, running: &[(String, InletProcess)], n: i64) {
     let bases: Vec<String> = running.iter().map(|(_, p)| p.base.clone()).collect();
@@ -83,7 +77,7 @@ async fn wait_for_members(http: &reqwest::Client, running: &[(String, InletProce
         let (http, bases) = (http.clone(), bases.clone());
         async move {
             for base in &bases {
-                if instances_seen(&http, base).await != Some(n) {
+                if route_instances(&http, base, ROUTE).await != Some(n) {
                     return false;
                 }
             }

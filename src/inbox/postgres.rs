@@ -29,6 +29,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRo
 use super::StoreError;
 use super::schema::Migration;
 use super::sqlstore::store_impl;
+use super::warm::PING_IF_IDLE_FOR;
 
 /// The schema's migrations, oldest first (`inlet_schema` records which are applied).
 pub(crate) const MIGRATIONS: &[Migration] = &[
@@ -61,12 +62,6 @@ const MIGRATION_LOCK: i64 = 452_824_163_700;
 
 /// How often a run waiting for another's migration lock tries it again.
 const MIGRATION_LOCK_RETRY: Duration = Duration::from_millis(100);
-
-/// How long a pooled connection sits idle before it is pinged when it is handed out
-/// again (see `connect_with_migrations`; the writers' kept connections alike). A
-/// connection cut while it was idle for less fails its next statement, as one cut
-/// while in use does; it is then closed.
-use super::warm::PING_IF_IDLE_FOR;
 
 /// Connections kept warm for the group-commit writers ([`super::warm`]): two writers
 /// for settles, two for inserts (`app.rs`); at most half of the pool.

@@ -8,3 +8,9 @@ pub async fn series(http: &reqwest::Client, base: &str, series: &str) -> Option<
     let prefix = format!("{series} ");
     text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.trim().parse().ok())
 }
+
+/// How many instances relay `route`, as the instance at `base` last read the route's
+/// members (`inlet_route_instances`).
+pub async fn route_instances(http: &reqwest::Client, base: &str, route: &str) -> Option<i64> {
+    series(http, base, &format!("inlet_route_instances{{route=\"{route}\"}}")).await.map(|v| v as i64)
+}
