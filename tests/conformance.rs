@@ -452,7 +452,14 @@ async fn requeue_only_touches_parked_or_open_entries(store: Arc<dyn Store>) {
     store.settle(a1, &c.lease, T0, &Settlement::Parked { error: "x".into() }).await.unwrap();
     assert!(store.requeue(a1, T0 + 50).await.unwrap());
     let e = store.get(a1).await.unwrap().unwrap();
-    assert_eq!((e.status, e.attempts, e.next_attempt_at), (Status::Open, 0, T0 + 50));
+    let due = T0 + 50 - inlet::inbox::REQUEUED_DUE_EARLY;
+    assert_eq!((e.status, e.attempts, e.next_attempt_at, e.updated_at), (Status::Open, 0, due, T0 + 50));
+    // An instance whose clock reads behind the requeuer's (each measures its offset to
+    // the database within a round trip) finds the entry due when it hears of it.
+    let behind = store.claim(&req("r", "w", T0 + 45, 10)).await.unwrap();
+    assert_eq!(ids(&behind), [a1], "a requeued entry is due for a clock a little behind the requeuer's");
+    let retry = Settlement::Retry { at: T0 + 50, error: "503".into(), not_yet_since: None };
+    store.settle(a1, &behind[0].lease, T0 + 46, &retry).await.unwrap();
 
     assert!(store.park(a1, "by hand", T0 + 60).await.unwrap());
     assert_eq!(store.get(a1).await.unwrap().unwrap().status, Status::Parked);

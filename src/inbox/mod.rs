@@ -933,8 +933,9 @@ pub trait Store: Send + Sync + 'static {
     /// How many entries `filter` matches, whatever its limit.
     async fn count(&self, filter: &ListFilter) -> Result<u64, StoreError>;
 
-    /// Makes a PARKED (or waiting OPEN) entry due now with a fresh attempt count.
-    /// Returns false when the entry is missing or in another state.
+    /// Makes a PARKED (or waiting OPEN) entry due now with a fresh attempt count: due
+    /// [`REQUEUED_DUE_EARLY`] before `now`. Returns false when the entry is missing or
+    /// in another state.
     async fn requeue(&self, id: i64, now: Millis) -> Result<bool, StoreError>;
 
     /// Parks an OPEN entry by hand. Returns false when missing or in another state.
@@ -1107,6 +1108,15 @@ pub async fn connect(url: &str, max_connections: u32, create: bool) -> Result<Ar
 /// The most dedup keys one [`Store::dedup_statuses`] takes (one bind parameter
 /// each, well under SQLite's limit).
 pub const DEDUP_LOOKUP_MAX: usize = 500;
+
+/// How long before its requeue a requeued entry is due. The requeue is timed by the
+/// clock of whoever asks (the command line, another instance), the claims that its
+/// announcement wakes by their own, and each process measures its offset to the
+/// database only within a round trip. Due at the asker's `now`, the entry could be
+/// a few milliseconds in the future for the instance that hears of it first, which
+/// then finds nothing and waits for its poll. A second early is far more than the
+/// clocks disagree by, and nothing is due earlier than the person meant: at once.
+pub const REQUEUED_DUE_EARLY: Millis = 1_000;
 
 pub(crate) fn conflict_dedup_key(dedup_key: &str, digest: &str) -> String {
     format!("{dedup_key}#conflict-{}", &digest[..16])

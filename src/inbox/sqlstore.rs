@@ -926,7 +926,12 @@ macro_rules! store_impl {
             }
 
             async fn requeue(&self, id: i64, now: $crate::clock::Millis) -> Result<bool, $crate::inbox::StoreError> {
-                let r = sqlx::query($crate::inbox::sqlstore::REQUEUE_SQL).bind(id).bind(now).execute(&self.pool).await?;
+                let r = sqlx::query($crate::inbox::sqlstore::REQUEUE_SQL)
+                    .bind(id)
+                    .bind(now)
+                    .bind(now - $crate::inbox::REQUEUED_DUE_EARLY)
+                    .execute(&self.pool)
+                    .await?;
                 Ok(r.rows_affected() == 1)
             }
 
