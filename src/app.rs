@@ -255,11 +255,17 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         inbox::open_as(&config.store.url, config.store.max_connections, options.migrate, options.lock_timeout).await?;
     let mut tasks = JoinSet::new();
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let fleet = Arc::new(Fleet::default());
     let clock: Arc<dyn Clock> = match options.clock.clone() {
         Some(c) => c,
         None => {
             let c = DbClock::new(store.as_ref()).await?;
-            let calibration = Arc::clone(&c).keep_calibrated(Arc::clone(&store), Duration::from_secs(60));
+            fleet.round_trip(c.round_trip());
+            let measured = {
+                let fleet = Arc::clone(&fleet);
+                move |round_trip| fleet.round_trip(round_trip)
+            };
+            let calibration = Arc::clone(&c).keep_calibrated(Arc::clone(&store), Duration::from_secs(60), measured);
             let mut rx = shutdown_rx.clone();
             tasks.spawn(async move {
                 tokio::select! {
@@ -299,7 +305,6 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
         None => None,
     };
     let writers = group_commit_writers(store.backend());
-    let fleet = Arc::new(Fleet::default());
     let settles = Arc::new(Group::start(Settles(Arc::clone(&store)), writers, Arc::clone(&fleet)));
     let shared = Arc::new(Shared {
         ingest: Arc::new(
@@ -483,11 +488,11 @@ async fn wake_on_announcements(
 /// Tasks committing push inserts (and, apart, settles) in groups, by backend. On
 /// PostgreSQL two: one gathers a batch while the other's round trips and commit are
 /// out. More only make the batches smaller, and a small batch costs PostgreSQL more per
-/// row. (With other instances on the database, the second commits beside the first
-/// only a full batch: `inbox::group::Fleet`.) On SQLite one: the file has one writer
-/// lock, and a second writer only waits in SQLite's busy handler, which sleeps in steps
-/// of milliseconds; one writer takes the next batch the moment the last commits.
-/// (Figures: docs/measurements.md.)
+/// row. (With other instances on the database, or with the database near, the second
+/// commits beside the first only a full batch: `inbox::group::Fleet`.) On SQLite one:
+/// the file has one writer lock, and a second writer only waits in SQLite's busy
+/// handler, which sleeps in steps of milliseconds; one writer takes the next batch the
+/// moment the last commits. (Figures: docs/measurements.md.)
 fn group_commit_writers(backend: &str) -> usize {
     if backend == "sqlite" { 1 } else { 2 }
 }

@@ -2,7 +2,8 @@
 //! that queue up while a commit is in flight go out together in one transaction, each
 //! answered only once its row is committed; a failed batch hands every insert back
 //! to be tried alone, so one bad row cannot fail its neighbours. With other instances
-//! on the database, a second writer commits beside the first only a full batch.
+//! on the database, or with the database near, a second writer commits beside the
+//! first only a full batch.
 //!
 //! The batches are made deterministic by holding the database's write lock from
 //! another connection: the writers block on it, and the test waits (by state, not by
@@ -139,20 +140,37 @@ async fn sqlite_inserts_that_queue_up_commit_together() {
     .await;
 }
 
-/// With other instances on the database: one insert taken by a writer (blocked on
-/// the lock), then `behind` more queued behind it. Short of a full batch, the second
-/// writer holds them until the first commit has ended, so none is taken before the
-/// release; a full batch it takes while the first commit is still blocked. Either
-/// way every insert is stored, in exactly two commits.
-async fn with_other_instances_batches(behind: usize) {
+/// Why a second writer holds back a batch short of full.
+#[derive(Clone, Copy)]
+enum Pacing {
+    /// Another instance relays one of the process's routes.
+    OtherInstances,
+    /// The database is near: a commit's time is its work, not the wire's.
+    NearDatabase,
+}
+
+/// With other instances on the database, or with the database near: one insert taken
+/// by a writer (blocked on the lock), then `behind` more queued behind it. Short of a
+/// full batch, the second writer holds them until the first commit has ended, so none
+/// is taken before the release; a full batch it takes while the first commit is still
+/// blocked. Either way every insert is stored, in exactly two commits.
+async fn paced_batches(pacing: Pacing, behind: usize) {
     let pg = TestPg::new().await;
     let store = inbox::open(&pg.url, 4).await.expect("open postgres");
     let mut locker = pg.connect().await;
     sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
     sqlx::query("LOCK TABLE inbox_entry IN EXCLUSIVE MODE").execute(&mut locker).await.unwrap();
     let fleet = Arc::new(Fleet::default());
-    fleet.seen("r", 2);
-    assert!(fleet.crowded());
+    match pacing {
+        Pacing::OtherInstances => {
+            fleet.seen("r", 2);
+            assert!(fleet.crowded());
+        }
+        Pacing::NearDatabase => {
+            fleet.round_trip(Duration::from_micros(60));
+            assert!(fleet.near() && !fleet.crowded());
+        }
+    }
     let group = Arc::new(GroupCommit::start(inserts(&store), 2, Arc::clone(&fleet)));
     let mut inserts = vec![spawn_insert(&group, entry(0, "K"))];
     until_taken(&group, 1).await;
@@ -181,7 +199,8 @@ async fn with_other_instances_batches(behind: usize) {
     assert_eq!(stored, 1 + behind);
     assert_eq!(group.commits(), 2, "the blocked insert, then everything that queued behind it in one");
 
-    // The other instances gone, a lone write is not held back by anything.
+    // The other instances gone, a lone write is not held back by anything; nor is it
+    // with the database near and no commit out.
     fleet.left("r");
     assert!(!fleet.crowded());
     let alone = group.submit(entry(1 + behind, "K")).await.unwrap();
@@ -190,12 +209,43 @@ async fn with_other_instances_batches(behind: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_other_instances_a_batch_short_of_full_waits_for_the_commit_out() {
-    with_other_instances_batches(QUEUED).await;
+    paced_batches(Pacing::OtherInstances, QUEUED).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_other_instances_a_full_batch_commits_beside_the_commit_out() {
-    with_other_instances_batches(MAX_BATCH).await;
+    paced_batches(Pacing::OtherInstances, MAX_BATCH).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_database_near_a_batch_short_of_full_waits_for_the_commit_out() {
+    paced_batches(Pacing::NearDatabase, QUEUED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_database_near_a_full_batch_commits_beside_the_commit_out() {
+    paced_batches(Pacing::NearDatabase, MAX_BATCH).await;
+}
+
+/// Whether the database is near is read off the fastest round trip of the last five
+/// calibrations: one busy minute does not make it far, five in a row do, and one
+/// fast round trip makes it near again.
+#[test]
+fn the_database_is_near_while_one_of_the_last_five_round_trips_was_fast() {
+    let fleet = Fleet::default();
+    assert!(!fleet.near(), "far until measured: two free writers, as across a network");
+    fleet.round_trip(Duration::from_micros(60));
+    assert!(fleet.near());
+    for slow in 1..=4 {
+        fleet.round_trip(Duration::from_millis(3));
+        assert!(fleet.near(), "{slow} slow calibrations after a fast one");
+    }
+    fleet.round_trip(Duration::from_millis(3));
+    assert!(!fleet.near(), "five slow calibrations in a row");
+    fleet.round_trip(inbox::group::NEAR);
+    assert!(!fleet.near(), "near is faster than NEAR");
+    fleet.round_trip(inbox::group::NEAR - Duration::from_micros(1));
+    assert!(fleet.near());
 }
 
 /// A batch with a row PostgreSQL refuses (a NUL in text) fails whole; every insert
@@ -362,4 +412,23 @@ async fn a_writers_connection_cut_while_idle_is_replaced_before_a_batch_meets_it
     let mut direct = sqlx::PgConnection::connect(&pg.url).await.unwrap();
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_entry").fetch_one(&mut direct).await.unwrap();
     assert_eq!(rows, 4);
+}
+
+/// The database clock's calibration measures the round trip the writers are paced by,
+/// and reads its offset from the fastest of its samples: the clock then agrees with
+/// the database's to within that round trip (and the milliseconds' rounding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clocks_calibration_measures_the_round_trip_to_the_database() {
+    use inlet::clock::Clock;
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 2).await.expect("open postgres");
+    let clock = inbox::DbClock::new(store.as_ref()).await.expect("calibrate");
+    let calibrated = clock.round_trip();
+    assert!(calibrated > Duration::ZERO && calibrated < Duration::from_secs(5), "round trip {calibrated:?}");
+    let started = std::time::Instant::now();
+    let before = clock.now();
+    let db = store.db_now().await.unwrap();
+    let after = clock.now();
+    let slack = (calibrated + started.elapsed()).as_millis() as Millis + 2;
+    assert!(before - slack <= db && db <= after + slack, "database {db}, clock {before}..{after}, slack {slack} ms");
 }

@@ -4,14 +4,23 @@
 //! timer: a batch is whatever queued up while the previous one was committing), so
 //! batching costs no latency; under load, one commit (one fsync) serves many writes.
 //!
-//! Two writers let one batch gather while another commits. That pays while this
-//! process is alone on the database. With other instances relaying beside it (the
-//! relays tell the [`Fleet`]), every process's second commit adds to the database's
-//! work: with four instances each one's settles went out in batches of ~48 rows, and
-//! PostgreSQL spent 157 µs per delivery where one instance spends 110. So then a second
-//! writer commits beside the first only a full batch ([`MAX_BATCH`]); a smaller one
-//! waits for the commit out to end, growing meanwhile (docs/measurements.md, "Group
-//! commit writers").
+//! Two writers let one batch gather while another commits. That pays while a commit's
+//! time is mostly waiting: on the wire to a database across a network. It does not
+//! when the commit's time is the database's own work, on the cores this process
+//! shares: then a second commit only splits the batch, and a small batch costs the
+//! database more per row. So a second writer commits beside the first only a full
+//! batch ([`MAX_BATCH`]), and a smaller one waits for the commit out to end, growing
+//! meanwhile, in two cases the [`Fleet`] tells:
+//! - other instances relay beside this one (their relays tell it): every process's
+//!   second commit adds to the database's work (with four instances each one's settles
+//!   went out in batches of ~48 rows, and PostgreSQL spent 157 µs per delivery where
+//!   one instance spends 110);
+//! - the database is near ([`NEAR`], from the clock's calibrations): on loopback, one
+//!   commit at a time drained ten keys at the same rate for a quarter less of the
+//!   database's CPU per delivery, and took 7 % more pushes for a quarter less per push.
+//!   Across a network it stays off: ten keys lost 14 % with it.
+//!
+//! (docs/measurements.md, "Group commit writers".)
 //!
 //! The batch is an optimisation only. When a batch fails for any reason, nobody is
 //! answered from it: every caller gets its write back and does it alone, on the path
@@ -21,6 +30,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{Mutex, Notify, mpsc, oneshot};
@@ -31,17 +41,57 @@ use crate::clock::Clock;
 /// Writes one batch may hold at most.
 pub const MAX_BATCH: usize = 256;
 
-/// Whether other instances share this process's database, as its relays see them
-/// (members of their routes); shared by the process's groups.
+/// A database whose fastest round trip takes less than this is near: on the same host
+/// or beside it, where a commit's time is the database's work, not waiting on the wire.
+pub const NEAR: Duration = Duration::from_micros(150);
+
+/// Calibrations whose round trips decide whether the database is near: the fastest of
+/// them counts, so a busy minute (which slows every round trip) does not move it.
+const ROUND_TRIPS_KEPT: usize = 5;
+
+/// What paces the writers: whether other instances share this process's database, as
+/// its relays see them (members of their routes), and how far the database is, as the
+/// clock's calibrations measure it; shared by the process's groups.
 #[derive(Default)]
 pub struct Fleet {
     /// Routes on which another instance is seen.
     crowded_routes: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// Whether `crowded_routes` has any, for the writers to read without the lock.
     crowded: AtomicBool,
+    /// The last calibrations' fastest round trips, newest last.
+    round_trips: std::sync::Mutex<std::collections::VecDeque<Duration>>,
+    /// Whether the fastest of `round_trips` is under [`NEAR`]; false until measured.
+    near: AtomicBool,
 }
 
 impl Fleet {
+    /// A calibration of the clock found `round_trip` the fastest to the database.
+    pub fn round_trip(&self, round_trip: Duration) {
+        let mut kept = self.round_trips.lock().expect("fleet lock");
+        if kept.len() == ROUND_TRIPS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(round_trip);
+        let fastest = kept.iter().min().copied().unwrap_or(round_trip);
+        let near = fastest < NEAR;
+        let first = kept.len() == 1;
+        if self.near.swap(near, Ordering::SeqCst) != near || first {
+            if near {
+                tracing::info!(
+                    ?fastest,
+                    "the database is near: a second commit goes beside one out only with a full batch"
+                );
+            } else {
+                tracing::info!(?fastest, "the database is far: two commits go out at once, whatever their batches");
+            }
+        }
+    }
+
+    /// Whether the database is near (see [`NEAR`]).
+    pub fn near(&self) -> bool {
+        self.near.load(Ordering::SeqCst)
+    }
+
     /// `instances` relay `route` now, this one among them.
     pub fn seen(&self, route: &str, instances: u32) {
         let mut routes = self.crowded_routes.lock().expect("fleet lock");
@@ -240,9 +290,9 @@ impl Drop for Committing<'_> {
 }
 
 /// The batch that starts with `first`: everything queued behind it, up to
-/// [`MAX_BATCH`]. While other instances share the database and another writer's
-/// commit is out, a batch short of full waits (taking what arrives) until it is full
-/// or that commit has ended.
+/// [`MAX_BATCH`]. While other instances share the database, or the database is near,
+/// and another writer's commit is out, a batch short of full waits (taking what
+/// arrives) until it is full or that commit has ended.
 async fn gather<I, O>(
     first: Pending<I, O>,
     rx: &mut mpsc::UnboundedReceiver<Pending<I, O>>,
@@ -257,7 +307,7 @@ async fn gather<I, O>(
                 Err(_) => break,
             }
         }
-        if batch.len() >= MAX_BATCH || !fleet.crowded() {
+        if batch.len() >= MAX_BATCH || !(fleet.crowded() || fleet.near()) {
             return batch;
         }
         // Listening before looking, so an end told in between is not missed.
