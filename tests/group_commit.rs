@@ -432,3 +432,53 @@ async fn the_clocks_calibration_measures_the_round_trip_to_the_database() {
     let slack = (calibrated + started.elapsed()).as_millis() as Millis + 2;
     assert!(before - slack <= db && db <= after + slack, "database {db}, clock {before}..{after}, slack {slack} ms");
 }
+
+/// Writes the group expects (a relay's slots, each with an attempt in flight) that
+/// come in while a batch lingers commit with it: one commit for both, answered as soon
+/// as the last expected one is in, not after the linger. A write with nothing else
+/// expected goes out at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expected_writes_that_come_in_while_a_batch_lingers_commit_with_it() {
+    const LONG: Duration = Duration::from_secs(20);
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let group = Arc::new(GroupCommit::start_lingering(inserts(&store), 1, Arc::new(Fleet::default()), LONG));
+    let (a, b) = (group.expect(), group.expect());
+    let started = std::time::Instant::now();
+    let first = spawn_insert(&group, entry(0, "A"));
+    until_queued(&group, 1).await;
+    assert_eq!(group.commits(), 0, "the first write waits for the second one expected");
+    let second = spawn_insert(&group, entry(1, "B"));
+    for insert in [first, second] {
+        let committed = insert.await.unwrap().expect("answered");
+        assert!(matches!(committed.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
+    }
+    assert!(started.elapsed() < LONG, "answered when the last expected write came in, not after the linger");
+    assert_eq!(group.commits(), 1, "both expected writes in one commit");
+
+    drop(b);
+    let started = std::time::Instant::now();
+    let lone = group.submit(entry(2, "A")).await.unwrap();
+    assert!(matches!(lone.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
+    assert!(started.elapsed() < LONG, "the one expected write is in: nothing to wait for");
+    assert_eq!(group.commits(), 2);
+    drop(a);
+}
+
+/// An expected write that does not come (a slow target, an attempt that ends without
+/// settling through the group) holds a batch for the linger and no longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expected_write_that_does_not_come_holds_a_batch_for_the_linger_only() {
+    const LINGER: Duration = Duration::from_millis(300);
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let group = GroupCommit::start_lingering(inserts(&store), 1, Arc::new(Fleet::default()), LINGER);
+    let (_a, _never) = (group.expect(), group.expect());
+    let started = std::time::Instant::now();
+    let alone = group.submit(entry(0, "A")).await.unwrap();
+    let took = started.elapsed();
+    assert!(matches!(alone.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
+    assert!(took >= LINGER, "answered after {took:?}, before the linger ended");
+    assert!(took < Duration::from_secs(10), "answered after {took:?}: held past the linger");
+    assert_eq!(group.commits(), 1);
+}

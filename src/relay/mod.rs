@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use crate::clock::{Clock, Millis};
 use crate::config::{Ordering, ParkedPolicy};
 use crate::inbox::failures::{Attempt, RequestRecord};
-use crate::inbox::group::{Committed, Group, Grouped, Settles};
+use crate::inbox::group::{Committed, Expected, Group, Grouped, Settles};
 use crate::inbox::{
     ClaimRequest, Claimed, Decoded, Lease, NextOfKey, Presence, SettleRequest, Settlement, Share, Status, Store,
     StoreError,
@@ -753,19 +753,24 @@ impl Relay {
 }
 
 /// A delivery slot of the relay in use ([`Relay::busy`]), taken when its attempt is
-/// spawned and given back when that task ends or is dropped, however it ends.
-struct SlotInUse(Arc<Relay>);
+/// spawned and given back when that task ends or is dropped, however it ends. While
+/// it is in use, the settles' group expects its settle ([`Group::expect`]).
+struct SlotInUse {
+    relay: Arc<Relay>,
+    _settle: Option<Expected>,
+}
 
 impl SlotInUse {
     fn take(relay: Arc<Relay>) -> SlotInUse {
         relay.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        SlotInUse(relay)
+        let _settle = relay.settles.as_ref().map(|g| g.expect());
+        SlotInUse { relay, _settle }
     }
 }
 
 impl Drop for SlotInUse {
     fn drop(&mut self) {
-        self.0.busy.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.relay.busy.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
