@@ -286,14 +286,13 @@ async fn run<W: BatchWrite>(
             let Some(first) = rx.recv().await else { return };
             let batch = gather(first, &mut rx, &counters, &fleet, linger).await;
             counters.queued.fetch_sub(batch.len(), Ordering::SeqCst);
-            counters.in_commit.fetch_add(batch.len(), Ordering::SeqCst);
             counters.taken.fetch_add(batch.len() as u64, Ordering::SeqCst);
             // Counted before the queue is let go, so the next writer sees it.
-            (batch, Committing::start(&counters))
+            let committing = Committing::start(&counters, batch.len());
+            (batch, committing)
         };
         let (items, answers): (Vec<W::Item>, Vec<_>) = batch.into_iter().map(|p| (p.item, p.answer)).unzip();
         let written = write.write(&items).await;
-        counters.in_commit.fetch_sub(items.len(), Ordering::SeqCst);
         drop(committing);
         match written {
             Ok(outputs) => {
@@ -319,21 +318,27 @@ async fn run<W: BatchWrite>(
     }
 }
 
-/// A writer's batch out, counted in `Counters::committing` until dropped (also by a
-/// panicking write, so the other writer never waits on a commit that is gone).
-struct Committing<'a>(&'a Counters);
+/// A writer's batch out of `writes` writes, counted in `Counters::committing` and
+/// `Counters::in_commit` until dropped (also by a panicking write, so the other writer
+/// never waits on a commit that is gone, nor counts its writes as in hand).
+struct Committing<'a> {
+    counters: &'a Counters,
+    writes: usize,
+}
 
 impl<'a> Committing<'a> {
-    fn start(counters: &'a Counters) -> Committing<'a> {
+    fn start(counters: &'a Counters, writes: usize) -> Committing<'a> {
         counters.committing.fetch_add(1, Ordering::SeqCst);
-        Committing(counters)
+        counters.in_commit.fetch_add(writes, Ordering::SeqCst);
+        Committing { counters, writes }
     }
 }
 
 impl Drop for Committing<'_> {
     fn drop(&mut self) {
-        self.0.committing.fetch_sub(1, Ordering::SeqCst);
-        self.0.ended.notify_waiters();
+        self.counters.in_commit.fetch_sub(self.writes, Ordering::SeqCst);
+        self.counters.committing.fetch_sub(1, Ordering::SeqCst);
+        self.counters.ended.notify_waiters();
     }
 }
 
