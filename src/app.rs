@@ -306,6 +306,7 @@ pub async fn start(config: &Config, options: Options) -> Result<Running, StartEr
     };
     let writers = group_commit_writers(store.backend());
     let settles = Arc::new(Group::start(Settles(Arc::clone(&store)), writers, Arc::clone(&fleet)));
+    settles.report_to(metrics.group_report("settles"));
     let shared = Arc::new(Shared {
         ingest: Arc::new(
             Ingest::new(Arc::clone(&store), Arc::clone(&clock), Arc::clone(&metrics))

@@ -132,7 +132,9 @@ impl Ingest {
     /// paced by `fleet`.
     pub fn with_group_commit(mut self, writers: usize, fleet: Arc<Fleet>) -> Ingest {
         let inserts = Inserts { store: Arc::clone(&self.store), clock: Arc::clone(&self.clock) };
-        self.group = Some(GroupCommit::start(inserts, writers, fleet));
+        let group = GroupCommit::start(inserts, writers, fleet);
+        group.report_to(self.metrics.group_report("inserts"));
+        self.group = Some(group);
         self
     }
 

@@ -58,6 +58,12 @@ pub struct RouteReason {
     pub reason: &'static str,
 }
 
+/// A group commit: `inserts` (push inserts) or `settles` (attempts' settles).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabel {
+    pub group: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabel {
     /// `server` (`[server] listen`) or `admin` (`[admin] listen`).
@@ -251,6 +257,14 @@ pub struct Metrics {
     pub pubsub_outstanding: Family<RouteLabel, Gauge>,
     /// Messages per inbox transaction of the Pub/Sub source.
     pub pubsub_batch_size: Family<RouteLabel, Histogram>,
+    /// Writes per batch of a group commit (`crate::inbox::group`), by group.
+    pub group_commit_batch_size: Family<GroupLabel, Histogram>,
+    /// How long a group commit's batch took to write, by group.
+    pub group_commit_seconds: Family<GroupLabel, Histogram>,
+    /// Writes a group commit expects now: for `settles`, the delivery slots in use.
+    pub group_commit_expected: Family<GroupLabel, Gauge>,
+    /// Batches that waited the whole linger for an expected write that did not come.
+    pub group_commit_lingered_out: Family<GroupLabel, Counter>,
     /// Bytes all plugin instances of the process hold (the `[plugins]` budget's use).
     pub plugin_memory_bytes: Gauge,
     /// Push requests the listener refused before the route saw them, by reason:
@@ -374,6 +388,14 @@ impl Metrics {
             pubsub_batch_size: Family::new_with_constructor(|| {
                 Histogram::new([1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0])
             }),
+            group_commit_batch_size: Family::new_with_constructor(|| {
+                Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0])
+            }),
+            group_commit_seconds: Family::new_with_constructor(|| {
+                Histogram::new([0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0])
+            }),
+            group_commit_expected: Family::default(),
+            group_commit_lingered_out: Family::default(),
             plugin_memory_bytes: Gauge::default(),
             push_rejected: Family::default(),
             push_in_flight: Gauge::default(),
@@ -583,6 +605,26 @@ impl Metrics {
             m.pubsub_batch_size.clone(),
         );
         registry.register(
+            "group_commit_batch_size",
+            "Writes per batch of a group commit, by group (inserts: push inserts; settles: attempts' settles)",
+            m.group_commit_batch_size.clone(),
+        );
+        registry.register(
+            "group_commit_seconds",
+            "Time a group commit's batch took to write, by group",
+            m.group_commit_seconds.clone(),
+        );
+        registry.register(
+            "group_commit_expected_writes",
+            "Writes a group commit expects now (settles: delivery slots in use), by group",
+            m.group_commit_expected.clone(),
+        );
+        registry.register(
+            "group_commit_lingered_out",
+            "Batches that waited the whole linger for an expected write that did not come, by group",
+            m.group_commit_lingered_out.clone(),
+        );
+        registry.register(
             "push_rejected",
             "Push requests answered with an error and nothing stored, by route and reason: the listener's limits (shed, too_large, body_timeout, timeout), the request (no_route, not_json, bad_envelope, route_refused) or what it needs (store_unavailable, plugin_busy)",
             m.push_rejected.clone(),
@@ -651,6 +693,18 @@ impl Metrics {
     /// Counts a refusal of `listener` in `inlet_listener_refused_total`.
     pub fn listener_refused(&self, listener: &'static str, reason: &'static str) {
         self.listener_refused.get_or_create(&ListenerReason { listener, reason }).inc();
+    }
+
+    /// Where group commit `group` (`inserts`, `settles`) reports its batches; its
+    /// series show from now on, at zero.
+    pub fn group_report(&self, group: &'static str) -> crate::inbox::group::GroupReport {
+        let label = GroupLabel { group };
+        crate::inbox::group::GroupReport {
+            batch_size: self.group_commit_batch_size.get_or_create_owned(&label),
+            write_seconds: self.group_commit_seconds.get_or_create_owned(&label),
+            expected: self.group_commit_expected.get_or_create_owned(&label),
+            lingered_out: self.group_commit_lingered_out.get_or_create_owned(&label),
+        }
     }
 
     /// Prometheus text exposition.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inlet::clock::Millis;
-use inlet::inbox::group::{Fleet, GroupCommit, Grouped, Inserts, MAX_BATCH};
+use inlet::inbox::group::{Fleet, GroupCommit, GroupReport, Grouped, Inserts, MAX_BATCH};
 use inlet::inbox::{self, Decoded, InsertOutcome, NewEntry, Status, Store};
 use inlet_testkit::pg::TestPg;
 use inlet_testkit::proxy::TcpProxy;
@@ -42,6 +42,31 @@ fn entry(n: usize, key: &str) -> NewEntry {
         status: Status::Open,
         last_error: None,
     }
+}
+
+/// A report of a group's batches that the test reads back.
+fn report() -> GroupReport {
+    use prometheus_client::metrics::histogram::Histogram;
+    GroupReport {
+        batch_size: Histogram::new([1.0, 2.0, 4.0]),
+        write_seconds: Histogram::new([0.001, 0.01, 0.1]),
+        expected: Default::default(),
+        lingered_out: Default::default(),
+    }
+}
+
+/// The count and sum of `histogram`, as a scrape shows them.
+fn observed(histogram: &prometheus_client::metrics::histogram::Histogram) -> (u64, f64) {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register("h", "read back", histogram.clone());
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let value = |name: &str| {
+        let line =
+            text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name} in {text}"));
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap()
+    };
+    (value("h_count") as u64, value("h_sum"))
 }
 
 fn inserts(store: &Arc<dyn Store>) -> Inserts {
@@ -443,7 +468,10 @@ async fn expected_writes_that_come_in_while_a_batch_lingers_commit_with_it() {
     let pg = TestPg::new().await;
     let store = inbox::open(&pg.url, 4).await.expect("open postgres");
     let group = Arc::new(GroupCommit::start_lingering(inserts(&store), 1, Arc::new(Fleet::default()), LONG));
+    let told = report();
+    group.report_to(told.clone());
     let (a, b) = (group.expect(), group.expect());
+    assert_eq!(told.expected.get(), 2, "the writes expected are shown");
     let started = std::time::Instant::now();
     let first = spawn_insert(&group, entry(0, "A"));
     until_queued(&group, 1).await;
@@ -455,14 +483,20 @@ async fn expected_writes_that_come_in_while_a_batch_lingers_commit_with_it() {
     }
     assert!(started.elapsed() < LONG, "answered when the last expected write came in, not after the linger");
     assert_eq!(group.commits(), 1, "both expected writes in one commit");
+    assert_eq!(observed(&told.batch_size), (1, 2.0), "one batch of two is shown");
+    assert_eq!(told.lingered_out.get(), 0, "the batch did not wait out its linger");
 
     drop(b);
+    assert_eq!(told.expected.get(), 1, "a dropped expectation is taken back");
     let started = std::time::Instant::now();
     let lone = group.submit(entry(2, "A")).await.unwrap();
     assert!(matches!(lone.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
     assert!(started.elapsed() < LONG, "the one expected write is in: nothing to wait for");
     assert_eq!(group.commits(), 2);
+    assert_eq!(observed(&told.batch_size), (2, 3.0));
+    assert_eq!(observed(&told.write_seconds).0, 2, "each batch's write is timed");
     drop(a);
+    assert_eq!(told.expected.get(), 0);
 }
 
 /// An expected write that does not come (a slow target, an attempt that ends without
@@ -473,6 +507,8 @@ async fn an_expected_write_that_does_not_come_holds_a_batch_for_the_linger_only(
     let pg = TestPg::new().await;
     let store = inbox::open(&pg.url, 4).await.expect("open postgres");
     let group = GroupCommit::start_lingering(inserts(&store), 1, Arc::new(Fleet::default()), LINGER);
+    let told = report();
+    group.report_to(told.clone());
     let (_a, _never) = (group.expect(), group.expect());
     let started = std::time::Instant::now();
     let alone = group.submit(entry(0, "A")).await.unwrap();
@@ -481,4 +517,5 @@ async fn an_expected_write_that_does_not_come_holds_a_batch_for_the_linger_only(
     assert!(took >= LINGER, "answered after {took:?}, before the linger ended");
     assert!(took < Duration::from_secs(10), "answered after {took:?}: held past the linger");
     assert_eq!(group.commits(), 1);
+    assert_eq!(told.lingered_out.get(), 1, "the linger waited out is counted");
 }

@@ -178,6 +178,7 @@ on_both_stores!(
     a_re_decoded_entry_takes_the_plugins_dedup_key_and_is_never_delivered_twice,
     every_attempt_is_recorded_with_its_answer_request_and_outcome,
     failing_entries_are_grouped_by_route_and_error_fingerprint,
+    group_commits_count_their_batches_and_the_delivery_slots_in_use,
 );
 
 /// Must show 1.
@@ -699,6 +700,44 @@ async fn sqlite_locked_past_the_busy_timeout_answers_503_and_acks_nothing() {
 
     assert_eq!(inlet.push("wo", &work_order(1, "K"), "m-1").await, 200, "the redelivery is stored");
     wait_until("delivered", WAIT, || async { camunda.correlated_seqs("K") == vec![1] }).await;
+    inlet.stop().await;
+}
+
+/// The settles' group commit is told of every delivery slot in use (so a batch can wait
+/// for the settles of attempts that end together), and both groups count their batches:
+/// what `/metrics` shows as `inlet_group_commit_*`, and the only sign, short of a
+/// benchmark, that the relay's slots still tell the group what to expect.
+async fn group_commits_count_their_batches_and_the_delivery_slots_in_use(backend: Backend) {
+    // Slow enough to read the metrics while the three attempts are out.
+    let camunda = FakeCamunda::start().await.with_delay(Duration::from_secs(4));
+    let routes = route("wo", &camunda.url(), "").replace("timeout = \"2s\"", "timeout = \"30s\"");
+    let inlet = Inlet::start(backend, &routes, None).await;
+    let value = |name: &str, group: &str| {
+        let series = format!("inlet_group_commit_{name}{{group=\"{group}\"}}");
+        let (http, base) = (inlet.http.clone(), inlet.base.clone());
+        async move { inlet_testkit::metrics::series(&http, &base, &series).await }
+    };
+    assert_eq!(value("expected_writes", "settles").await, Some(0.0), "shown at zero before any work");
+    assert_eq!(value("batch_size_count", "inserts").await, Some(0.0), "shown at zero before any work");
+
+    for (seq, key) in ["A", "B", "C"].into_iter().enumerate() {
+        assert_eq!(inlet.push("wo", &work_order(seq as u32 + 1, key), &format!("m-{key}")).await, 200);
+    }
+    let inserted = value("batch_size_sum", "inserts").await.expect("insert batches shown");
+    assert_eq!(inserted, 3.0, "each push's insert went through the inserts' group");
+    wait_until("three attempts at the target", WAIT, || async { camunda.count() == 3 }).await;
+    assert_eq!(value("expected_writes", "settles").await, Some(3.0), "each delivery slot in use expects its settle");
+
+    for entry in inlet.entries("wo").await {
+        inlet.wait_status(entry.id, Status::Done).await;
+    }
+    wait_until("the slots to be given back", WAIT, || async { value("expected_writes", "settles").await == Some(0.0) })
+        .await;
+    let settled = value("batch_size_sum", "settles").await.expect("settle batches shown");
+    let batches = value("batch_size_count", "settles").await.expect("settle batches shown");
+    assert_eq!(settled, 3.0, "three settles went through the settles' group");
+    assert!((1.0..=3.0).contains(&batches), "{batches} batches for three settles");
+    assert_eq!(value("seconds_count", "settles").await, Some(batches), "each batch's write is timed");
     inlet.stop().await;
 }
 

@@ -36,6 +36,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 
 use super::{Claimed, InsertOutcome, NewEntry, SettleRequest, Store, StoreError};
@@ -165,12 +168,35 @@ pub struct Group<W: BatchWrite> {
 }
 
 /// A write the group expects, until dropped: see [`Group::expect`].
-pub struct Expected(Arc<Counters>);
+pub struct Expected {
+    counters: Arc<Counters>,
+    /// The reported gauge this expectation was counted in, if the group reported then.
+    reported: Option<Gauge>,
+}
 
 impl Drop for Expected {
     fn drop(&mut self) {
-        self.0.expected.fetch_sub(1, Ordering::SeqCst);
+        self.counters.expected.fetch_sub(1, Ordering::SeqCst);
+        if let Some(gauge) = &self.reported {
+            gauge.dec();
+        }
     }
+}
+
+/// Where a group tells how its batches go (the process's metrics, under the group's
+/// name): what an operator reads to see whether writes are committed together, and
+/// what the linger costs.
+#[derive(Clone, Debug)]
+pub struct GroupReport {
+    /// Writes per batch taken (committed or not).
+    pub batch_size: Histogram,
+    /// How long each batch's write took, from taking it to the database's answer.
+    pub write_seconds: Histogram,
+    /// Writes expected now ([`Group::expect`]): the settles' group counts the delivery
+    /// slots in use.
+    pub expected: Gauge,
+    /// Batches that waited out the linger for an expected write that did not come.
+    pub lingered_out: Counter,
 }
 
 #[derive(Default)]
@@ -191,6 +217,8 @@ struct Counters {
     expected: AtomicUsize,
     /// Writes in the batches out.
     in_commit: AtomicUsize,
+    /// Where the batches are told, once the group is told where ([`Group::report_to`]).
+    report: std::sync::OnceLock<GroupReport>,
 }
 
 impl<W: BatchWrite> Group<W> {
@@ -225,7 +253,17 @@ impl<W: BatchWrite> Group<W> {
     /// expectation back (the slot ends, whether it settled through the group or not).
     pub fn expect(&self) -> Expected {
         self.counters.expected.fetch_add(1, Ordering::SeqCst);
-        Expected(Arc::clone(&self.counters))
+        let reported = self.counters.report.get().map(|r| r.expected.clone());
+        if let Some(gauge) = &reported {
+            gauge.inc();
+        }
+        Expected { counters: Arc::clone(&self.counters), reported }
+    }
+
+    /// From now on, tells `report` of each batch, the writes expected and the lingers
+    /// waited out. Only the first report a group is given counts.
+    pub fn report_to(&self, report: GroupReport) {
+        let _ = self.counters.report.set(report);
     }
 
     /// What paces the writers: the relays tell it which instances they see.
@@ -292,8 +330,13 @@ async fn run<W: BatchWrite>(
             (batch, committing)
         };
         let (items, answers): (Vec<W::Item>, Vec<_>) = batch.into_iter().map(|p| (p.item, p.answer)).unzip();
+        let started = std::time::Instant::now();
         let written = write.write(&items).await;
         drop(committing);
+        if let Some(report) = counters.report.get() {
+            report.batch_size.observe(items.len() as f64);
+            report.write_seconds.observe(started.elapsed().as_secs_f64());
+        }
         match written {
             Ok(outputs) => {
                 counters.commits.fetch_add(1, Ordering::SeqCst);
@@ -412,7 +455,12 @@ async fn wait_for_expected<I, O>(
                 Some(p) => batch.push(p),
                 None => return batch,
             },
-            () = tokio::time::sleep_until(deadline) => return batch,
+            () = tokio::time::sleep_until(deadline) => {
+                if let Some(report) = counters.report.get() {
+                    report.lingered_out.inc();
+                }
+                return batch;
+            }
         }
     }
 }
