@@ -845,9 +845,49 @@ struct Drain {
     claim_ms: Option<f64>,
     /// Entries claimed by settles (`inlet_claims_handed_on_total`) per delivery.
     handed_on: Option<f64>,
+    /// How the settles were committed (`inlet_group_commit_*`).
+    settles: Option<SettleBatches>,
     peak_rss_mib: Option<f64>,
     /// CPU per delivery by part, from the route's resume to the last delivery seen.
     cpu: CpuPer,
+}
+
+/// How a drain's settles were committed, over every instance.
+struct SettleBatches {
+    /// Settles per batch.
+    size: f64,
+    /// A batch's write, in ms.
+    write_ms: f64,
+    /// Batches that waited the whole linger for a settle that did not come, per batch.
+    lingered_out: f64,
+}
+
+impl SettleBatches {
+    /// The totals of the settles' (and the inserts', which a drain has none of)
+    /// group-commit series over `instances`.
+    async fn read(instances: &[Instance]) -> Option<SettleBatches> {
+        let names = [
+            "inlet_group_commit_batch_size_sum",
+            "inlet_group_commit_batch_size_count",
+            "inlet_group_commit_seconds_sum",
+            "inlet_group_commit_lingered_out_total",
+        ];
+        let [writes, batches, seconds, lingered_out] = series_totals(instances, names.map(String::from)).await?;
+        (batches > 0.0).then(|| SettleBatches {
+            size: writes / batches,
+            write_ms: seconds * 1e3 / batches,
+            lingered_out: lingered_out / batches,
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{:.1} settles per batch, {:.2} ms per batch, {:.0} % lingered out",
+            self.size,
+            self.write_ms,
+            self.lingered_out * 100.0
+        )
+    }
 }
 
 /// A fresh database with `backlog` OPEN entries, `instances` processes working it off
@@ -930,6 +970,7 @@ async fn relay_drain_for(
     let handed_on = series_totals(&running, ["inlet_claims_handed_on_total".to_string()])
         .await
         .map(|[n]| n / target.count().max(1) as f64);
+    let settles = SettleBatches::read(&running).await;
     let first = target.first().expect("a first delivery");
     let (rate, drained) = if target.count() >= backlog as u64 {
         let last = target.last().expect("a last delivery");
@@ -969,7 +1010,7 @@ async fn relay_drain_for(
     pool.close().await;
     drop(store);
     drop(pg);
-    Drain { rate, first_5s, after_60s, claim_ms, handed_on, peak_rss_mib: Some(peak_kib as f64 / 1024.0), cpu }
+    Drain { rate, first_5s, after_60s, claim_ms, handed_on, settles, peak_rss_mib: Some(peak_kib as f64 / 1024.0), cpu }
 }
 
 /// `n` OPEN entries as the work-order plugin decodes them, entry `i` of key
@@ -1776,10 +1817,11 @@ async fn backlog_section(args: &Args, plugin: &Path, target: &Target, report: &m
         let window = (backlog == largest).then_some(args.long_window);
         let d = relay_drain_for(args, plugin, target, backlog, 1, window).await;
         eprintln!(
-            "backlog {backlog}: {:.0} deliveries/s, claim {:?} ms, handed on {:?}, peak RSS {:?} MiB, CPU per delivery (postgres / inlet / bench / other) {}",
+            "backlog {backlog}: {:.0} deliveries/s, claim {:?} ms, handed on {:?}, {}, peak RSS {:?} MiB, CPU per delivery (postgres / inlet / bench / other) {}",
             d.rate,
             d.claim_ms,
             d.handed_on,
+            d.settles.as_ref().map_or("no settle batches".to_string(), SettleBatches::describe),
             d.peak_rss_mib,
             d.cpu.describe()
         );
@@ -1835,9 +1877,10 @@ async fn instances_section(args: &Args, plugin: &Path, target: &Target, report: 
     for &k in &args.instances {
         let d = relay_drain(args, plugin, target, args.instances_backlog, k).await;
         eprintln!(
-            "instances {k}: {:.0} deliveries/s, handed on {:?}, CPU per delivery (postgres / inlets / bench / other) {}",
+            "instances {k}: {:.0} deliveries/s, handed on {:?}, {}, CPU per delivery (postgres / inlets / bench / other) {}",
             d.rate,
             d.handed_on,
+            d.settles.as_ref().map_or("no settle batches".to_string(), SettleBatches::describe),
             d.cpu.describe()
         );
         let base = *one.get_or_insert(d.rate);
