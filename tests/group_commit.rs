@@ -499,6 +499,30 @@ async fn expected_writes_that_come_in_while_a_batch_lingers_commit_with_it() {
     assert_eq!(told.expected.get(), 0);
 }
 
+/// More writes still to come than a batch has room for (many keys in flight) cannot all
+/// join it: the batch goes at once instead of lingering to fill up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expected_writes_that_cannot_all_join_a_batch_are_not_waited_for() {
+    const LONG: Duration = Duration::from_secs(20);
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let group = GroupCommit::start_lingering(inserts(&store), 1, Arc::new(Fleet::default()), LONG);
+    let told = report();
+    group.report_to(told.clone());
+    // This write and MAX_BATCH more: one more than the batch's room.
+    let expected: Vec<_> = (0..=MAX_BATCH).map(|_| group.expect()).collect();
+    let started = std::time::Instant::now();
+    let alone = group.submit(entry(0, "A")).await.unwrap();
+    assert!(matches!(alone.outcome, Grouped::Stored(InsertOutcome::Inserted { .. })));
+    assert!(
+        started.elapsed() < LONG,
+        "answered after {:?}: it waited for writes that could not fit",
+        started.elapsed()
+    );
+    assert_eq!((group.commits(), told.lingered_out.get()), (1, 0));
+    drop(expected);
+}
+
 /// An expected write that does not come (a slow target, an attempt that ends without
 /// settling through the group) holds a batch for the linger and no longer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,8 +4,8 @@
 //! is whatever queued up while the previous one was committing), so batching costs no
 //! latency; under load, one commit (one fsync) serves many writes. The one wait: writes
 //! the group was told to expect ([`Group::expect`], the settles of attempts in flight)
-//! are waited for up to [`LINGER`], so the settles of a few keys commit together
-//! instead of in halves that take turns.
+//! are waited for up to [`LINGER`] when they would all fit in the batch, so the settles
+//! of a few keys commit together instead of in halves that take turns.
 //!
 //! Two writers let one batch gather while another commits. That pays while a commit's
 //! time is mostly waiting: on the wire to a database across a network. It does not
@@ -49,7 +49,7 @@ pub const MAX_BATCH: usize = 256;
 
 /// How long a batch short of full, with no commit out to wait for, waits for the
 /// writes its group expects ([`Group::expect`]: attempts in flight whose settle is
-/// not in yet). Ten keys' settles otherwise split into two batches that take turns,
+/// not in yet), when they all fit in it. Ten keys' settles otherwise split into two batches that take turns,
 /// each key waiting for the other half's commit: with it, 3,519 → 4,706 deliveries/s
 /// on loopback and 1,384 → 2,055 with the database 250 µs away; a millisecond gave
 /// the same (docs/measurements.md, "Waiting for the settles in flight"). Tokio's
@@ -435,7 +435,10 @@ fn take_queued<I, O>(batch: &mut Vec<Pending<I, O>>, rx: &mut mpsc::UnboundedRec
 }
 
 /// `batch`, grown by what arrives within `linger` while some expected write is neither
-/// queued nor in a batch out; at once when none is (a lone write goes out at once).
+/// queued nor in a batch out; at once when none is (a lone write goes out at once), and
+/// at once when more are still to come than the batch has room for: those cannot all
+/// join it, so waiting would only fill it up (with many keys in flight, or other
+/// instances pacing the writers, nearly every batch waited out the linger for nothing).
 async fn wait_for_expected<I, O>(
     mut batch: Vec<Pending<I, O>>,
     rx: &mut mpsc::UnboundedReceiver<Pending<I, O>>,
@@ -447,7 +450,8 @@ async fn wait_for_expected<I, O>(
         take_queued(&mut batch, rx);
         // `queued` counts this batch too: it is let go of when the batch is taken.
         let in_hand = counters.queued.load(Ordering::SeqCst) + counters.in_commit.load(Ordering::SeqCst);
-        if batch.len() >= MAX_BATCH || counters.expected.load(Ordering::SeqCst) <= in_hand {
+        let to_come = counters.expected.load(Ordering::SeqCst).saturating_sub(in_hand);
+        if batch.len() >= MAX_BATCH || to_come == 0 || to_come > MAX_BATCH - batch.len() {
             return batch;
         }
         tokio::select! {
