@@ -708,8 +708,9 @@ async fn sqlite_locked_past_the_busy_timeout_answers_503_and_acks_nothing() {
 /// what `/metrics` shows as `inlet_group_commit_*`, and the only sign, short of a
 /// benchmark, that the relay's slots still tell the group what to expect.
 async fn group_commits_count_their_batches_and_the_delivery_slots_in_use(backend: Backend) {
-    // Slow enough to read the metrics while the three attempts are out.
-    let camunda = FakeCamunda::start().await.with_delay(Duration::from_secs(4));
+    // Slow enough to read the metrics while the three attempts are out, with seconds
+    // to spare on a loaded machine (the first answer would take its slot back).
+    let camunda = FakeCamunda::start().await.with_delay(Duration::from_secs(10));
     let routes = route("wo", &camunda.url(), "").replace("timeout = \"2s\"", "timeout = \"30s\"");
     let inlet = Inlet::start(backend, &routes, None).await;
     let value = |name: &str, group: &str| {
