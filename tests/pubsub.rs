@@ -174,7 +174,21 @@ impl Rows {
 
 /// Waits until `n` rows are DONE, printing progress on timeout.
 async fn wait_all_done(rows: &Rows, n: i64, within: Duration) {
-    wait_until(&format!("{n} entries DONE"), within, || async { rows.done().await >= n }).await;
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let done = rows.done().await;
+        if done >= n {
+            return;
+        }
+        // A timeout says how far it got: stored and not delivered, or never received.
+        if tokio::time::Instant::now() >= deadline {
+            panic!(
+                "timed out after {within:?} waiting for {n} entries DONE: {} rows stored, {done} DONE",
+                rows.rows().await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await; // polling the inbox, as wait_until does
+    }
 }
 
 /// Waits until `n` rows are DONE, or until what is stored has stopped changing for
