@@ -141,6 +141,17 @@ async fn two_instances_relay_1000_messages_over_50_keys_in_order_one_in_flight_p
     }
     let bases = [a.base.clone(), b.base.clone()];
     eprintln!("both instances healthy after {:?}", started.elapsed());
+    // The instances divide the route's keys once each sees the other (the route's
+    // members, read every second). Wait for it, so the run does not depend on when
+    // the first pushes land against that second: a key then stays with one instance.
+    // Keys moving between instances as one comes or goes are tests/rebalance.rs's.
+    for base in &bases {
+        wait_until("each instance to see two relaying the route", Duration::from_secs(30), || {
+            let (http, base) = (http.clone(), base.clone());
+            async move { route_instances(&http, &base, ROUTE).await == Some(2) }
+        })
+        .await;
+    }
 
     // Push: keys concurrently, each key's 20 messages one after another (each answered
     // before the next is sent), alternating between the two instances.
@@ -274,7 +285,7 @@ async fn two_instances_relay_1000_messages_over_50_keys_in_order_one_in_flight_p
     let unique: HashSet<i64> = all_settled.iter().copied().collect();
     assert_eq!(unique.len(), all_settled.len(), "an entry was settled twice across the instances");
     assert_eq!(all_settled.len(), TOTAL, "settle log lines across both instances");
-    // Keys really moved between the processes: per key, how often the next entry was
+    // How the keys fell between the processes: per key, how often the next entry was
     // settled by the other instance than the one before it.
     let settled_by: HashMap<i64, &str> =
         settled_a.iter().map(|id| (*id, "a")).chain(settled_b.iter().map(|id| (*id, "b"))).collect();
@@ -285,10 +296,11 @@ async fn two_instances_relay_1000_messages_over_50_keys_in_order_one_in_flight_p
         handovers += owners.windows(2).filter(|w| w[0] != w[1]).count();
         keys_on_both += usize::from(owners.contains(&"a") && owners.contains(&"b"));
     }
+    // With the keys divided from the start, a key is relayed by both only if one
+    // instance missed the other's word for 5 s (a stall); order holds either way.
     eprintln!(
         "keys relayed by both instances: {keys_on_both}/{KEYS}; hand-overs between instances within a key: {handovers}"
     );
-    assert!(keys_on_both > 0, "no key was relayed by both instances: ordering across instances went untested");
     for (name, log) in [("a", &log_a), ("b", &log_b)] {
         assert_eq!(count_lines(log, "lease lost"), 0, "inlet {name} lost a lease");
         assert_eq!(count_lines(log, "took back entries whose lease expired"), 0, "inlet {name} saw an expired lease");
