@@ -69,6 +69,17 @@ fn observed(histogram: &prometheus_client::metrics::histogram::Histogram) -> (u6
     (value("h_count") as u64, value("h_sum"))
 }
 
+/// An inserts' group on a fresh database, one writer lingering `linger`, and the report
+/// it tells its batches to (the database lasts as long as the `TestPg`).
+async fn lingering_group(linger: Duration) -> (TestPg, GroupCommit, GroupReport) {
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let group = GroupCommit::start_lingering(inserts(&store), 1, Arc::new(Fleet::default()), linger);
+    let told = report();
+    group.report_to(told.clone());
+    (pg, group, told)
+}
+
 fn inserts(store: &Arc<dyn Store>) -> Inserts {
     Inserts { store: Arc::clone(store), clock: inlet::clock::ManualClock::new(T0) }
 }
@@ -465,11 +476,8 @@ async fn the_clocks_calibration_measures_the_round_trip_to_the_database() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expected_writes_that_come_in_while_a_batch_lingers_commit_with_it() {
     const LONG: Duration = Duration::from_secs(20);
-    let pg = TestPg::new().await;
-    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
-    let group = Arc::new(GroupCommit::start_lingering(inserts(&store), 1, Arc::new(Fleet::default()), LONG));
-    let told = report();
-    group.report_to(told.clone());
+    let (_pg, group, told) = lingering_group(LONG).await;
+    let group = Arc::new(group);
     let (a, b) = (group.expect(), group.expect());
     assert_eq!(told.expected.get(), 2, "the writes expected are shown");
     let started = std::time::Instant::now();
@@ -504,11 +512,7 @@ async fn expected_writes_that_come_in_while_a_batch_lingers_commit_with_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expected_writes_that_cannot_all_join_a_batch_are_not_waited_for() {
     const LONG: Duration = Duration::from_secs(20);
-    let pg = TestPg::new().await;
-    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
-    let group = GroupCommit::start_lingering(inserts(&store), 1, Arc::new(Fleet::default()), LONG);
-    let told = report();
-    group.report_to(told.clone());
+    let (_pg, group, told) = lingering_group(LONG).await;
     // This write and MAX_BATCH more: one more than the batch's room.
     let expected: Vec<_> = (0..=MAX_BATCH).map(|_| group.expect()).collect();
     let started = std::time::Instant::now();
@@ -528,11 +532,7 @@ async fn expected_writes_that_cannot_all_join_a_batch_are_not_waited_for() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expected_write_that_does_not_come_holds_a_batch_for_the_linger_only() {
     const LINGER: Duration = Duration::from_millis(300);
-    let pg = TestPg::new().await;
-    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
-    let group = GroupCommit::start_lingering(inserts(&store), 1, Arc::new(Fleet::default()), LINGER);
-    let told = report();
-    group.report_to(told.clone());
+    let (_pg, group, told) = lingering_group(LINGER).await;
     let (_a, _never) = (group.expect(), group.expect());
     let started = std::time::Instant::now();
     let alone = group.submit(entry(0, "A")).await.unwrap();

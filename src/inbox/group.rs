@@ -49,11 +49,12 @@ pub const MAX_BATCH: usize = 256;
 
 /// How long a batch short of full, with no commit out to wait for, waits for the
 /// writes its group expects ([`Group::expect`]: attempts in flight whose settle is
-/// not in yet), when they all fit in it. Ten keys' settles otherwise split into two batches that take turns,
-/// each key waiting for the other half's commit: with it, 3,519 → 4,706 deliveries/s
-/// on loopback and 1,384 → 2,055 with the database 250 µs away; a millisecond gave
-/// the same (docs/measurements.md, "Waiting for the settles in flight"). Tokio's
-/// timer counts whole milliseconds, so a wait that runs out lasts up to about one.
+/// not in yet), when they all fit in it. Ten keys' settles otherwise split into two
+/// batches that take turns, each key waiting for the other half's commit: with it,
+/// 3,519 → 4,706 deliveries/s on loopback and 1,384 → 2,055 with the database 250 µs
+/// away; a millisecond gave the same (docs/measurements.md, "Waiting for the settles
+/// in flight"). Tokio's timer counts whole milliseconds, so a wait that runs out lasts
+/// up to about one.
 pub const LINGER: Duration = Duration::from_micros(500);
 
 /// A database whose fastest round trip takes less than this is near: on the same host
