@@ -38,6 +38,10 @@
 //!   its delivery. A push shed with 503 (more than `max_concurrent_pushes` in flight)
 //!   is sent again after its `Retry-After`, timed from its first send; the sheds are
 //!   counted in the row. The first 2 s of each open loop are sent but not counted.
+//! - `pushdone`: the same closed loop at ordinary settings (route concurrency 16,
+//!   `--messages` over 100 keys from 16 clients) beside graphile-worker batched at
+//!   concurrency 24 over 100 serial queues (20,000 jobs), with what a delivery slot
+//!   spends per delivery.
 //! - `sustained`: ingest and relay together for `--sustain-seconds` (10 minutes) at 80 %
 //!   of the maximum measured first (the closed loop as in `latency`, one run of ten
 //!   times `--messages`), paced on a fresh database from 128 senders, each push timed
@@ -151,7 +155,8 @@ struct Args {
     only: Option<Vec<String>>,
 }
 
-const SECTIONS: [&str; 8] = ["plugin", "ingest", "relay", "latency", "sustained", "shadow", "backlog", "instances"];
+const SECTIONS: [&str; 9] =
+    ["plugin", "ingest", "relay", "latency", "pushdone", "sustained", "shadow", "backlog", "instances"];
 
 impl Args {
     fn full() -> Args {
@@ -212,7 +217,7 @@ impl Args {
 }
 
 fn usage() -> &'static str {
-    "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,sustained,shadow,backlog,instances] \
+    "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,pushdone,sustained,shadow,backlog,instances] \
      [--clients N] [--messages N] [--keys N] [--relay-backlog N] [--peer-jobs N] [--peer-concurrency N] \
      [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--instances-backlog N] [--shadow-rate N] [--latency-seconds N] [--sustain-seconds N] [--shadow-cpu-percent N] [--shadow-memory-churn-mib-per-s N] [--shadow-candidates sleep,trap,hoard] \
      [--pool N] [--pg-delay-us N]"
@@ -309,6 +314,9 @@ async fn run(args: &Args, plugin: &Path, mut report: Report) -> Report {
     }
     if args.wants("latency") {
         latency_section(args, plugin, &target, &mut report).await;
+    }
+    if args.wants("pushdone") {
+        push_done_section(args, plugin, &target, &mut report).await;
     }
     if args.wants("sustained") {
         sustained_section(args, plugin, &target, &mut report).await;
@@ -1079,6 +1087,67 @@ async fn latency_section(args: &Args, plugin: &Path, target: &Target, report: &m
     drop(pg);
 }
 
+/// The push -> delivered row at ordinary settings: a route's concurrency as routing
+/// files set it, keys and pushers as a product team's traffic has them.
+const PUSH_DONE_KEYS: usize = 100;
+const PUSH_DONE_CLIENTS: usize = 16;
+const PUSH_DONE_CONCURRENCY: usize = 16;
+/// The peer beside it: graphile-worker batched (localQueue) at a similar concurrency,
+/// over as many serial queues as Inlet has keys.
+const PUSH_DONE_PEER_JOBS: usize = 20_000;
+const PUSH_DONE_PEER_CONCURRENCY: usize = 24;
+
+/// Ingest and relay together at route concurrency 16: `--messages` pushes over 100
+/// keys from 16 clients, from the first push to the last delivery, beside
+/// graphile-worker draining no-op jobs over as many queues at concurrency 24. What a
+/// delivery slot spends per delivery (concurrency / rate) is the figure that decides
+/// it: a slot's time per delivery must be a few milliseconds.
+async fn push_done_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {
+    let peer = Peer::install();
+    let n = args.messages;
+    let bodies = Arc::new(push_bodies(n, PUSH_DONE_KEYS));
+    let load = Load {
+        keys: PUSH_DONE_KEYS,
+        clients: PUSH_DONE_CLIENTS,
+        sizing: Sizing { concurrency: PUSH_DONE_CONCURRENCY, pool: args.pool },
+    };
+    let jobs = PUSH_DONE_PEER_JOBS.min(args.peer_jobs);
+    let (mut inlet, mut peers, mut version, mut phases) = (vec![], vec![], String::new(), String::new());
+    for round in 1..=args.rounds {
+        let run = peer.run(jobs, PUSH_DONE_KEYS, PUSH_DONE_PEER_CONCURRENCY).await;
+        version = run.version;
+        let (per_s, metrics) = closed_loop_at(load, plugin, target, &bodies, "pushdone").await;
+        eprintln!(
+            "pushdone round {round}: graphile-worker {:.0} jobs/s, inlet push -> delivered {per_s:.0} msg/s \
+             ({:.2} ms per delivery per slot: {})",
+            run.jobs_per_s,
+            PUSH_DONE_CONCURRENCY as f64 * 1e3 / per_s,
+            slot_phases(&metrics)
+        );
+        phases = slot_phases(&metrics);
+        peers.push(run.jobs_per_s);
+        inlet.push(per_s);
+    }
+    let (inlet, peer_rate) = (median(inlet), median(peers));
+    report.row(
+        "pushdone pg",
+        &format!(
+            "push -> delivered, {n} over {PUSH_DONE_KEYS} keys from {PUSH_DONE_CLIENTS} clients, route concurrency \
+             {PUSH_DONE_CONCURRENCY}: {:.2} ms per delivery per slot",
+            PUSH_DONE_CONCURRENCY as f64 * 1e3 / inlet
+        ),
+        per_s(inlet, "msg"),
+        format!(
+            "graphile-worker {version} batched, {jobs} jobs over {PUSH_DONE_KEYS} queues, concurrency \
+             {PUSH_DONE_PEER_CONCURRENCY}: {}",
+            per_s(peer_rate, "jobs")
+        ),
+        ratio(inlet, peer_rate),
+        Some(Goal::at_least(0.5, inlet / peer_rate)),
+    );
+    report.row("pushdone pg", "where the slots' time went (last round)", phases, String::new(), None, None);
+}
+
 /// The sustained section's maximum is measured over this many times `--messages`.
 const SUSTAIN_MAX_TIMES: usize = 10;
 /// How long the sustained section's first and last windows are.
@@ -1366,21 +1435,81 @@ async fn closed_loop(
     bodies: &Arc<Vec<(usize, String)>>,
     name: &str,
 ) -> f64 {
+    let load = Load { keys: args.keys, clients: args.clients, sizing: args.sizing() };
+    closed_loop_at(load, plugin, target, bodies, name).await.0
+}
+
+/// How a closed loop pushes and how its instance is sized.
+#[derive(Clone, Copy)]
+struct Load {
+    /// The keys the bodies spread over (each client owns whole keys).
+    keys: usize,
+    clients: usize,
+    sizing: Sizing,
+}
+
+/// [`closed_loop`] at a load of its own; with the instance's metrics as it ended.
+async fn closed_loop_at(
+    load: Load,
+    plugin: &Path,
+    target: &Target,
+    bodies: &Arc<Vec<(usize, String)>>,
+    name: &str,
+) -> (f64, String) {
     let n = bodies.len();
     let pg = TestPg::new().await;
     let store = inlet::inbox::open(&pg.url, 2).await.expect("open the store");
-    let inlet = Instance::start(&pg.url, plugin, target, args.sizing(), name).await;
+    let inlet = Instance::start(&pg.url, plugin, target, load.sizing, name).await;
     warm_up(&inlet).await;
     wait_delivered(target, 1).await;
     target.reset();
     let start = Instant::now();
-    push_all(&inlet.push_url(), bodies, args.keys, args.clients, "inserted").await;
+    push_all(&inlet.push_url(), bodies, load.keys, load.clients, "inserted").await;
     wait_delivered(target, n as u64).await;
     let per_s = rate(n, start.elapsed());
+    let metrics = async { reqwest::get(format!("{}/metrics", inlet.base())).await?.text().await };
+    let metrics = metrics.await.unwrap_or_else(|e| panic!("read the instance's metrics: {e}"));
     inlet.stop();
     drop(store);
     drop(pg);
-    per_s
+    (per_s, metrics)
+}
+
+/// Where a delivery slot's time went in a run, from the instance's metrics: the mean
+/// claim, the mean exchange with the target, and each group commit's writes per batch
+/// and time per batch.
+fn slot_phases(metrics: &str) -> String {
+    // The sum of every sample of `name` whose labels contain `label` ("" for all).
+    let total = |name: &str, label: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let mean_ms = |name: &str, label: &str| {
+        let count = total(&format!("{name}_count"), label);
+        if count > 0.0 { total(&format!("{name}_sum"), label) * 1e3 / count } else { 0.0 }
+    };
+    let group = |g: &str| {
+        let label = format!("group=\"{g}\"");
+        let batches = total("inlet_group_commit_batch_size_count", &label).max(1.0);
+        format!(
+            "{g} {:.1} per batch, {:.2} ms per batch, {:.0} % lingered out",
+            total("inlet_group_commit_batch_size_sum", &label) / batches,
+            mean_ms("inlet_group_commit_seconds", &label),
+            total("inlet_group_commit_lingered_out_total", &label) * 100.0 / batches
+        )
+    };
+    format!(
+        "{:.0} claims, {:.2} ms each; target {:.2} ms; {} handed on; {}; {}",
+        total("inlet_claim_duration_seconds_count", ""),
+        mean_ms("inlet_claim_duration_seconds", ""),
+        mean_ms("inlet_delivery_duration_seconds", ""),
+        total("inlet_claims_handed_on_total", ""),
+        group("settles"),
+        group("inserts")
+    )
 }
 
 /// What an open-loop run measured.
