@@ -742,6 +742,48 @@ async fn group_commits_count_their_batches_and_the_delivery_slots_in_use(backend
     inlet.stop().await;
 }
 
+/// On a route with more keys than delivery slots, a key's settles hand its next
+/// entries to its slot (no claim of the relay's for them), but only for a bounded run
+/// while no slot is free (`HAND_ON_SHARED_LIMIT`, 16): then the relay's claim, oldest
+/// first, takes the entry of the other key that waited. One slot, two keys: A1–A5,
+/// then B1, then A6–A40, all stored before the relay may claim. Without handing on,
+/// B1 would go sixth (its id is older than A6's); handed on without a bound, last;
+/// here after A1 and the 16 entries handed on after it. PostgreSQL only: SQLite's
+/// settles hand nothing on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_more_keys_than_slots_a_key_keeps_its_slot_for_a_bounded_run() {
+    let camunda = FakeCamunda::start().await;
+    let inlet = Inlet::start(Backend::Postgres, &route("wo", &camunda.url(), "concurrency = 1"), None).await;
+    let pause = inlet::inbox::Pause {
+        route: "wo".into(),
+        paused_at: 0,
+        paused_by: "test".into(),
+        reason: "store everything before the first claim".into(),
+    };
+    inlet.store.pause_route(&pause).await.unwrap();
+    let mut pushes: Vec<(&str, u32)> = (1..=5).map(|seq| ("A", seq)).collect();
+    pushes.push(("B", 1));
+    pushes.extend((6..=40).map(|seq| ("A", seq)));
+    for (key, seq) in &pushes {
+        assert_eq!(inlet.push("wo", &work_order(*seq, key), &format!("m-{key}-{seq}")).await, 200);
+    }
+    inlet.store.resume_route("wo").await.unwrap();
+    wait_until("41 deliveries", WAIT, || async { camunda.count() >= 41 }).await;
+
+    assert_eq!(camunda.correlated_seqs("A"), (1..=40).collect::<Vec<i64>>(), "A's order");
+    assert_eq!(camunda.correlated_seqs("B"), [1], "B delivered once");
+    assert_eq!(camunda.max_in_flight_per_key(), 1, "overlaps: {:?}", camunda.overlaps());
+    let keys: Vec<String> = camunda.deliveries().into_iter().map(|d| d.key).collect();
+    let b_at = keys.iter().position(|k| k == "B").expect("B delivered");
+    assert!((6..=17).contains(&b_at), "B1 went at position {b_at} (from 0): {keys:?}");
+    let handed_on =
+        inlet_testkit::metrics::series(&inlet.http, &inlet.base, "inlet_claims_handed_on_total{route=\"wo\"}")
+            .await
+            .unwrap_or(0.0);
+    assert!(handed_on >= 5.0, "A's entries after A1 were handed on by its settles ({handed_on})");
+    inlet.stop().await;
+}
+
 /// Shutdown waits for in-flight deliveries only as long as the grace period: a
 /// delivery still running then is abandoned and its entry handed back (OPEN, no
 /// lease), so the next instance takes it at once, not when its lease expires.

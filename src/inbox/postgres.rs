@@ -1163,7 +1163,7 @@ impl PgStore {
         };
         let short = i64::from(req.limit) - candidates.len() as i64;
         // A route whose window fills its claims never walks its heads, so its keys are
-        // counted now and then instead: how many there are decides whether its settles
+        // counted now and then instead: how many there are decides how long its settles
         // hand on (`Store::keys_met`), and whether its claims start from the heads.
         if !heads_first && short <= 0 && self.keys_stale(req.route) {
             let keys: i64 =

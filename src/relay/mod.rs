@@ -55,6 +55,14 @@ struct PauseWatch {
 /// route's part, or a window of its oldest entries).
 const HAND_ON_LIMIT: usize = 64;
 
+/// [`HAND_ON_LIMIT`] on a route with more keys than delivery slots, where a key that
+/// keeps its slot keeps keys that are not in flight waiting, older entries among them:
+/// after this many entries in a row (while the relay has no free slot) the slot goes
+/// back to the relay, whose claims take the oldest due heads. So a waiting key waits
+/// for at most this many turns of any one slot, and a claim (which reads every key of
+/// the route's part) serves this many deliveries per slot instead of one.
+const HAND_ON_SHARED_LIMIT: usize = 16;
+
 /// How often a relay looks for expired leases to take back.
 const RELEASE_EVERY: Duration = Duration::from_secs(1);
 
@@ -284,7 +292,7 @@ impl Relay {
             );
             let concurrency = self.route.config.concurrency;
             let slot_free = self.busy.load(std::sync::atomic::Ordering::Relaxed) < concurrency;
-            let hand_on = (handed < HAND_ON_LIMIT || slot_free) && !*stop.borrow();
+            let hand_on = (handed < self.hand_on_limit() || slot_free) && !*stop.borrow();
             c = tracing::Instrument::instrument(Arc::clone(&self).attempt_caught(claimed, hand_on), span).await;
             handed += 1;
         }
@@ -452,28 +460,33 @@ impl Relay {
     }
 
     /// What a settle of an entry of `key` asks for its slot: the key's next entry, on
-    /// a per-key route whose settles commit in groups and whose keys all fit in its
-    /// slots (as its claims last counted them). Then a key keeps a slot while it has
-    /// due entries, and the key's next delivery does not wait for a claim of the
-    /// relay's, which with few keys was most of a key's turn. With more keys than
-    /// slots, handing on would keep keys in slots ahead of older entries of others:
-    /// the relay's claims, oldest first, decide instead.
+    /// a per-key route whose settles commit in groups and whose keys its claims have
+    /// counted. Then the key's next delivery does not wait for a claim of the relay's:
+    /// with few keys that wait was most of a key's turn, and with many keys and few
+    /// slots the claims (each reading every key of the route's part) were most of
+    /// the database's work per delivery. How long a key may keep its slot:
+    /// [`Relay::hand_on_limit`].
     fn next_of_key(&self, key: Option<&str>) -> Option<NextOfKey> {
         let cfg = &self.route.config;
         if cfg.ordering != Ordering::PerKey || self.settles.is_none() {
             return None;
         }
-        // With the keys divided among instances, the keys of this one's part.
-        let keys = self.store.keys_met(self.route.name())?;
-        if keys > cfg.concurrency as i64 {
-            return None;
-        }
+        self.store.keys_met(self.route.name())?;
         Some(NextOfKey {
             route: self.route.name().to_string(),
             key: key?.to_string(),
             lease_ms: cfg.lease.as_millis() as Millis,
             parked_blocks: cfg.parked == ParkedPolicy::BlockKey,
         })
+    }
+
+    /// How many entries in a row a slot may take from its settles while the relay has
+    /// no free slot: [`HAND_ON_LIMIT`] when the route's keys (of this instance's part,
+    /// as its claims last counted them) all fit in its slots, so no key waits for a
+    /// slot; else [`HAND_ON_SHARED_LIMIT`].
+    fn hand_on_limit(&self) -> usize {
+        let keys = self.store.keys_met(self.route.name()).unwrap_or(i64::MAX);
+        if keys <= self.route.config.concurrency as i64 { HAND_ON_LIMIT } else { HAND_ON_SHARED_LIMIT }
     }
 
     /// One settle, with the attempt's record saying how it ended as stored.
