@@ -471,6 +471,7 @@ impl Relay {
         if cfg.ordering != Ordering::PerKey || self.settles.is_none() {
             return None;
         }
+        // Only a store whose claims count the keys hands on (SQLite's count none).
         self.store.keys_met(self.route.name())?;
         Some(NextOfKey {
             route: self.route.name().to_string(),
