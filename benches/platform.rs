@@ -1117,14 +1117,14 @@ async fn push_done_section(args: &Args, plugin: &Path, target: &Target, report: 
         let run = peer.run(jobs, PUSH_DONE_KEYS, PUSH_DONE_PEER_CONCURRENCY).await;
         version = run.version;
         let (per_s, metrics) = closed_loop_at(load, plugin, target, &bodies, "pushdone").await;
+        phases = slot_phases(&metrics);
         eprintln!(
             "pushdone round {round}: graphile-worker {:.0} jobs/s, inlet push -> delivered {per_s:.0} msg/s \
              ({:.2} ms per delivery per slot: {})",
             run.jobs_per_s,
             PUSH_DONE_CONCURRENCY as f64 * 1e3 / per_s,
-            slot_phases(&metrics)
+            phases
         );
-        phases = slot_phases(&metrics);
         peers.push(run.jobs_per_s);
         inlet.push(per_s);
     }
@@ -1479,14 +1479,7 @@ async fn closed_loop_at(
 /// claim, the mean exchange with the target, and each group commit's writes per batch
 /// and time per batch.
 fn slot_phases(metrics: &str) -> String {
-    // The sum of every sample of `name` whose labels contain `label` ("" for all).
-    let total = |name: &str, label: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
+    let total = |name: &str, label: &str| samples_total(metrics, name, label);
     let mean_ms = |name: &str, label: &str| {
         let count = total(&format!("{name}_count"), label);
         if count > 0.0 { total(&format!("{name}_sum"), label) * 1e3 / count } else { 0.0 }
@@ -2132,6 +2125,16 @@ async fn sum_metric(instances: &[Instance], name: &str) -> Option<(f64, f64)> {
     Some((sum, count))
 }
 
+/// The sum of every sample of `name` in a `/metrics` text whose line contains `label`
+/// ("" for all).
+fn samples_total(metrics: &str, name: &str, label: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Each series' value summed over its labels and over `instances`.
 async fn series_totals<const N: usize>(instances: &[Instance], series: [String; N]) -> Option<[f64; N]> {
     let http = reqwest::Client::new();
@@ -2139,11 +2142,7 @@ async fn series_totals<const N: usize>(instances: &[Instance], series: [String; 
     for i in instances {
         let text = http.get(format!("{}/metrics", i.base())).send().await.ok()?.text().await.ok()?;
         for (total, name) in totals.iter_mut().zip(&series) {
-            *total += text
-                .lines()
-                .filter(|l| l.split(['{', ' ']).next() == Some(name.as_str()))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>();
+            *total += samples_total(&text, name, "");
         }
     }
     Some(totals)
