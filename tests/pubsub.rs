@@ -159,6 +159,18 @@ impl Rows {
         keys.expect("read the dedup keys")
     }
 
+    /// How many stored entries are of messages numbered `first` or later
+    /// (`publish_independent`'s numbering: dedup key `evt-{i}`).
+    async fn stored_from(&self, first: usize) -> usize {
+        let sql = "SELECT dedup_key FROM inbox_entry";
+        let keys = match self {
+            Rows::Sqlite(p) => sqlx::query_scalar::<_, String>(sql).fetch_all(p).await,
+            Rows::Postgres(p) => sqlx::query_scalar::<_, String>(sql).fetch_all(p).await,
+        };
+        let keys = keys.expect("read the dedup keys");
+        keys.iter().filter_map(|k| k.strip_prefix("evt-")?.parse::<usize>().ok()).filter(|&i| i >= first).count()
+    }
+
     async fn distinct_dedup_keys(&self) -> i64 {
         self.scalar("SELECT COUNT(DISTINCT dedup_key) FROM inbox_entry").await
     }
@@ -216,6 +228,36 @@ async fn wait_settled(rows: &Rows, n: i64, quiet: Duration, within: Duration) ->
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Shows the source working again after a disruption (a stop, a kill, a lost store),
+/// with messages published after it. What was outstanding at the disruption cannot
+/// show it: the emulator may never dispatch those again (seen in CI: 158 held by a
+/// stopped process and 700 nacked during a lock, none back within 300 s; see
+/// [`assert_acked_were_stored`]), and it may hand new ones to a stream that is gone.
+/// So fresh messages go out in waves of one per key, numbered on from `next` (each
+/// key's sequence continues), until the source has stored some of them. Returns how
+/// many messages the test has published in all.
+async fn recovered_with_fresh_messages(emulator: &PubSubEmulator, rows: &Rows, keys: usize, next: usize) -> usize {
+    const WAVES: usize = 6;
+    let mut published = next;
+    for _ in 0..WAVES {
+        publish_independent(emulator, TOPIC, keys, keys, published, false).await;
+        published += keys;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while tokio::time::Instant::now() < deadline {
+            let fresh = rows.stored_from(next).await;
+            if fresh > 0 {
+                println!("{fresh} of the {} messages published after the disruption stored", published - next);
+                return published;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await; // polling the inbox, as wait_until does
+        }
+    }
+    panic!(
+        "none of the {} messages published after the disruption were stored within {WAVES} × 30 s",
+        published - next
+    );
 }
 
 /// The rule for runs where a streaming-pull client died or reconnected. The emulator
@@ -740,14 +782,15 @@ async fn sigkill_mid_run_keeps_exactly_one_row_per_message() {
     assert!(at_kill < N as i64, "the kill must come mid-run (all {N} were stored already)");
 
     let mut second = InletProcess::spawn(&config, &env);
-    // Not necessarily all N: the emulator may strand what the killed process held.
-    wait_settled(&rows, N as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
+    let published = recovered_with_fresh_messages(&emulator, &rows, KEYS, N).await;
+    // Not necessarily all: the emulator may strand what the killed process held.
+    wait_settled(&rows, published as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
     let duplicates = scrape(port, "inlet_ingested_total", "outcome=\"duplicate\"").await;
     println!("redeliveries absorbed by the dedup key after the restart: {duplicates}");
-    let stored = stop_process_checked(&mut second, port, &rows, dir.path(), N).await;
+    let stored = stop_process_checked(&mut second, port, &rows, dir.path(), published).await;
     assert!(stored as i64 > at_kill, "the restarted instance stored more ({stored} after {at_kill} at the kill)");
     assert_eq!(rows.done().await, stored as i64, "every stored message delivered and DONE");
-    assert_stored_were_delivered(&camunda, KEYS, N / KEYS, stored);
+    assert_stored_were_delivered(&camunda, KEYS, published / KEYS, stored);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -781,18 +824,15 @@ async fn sigterm_with_messages_in_flight_acks_only_what_is_stored() {
     assert!(rows.done().await < N as i64, "the stop must come mid-run");
 
     let mut second = InletProcess::spawn(&config, &env);
-    wait_settled(&rows, N as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
-    let stored = stop_process_checked(&mut second, port, &rows, dir.path(), N).await;
-    // The pull may have stored every message before the signal came (the target is
-    // the slow half; seen in CI): then the stop was mid-run for the relay only, which
-    // `done < N` above checks, and there is nothing left for the restart to store.
-    if at_stop < N as i64 {
-        assert!(stored as i64 > at_stop, "the restarted instance stored more ({stored} after {at_stop} at the stop)");
-    } else {
-        println!("every message was stored before the stop; the restart only delivered");
-    }
+    // The restarted instance pulls again: it stores messages published after the stop.
+    // (What the stopped one held may never come back, and the pull may have stored
+    // every message before the signal came, the target being the slow half.)
+    let published = recovered_with_fresh_messages(&emulator, &rows, KEYS, N).await;
+    wait_settled(&rows, published as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
+    let stored = stop_process_checked(&mut second, port, &rows, dir.path(), published).await;
+    assert!(stored as i64 > at_stop, "the restarted instance stored more ({stored} after {at_stop} at the stop)");
     assert_eq!(rows.done().await, stored as i64, "every stored message delivered and DONE");
-    assert_stored_were_delivered(&camunda, KEYS, N / KEYS, stored);
+    assert_stored_were_delivered(&camunda, KEYS, published / KEYS, stored);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -829,11 +869,12 @@ async fn postgres_outage_mid_run_acks_nothing_without_its_row() {
     assert!(at_cut < N as i64, "the outage must come mid-run");
     proxy.set_up(true);
 
-    wait_settled(&rows, N as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
-    let stored = stop_checked(running, &rows, dir.path(), N).await;
+    let published = recovered_with_fresh_messages(&emulator, &rows, KEYS, N).await;
+    wait_settled(&rows, published as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
+    let stored = stop_checked(running, &rows, dir.path(), published).await;
     assert!(stored as i64 > at_cut, "rows were stored once the store was back ({stored} after {at_cut} at the cut)");
     assert_eq!(rows.done().await, stored as i64, "every stored message delivered and DONE");
-    assert_stored_were_delivered(&camunda, KEYS, N / KEYS, stored);
+    assert_stored_were_delivered(&camunda, KEYS, published / KEYS, stored);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -896,7 +937,7 @@ async fn emulator_restart_mid_run_is_survived_by_reconnecting() {
 
 /// SQLite cannot be unplugged like a server, but another process can hold its write
 /// lock past Inlet's busy timeout (10 s): every batch then fails with SQLITE_BUSY, is
-/// nacked, and comes back once the lock is gone.
+/// nacked, and the source stores again once the lock is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_locked_past_the_busy_timeout_nacks_and_recovers() {
     const N: usize = 2_000;
@@ -923,11 +964,12 @@ async fn sqlite_locked_past_the_busy_timeout_nacks_and_recovers() {
     sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
     drop(locker);
 
-    wait_settled(&rows, N as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
-    let stored = stop_checked(running, &rows, dir.path(), N).await;
+    let published = recovered_with_fresh_messages(&emulator, &rows, KEYS, N).await;
+    wait_settled(&rows, published as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
+    let stored = stop_checked(running, &rows, dir.path(), published).await;
     assert!(stored as i64 > at_lock, "rows were stored once the lock was gone ({stored} after {at_lock} at the lock)");
     assert_eq!(rows.done().await, stored as i64, "every stored message delivered and DONE");
-    assert_stored_were_delivered(&camunda, KEYS, N / KEYS, stored);
+    assert_stored_were_delivered(&camunda, KEYS, published / KEYS, stored);
 }
 
 /// Another process's connection to the SQLite file, holding its write lock
