@@ -41,7 +41,8 @@
 //! - `pushdone`: the same closed loop at ordinary settings (route concurrency 16,
 //!   `--messages` over 100 keys from 16 clients) beside graphile-worker batched at
 //!   concurrency 24 over 100 serial queues (20,000 jobs), with what a delivery slot
-//!   spends per delivery.
+//!   spends per delivery and the CPU per message by part (PostgreSQL, inlet, this
+//!   process's clients and target) beside the peer's per job.
 //! - `sustained`: ingest and relay together for `--sustain-seconds` (10 minutes) at 80 %
 //!   of the maximum measured first (the closed loop as in `latency`, one run of ten
 //!   times `--messages`), paced on a fresh database from 128 senders, each push timed
@@ -1113,18 +1114,22 @@ async fn push_done_section(args: &Args, plugin: &Path, target: &Target, report: 
     };
     let jobs = PUSH_DONE_PEER_JOBS.min(args.peer_jobs);
     let (mut inlet, mut peers, mut version, mut phases) = (vec![], vec![], String::new(), String::new());
+    let (mut inlet_cpu, mut peer_cpu) = (vec![], vec![]);
     for round in 1..=args.rounds {
         let run = peer.run(jobs, PUSH_DONE_KEYS, PUSH_DONE_PEER_CONCURRENCY).await;
         version = run.version;
-        let (per_s, metrics) = closed_loop_at(load, plugin, target, &bodies, "pushdone").await;
+        peer_cpu.push(run.cpu);
+        let ClosedLoop { per_s, metrics, cpu } = closed_loop_at(load, plugin, target, &bodies, "pushdone").await;
         phases = slot_phases(&metrics);
         eprintln!(
             "pushdone round {round}: graphile-worker {:.0} jobs/s, inlet push -> delivered {per_s:.0} msg/s \
-             ({:.2} ms per delivery per slot: {})",
+             ({:.2} ms per delivery per slot: {}; CPU per message {})",
             run.jobs_per_s,
             PUSH_DONE_CONCURRENCY as f64 * 1e3 / per_s,
-            phases
+            phases,
+            cpu.describe()
         );
+        inlet_cpu.push(cpu);
         peers.push(run.jobs_per_s);
         inlet.push(per_s);
     }
@@ -1146,6 +1151,23 @@ async fn push_done_section(args: &Args, plugin: &Path, target: &Target, report: 
         Some(Goal::at_least(0.5, inlet / peer_rate)),
     );
     report.row("pushdone pg", "where the slots' time went (last round)", phases, String::new(), None, None);
+    // Where the cores went, per message: the pushes' HTTP clients and the target are
+    // this process. With the cores all busy, a slot's time per delivery is mostly its
+    // wait for a core, and only less CPU per message raises the rate.
+    let (inlet_cpu, peer_cpu) = (CpuPer::median(&inlet_cpu), CpuPer::median(&peer_cpu));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    report.row(
+        "pushdone pg",
+        "CPU per message: postgres / inlet / HTTP clients and target / other, idle",
+        inlet_cpu.describe(),
+        format!(
+            "graphile-worker per job: {}; all {cores:.0} cores at its rate: {:.0} µs per job",
+            peer_cpu.describe(),
+            cores * 1e6 / peer_rate
+        ),
+        None,
+        None,
+    );
 }
 
 /// The sustained section's maximum is measured over this many times `--messages`.
@@ -1436,7 +1458,15 @@ async fn closed_loop(
     name: &str,
 ) -> f64 {
     let load = Load { keys: args.keys, clients: args.clients, sizing: args.sizing() };
-    closed_loop_at(load, plugin, target, bodies, name).await.0
+    closed_loop_at(load, plugin, target, bodies, name).await.per_s
+}
+
+/// What a closed loop measured: its rate, the instance's `/metrics` at the end, and
+/// the CPU per message by part from the first push to the last delivery.
+struct ClosedLoop {
+    per_s: f64,
+    metrics: String,
+    cpu: CpuPer,
 }
 
 /// How a closed loop pushes and how its instance is sized.
@@ -1455,7 +1485,7 @@ async fn closed_loop_at(
     target: &Target,
     bodies: &Arc<Vec<(usize, String)>>,
     name: &str,
-) -> (f64, String) {
+) -> ClosedLoop {
     let n = bodies.len();
     let pg = TestPg::new().await;
     let store = inlet::inbox::open(&pg.url, 2).await.expect("open the store");
@@ -1463,16 +1493,18 @@ async fn closed_loop_at(
     warm_up(&inlet).await;
     wait_delivered(target, 1).await;
     target.reset();
+    let (meter, log) = (CpuMeter::start(), WalMeter::start(&pg.url).await);
     let start = Instant::now();
     push_all(&inlet.push_url(), bodies, load.keys, load.clients, "inserted").await;
     wait_delivered(target, n as u64).await;
     let per_s = rate(n, start.elapsed());
+    let cpu = CpuPer::of(&meter.stop(CpuPer::part(&[inlet.process.pid()], None)), n).with_wal(log.stop(n).await);
     let metrics = async { reqwest::get(format!("{}/metrics", inlet.base())).await?.text().await };
     let metrics = metrics.await.unwrap_or_else(|e| panic!("read the instance's metrics: {e}"));
     inlet.stop();
     drop(store);
     drop(pg);
-    (per_s, metrics)
+    ClosedLoop { per_s, metrics, cpu }
 }
 
 /// Where a delivery slot's time went in a run, from the instance's metrics: the mean
