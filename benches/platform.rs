@@ -716,21 +716,26 @@ async fn relay_section(args: &Args, plugin: &Path, target: &Target, report: &mut
         ratio(relay, peer_rate),
         Some(Goal::at_least(1.0, relay / peer_rate)),
     );
-    // Where the cores went, per unit of work: what stands between the two rates. At the
-    // peer's rate the whole machine has `cores / rate` of CPU per job.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    // Where the cores went, per unit of work: what stands between the two rates.
     report.row(
         "relay pg",
         "CPU per delivery: postgres / inlet / HTTP target / other, idle",
         relay_cpu.describe(),
-        format!(
-            "graphile-worker per job: {}; all {cores:.0} cores at its rate: {:.0} µs per job",
-            peer_cpu.describe(),
-            cores * 1e6 / peer_rate
-        ),
+        peer_cpu_beside(&peer_cpu, peer_rate),
         None,
         None,
     );
+}
+
+/// The peer's CPU per job by part, and what the whole machine has per job at the
+/// peer's rate (`cores / rate`): the column beside a row of Inlet's CPU per unit.
+fn peer_cpu_beside(peer_cpu: &CpuPer, peer_rate: f64) -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    format!(
+        "graphile-worker per job: {}; all {cores:.0} cores at its rate: {:.0} µs per job",
+        peer_cpu.describe(),
+        cores * 1e6 / peer_rate
+    )
 }
 
 /// CPU per unit of work by part, in µs, and the share of the machine left idle: from a
@@ -1155,16 +1160,11 @@ async fn push_done_section(args: &Args, plugin: &Path, target: &Target, report: 
     // this process. With the cores all busy, a slot's time per delivery is mostly its
     // wait for a core, and only less CPU per message raises the rate.
     let (inlet_cpu, peer_cpu) = (CpuPer::median(&inlet_cpu), CpuPer::median(&peer_cpu));
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     report.row(
         "pushdone pg",
         "CPU per message: postgres / inlet / HTTP clients and target / other, idle",
         inlet_cpu.describe(),
-        format!(
-            "graphile-worker per job: {}; all {cores:.0} cores at its rate: {:.0} µs per job",
-            peer_cpu.describe(),
-            cores * 1e6 / peer_rate
-        ),
+        peer_cpu_beside(&peer_cpu, peer_rate),
         None,
         None,
     );
