@@ -251,7 +251,7 @@ async fn recovered_with_fresh_messages(emulator: &PubSubEmulator, rows: &Rows, k
                 println!("{fresh} of the {} messages published after the disruption stored", published - next);
                 return published;
             }
-            tokio::time::sleep(Duration::from_millis(250)).await; // polling the inbox, as wait_until does
+            tokio::time::sleep(Duration::from_millis(250)).await; // polling the inbox: each poll reads every dedup key, so slower than wait_until
         }
     }
     panic!(
