@@ -1625,3 +1625,112 @@ async fn postgres_a_claim_with_a_part_of_the_keys_takes_only_that_part() {
     let last_part = part_of.values().filter(|p| **p == 1).count() as i64;
     assert_eq!(store.keys_met("p"), Some(last_part), "the last walk (part 1) counted its part's keys");
 }
+
+/// PostgreSQL inserts a batch as one statement that commits alone, and that statement
+/// refuses (leaving none of its rows) where a row has no answer in it: a dedup-key
+/// conflict, which must park a row of its own in the batch's order, or a row whose
+/// dedup key another insert committed after the statement's snapshot. The batch then
+/// goes through a transaction, and its answers are those of one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_batch_insert_commits_alone_or_leaves_nothing() {
+    let pg = TestPg::new().await;
+    // A pool of 8: with fewer, the writers' connections are not all kept, and batches
+    // keep their transaction.
+    let store = inbox::open(&pg.url, 8).await.expect("open postgres");
+    let mut conn = pg.connect().await;
+    let rows_of = async |conn: &mut sqlx::PgConnection, dedup: &str| -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM inbox_entry WHERE dedup_key = $1")
+            .bind(dedup)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap()
+    };
+    // A refused statement is a transaction rolled back (a function's error is not
+    // counted as a call): the database's count of those shows the batches went the
+    // statement's way first.
+    let rolled_back = async || -> i64 {
+        sqlx::query_scalar("SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+            .fetch_one(&mut pg.connect().await)
+            .await
+            .unwrap()
+    };
+    let old = insert(&store, entry("r", "k", "old", "old payload")).await;
+    // Stats reach the view at the latest a second after a backend goes idle.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await; // so the base below has every earlier one
+    let base = rolled_back().await;
+    let rollbacks = async |n: i64| {
+        wait_until(&format!("{n} rollbacks counted"), std::time::Duration::from_secs(10), || async {
+            rolled_back().await - base == n
+        })
+        .await
+    };
+
+    // A conflict between two new rows: had the refused statement kept n1 and n2, the
+    // transaction after it would call them duplicates and park the conflict after n2.
+    let out = store
+        .insert_batch(
+            &[entry("r", "k", "n1", "n1"), entry("r", "k", "old", "another payload"), entry("r", "k", "n2", "n2")],
+            T0,
+        )
+        .await
+        .unwrap();
+    let InsertOutcome::Inserted { id: n1 } = out[0] else { panic!("n1: {:?}", out[0]) };
+    let InsertOutcome::Conflict { existing, entry: parked, first: true } = out[1] else {
+        panic!("the conflict: {:?}", out[1])
+    };
+    let InsertOutcome::Inserted { id: n2 } = out[2] else { panic!("n2: {:?}", out[2]) };
+    assert_eq!(existing, old);
+    assert!(old < n1 && n1 < parked && parked < n2, "ids in the batch's order: {old} {n1} {parked} {n2}");
+    for dedup in ["n1", "n2"] {
+        assert_eq!(rows_of(&mut conn, dedup).await, 1, "{dedup} stored once");
+    }
+    // The refusal, and the transaction's first try, which met the conflict with rows
+    // inserted behind it and began again one by one.
+    rollbacks(2).await;
+
+    // Another insert of r1 holds its row uncommitted when the batch starts: the batch's
+    // statement waits for it, finds r1 taken by a row its snapshot cannot see, and
+    // refuses; r2 is then inserted once and called new, r1 a redelivery of that row.
+    let mut other = pg.connect().await;
+    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+    let r1 = entry("r", "j", "r1", "r1");
+    let held: i64 = sqlx::query_scalar(
+        "INSERT INTO inbox_entry (route, dedup_key, correlation_key, event_type, raw_data, attributes, message_id,
+            payload_digest, status, next_attempt_at, received_at, updated_at)
+         VALUES ('r', 'r1', 'j', 'test', $1, '[]', 'msg-r1', $2, 'OPEN', $3, $3, $3) RETURNING id",
+    )
+    .bind(r1.raw_data.clone())
+    .bind(r1.payload_digest())
+    .bind(T0)
+    .fetch_one(&mut other)
+    .await
+    .unwrap();
+    let batch = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move { store.insert_batch(&[entry("r", "j", "r2", "r2"), r1], T0 + 1).await })
+    };
+    wait_until("the batch waits for the other insert's row", std::time::Duration::from_secs(10), || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut pg.connect().await)
+        .await
+        .unwrap();
+        waiting > 0
+    })
+    .await;
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    let out = batch.await.unwrap().unwrap();
+    assert!(matches!(out[0], InsertOutcome::Inserted { id } if id > n2), "r2 is new: {out:?}");
+    assert_eq!(out[1], InsertOutcome::Duplicate { id: held, replay_open: false }, "r1 is the other insert's row");
+    assert_eq!(rows_of(&mut conn, "r2").await, 1, "r2 stored once");
+    assert_eq!(rows_of(&mut conn, "r1").await, 1, "r1 stored once");
+    rollbacks(3).await;
+
+    // New rows and redeliveries only: answered by the statement alone.
+    let out = store.insert_batch(&[entry("r", "j", "r3", "r3"), entry("r", "j", "r2", "r2")], T0 + 2).await.unwrap();
+    assert!(matches!(out[0], InsertOutcome::Inserted { .. }) && matches!(out[1], InsertOutcome::Duplicate { .. }));
+    // Stats reach the view at the latest a second after a backend goes idle.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await; // past that second, so a refusal would show
+    rollbacks(3).await;
+}

@@ -395,11 +395,13 @@ async fn open_connections(pg: &TestPg, store: &Arc<dyn Store>, n: usize) {
 }
 
 /// The server processes of this database (other than the asking one) whose last
-/// statement was a `COMMIT`: those a batch ran on.
+/// statement ended a batch: a `COMMIT`, or the batch insert that commits alone (it
+/// runs without a transaction around it on PostgreSQL).
 async fn backends_that_committed(pg: &TestPg) -> i64 {
     let mut direct = pg.connect().await;
     sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND query = 'COMMIT'",
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND (query = 'COMMIT' OR query LIKE 'WITH new AS (%')",
     )
     .fetch_one(&mut direct)
     .await

@@ -53,6 +53,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     .compatible_from(11)
     .outside_transaction(),
     Migration::new(14, "route_members", include_str!("sql/postgres_0014_route_members.sql")).compatible_from(11),
+    Migration::new(15, "refuse_batch", include_str!("sql/postgres_0015_refuse_batch.sql")).compatible_from(11),
 ];
 
 /// Serializes migrations across instances (the key is "inlet" in ASCII). Taken for
@@ -64,7 +65,9 @@ const MIGRATION_LOCK: i64 = 452_824_163_700;
 const MIGRATION_LOCK_RETRY: Duration = Duration::from_millis(100);
 
 /// Connections kept warm for the group-commit writers ([`super::warm`]): two writers
-/// for settles, two for inserts (`app.rs`); at most half of the pool.
+/// for settles, two for inserts (`app.rs`); at most half of the pool. A batch insert
+/// commits alone ([`PgStore::insert_alone`]) only where all of them are kept (a pool
+/// of 8 or more).
 const WARM_KEEP: u32 = 4;
 
 /// The session advisory lock whose holder publishes the inbox gauges (the migration
@@ -512,7 +515,11 @@ pub const INSERT_OR_EXISTING_SQL: &str = concat!(
 /// to settle), with whether a replay window of the row's route is open at `$17` (asked
 /// of redeliveries only). A row with neither — its dedup key taken by an earlier row of the same
 /// batch, or by a row committed after the snapshot was taken — is left to the caller
-/// to insert one by one. The lookup is a `LATERAL` probe per row, so that a plan made
+/// to insert one by one; or, where `$18` says the statement commits alone (it runs
+/// without a transaction around it), makes the statement fail instead, so that none of
+/// its rows stay (`inbox_refuse_batch`, `sql/postgres_0015_refuse_batch.sql`): a
+/// conflict, or a row it cannot answer, then goes through the caller's transaction.
+/// The lookup is a `LATERAL` probe per row, so that a plan made
 /// while the table was small (a prepared statement's generic plan, kept until the
 /// next `ANALYZE`) cannot turn it into a scan of the whole table per batch, as a join
 /// did.
@@ -542,8 +549,10 @@ RETURNING id, route, dedup_key, correlation_key, status), ",
     CASE WHEN new.id IS NULL AND old.id IS NOT NULL
         THEN EXISTS (SELECT 1 FROM inbox_replay_window w WHERE ",
     super::sqlstore::replay_open!("k.route", "$17::bigint"),
-    ") END
-FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(route, dedup_key, ord)
+    ") END,
+    CASE WHEN $18 AND new.id IS NULL AND (old.id IS NULL OR old.payload_digest IS DISTINCT FROM k.digest)
+        THEN inbox_refuse_batch('row ' || k.ord || ' has no answer of its own') END
+FROM unnest($1::text[], $2::text[], $12::text[]) WITH ORDINALITY AS k(route, dedup_key, digest, ord)
 LEFT JOIN new ON new.route = k.route AND new.dedup_key = k.dedup_key
 LEFT JOIN LATERAL (
     SELECT o.id, o.payload_digest FROM inbox_entry o WHERE o.route = k.route AND o.dedup_key = k.dedup_key
@@ -552,8 +561,18 @@ ORDER BY k.ord"
 );
 
 /// A row of [`INSERT_MANY_SQL`]: the id inserted; else the id and digest of the row
-/// met, and whether a replay window of the route is open.
-type InsertManyRow = (Option<i64>, Option<i64>, Option<String>, Option<bool>);
+/// met, and whether a replay window of the route is open; and the refusal's column
+/// (never true: a refusal is an error).
+type InsertManyRow = (Option<i64>, Option<i64>, Option<String>, Option<bool>, Option<bool>);
+
+/// The SQLSTATE of `inbox_refuse_batch`'s error.
+const BATCH_REFUSED: &str = "INLT1";
+
+/// How a writer's connection runs the statements of the hot path: on their generic
+/// plans, as [`HOT_BEGIN_SQL`] sets for a transaction, here for a batch insert that
+/// runs without one ([`PgStore::insert_alone`]). Set once per connection, which the
+/// writers then keep or close, never give back to the pool ([`super::warm`]).
+const HOT_SESSION_SQL: &str = "SET plan_cache_mode TO force_generic_plan";
 
 impl PgStore {
     /// The batch insert's fast path, in one statement: what became of each entry
@@ -563,6 +582,51 @@ impl PgStore {
         conn: &mut PgConnection,
         entries: &[super::NewEntry],
         now: crate::clock::Millis,
+    ) -> Result<Option<Vec<Option<super::InsertOutcome>>>, StoreError> {
+        Self::insert_rows(conn, entries, now, false).await
+    }
+
+    /// A batch of inserts as one statement that commits alone: one round trip, where a
+    /// transaction takes three (`BEGIN`, the statement, `COMMIT`). The outcome of every
+    /// entry, or `None` where the batch must go through a transaction instead: two
+    /// entries share a dedup key, or the statement refused (a conflict, or a row whose
+    /// holder committed after its snapshot: see [`INSERT_MANY_SQL`]), and then nothing
+    /// of it stayed.
+    async fn insert_alone(
+        warm: &mut super::warm::Warm<'_, Postgres>,
+        entries: &[super::NewEntry],
+        now: crate::clock::Millis,
+    ) -> Result<Option<Vec<super::InsertOutcome>>, StoreError> {
+        // An altered connection that is not kept is closed: with fewer kept than the
+        // writers of both groups may hold at once, some would be, batch after batch.
+        if warm.keeps() < WARM_KEEP as usize {
+            return Ok(None);
+        }
+        let mut keys = std::collections::HashSet::with_capacity(entries.len());
+        if !entries.iter().all(|e| keys.insert((e.route.as_str(), e.dedup_key.as_str()))) {
+            return Ok(None);
+        }
+        if !warm.altered() {
+            sqlx::query(HOT_SESSION_SQL).execute(&mut *warm.conn()).await?;
+            warm.alter();
+        }
+        match Self::insert_rows(warm.conn(), entries, now, true).await {
+            // Every row answered (a row without an answer refuses), but should one
+            // not have been, the transaction's path answers from what is stored.
+            Ok(Some(known)) => Ok(known.into_iter().collect()),
+            Ok(None) => Ok(None),
+            Err(e) if e.code().as_deref() == Some(BATCH_REFUSED) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`INSERT_MANY_SQL`], committing alone (`alone`: it refuses rather than leave a
+    /// row unanswered) or in the caller's transaction.
+    async fn insert_rows(
+        conn: &mut PgConnection,
+        entries: &[super::NewEntry],
+        now: crate::clock::Millis,
+        alone: bool,
     ) -> Result<Option<Vec<Option<super::InsertOutcome>>>, StoreError> {
         use super::{InsertOutcome, Status};
         let col = |f: fn(&super::NewEntry) -> Option<&str>| entries.iter().map(f).collect::<Vec<_>>();
@@ -594,6 +658,7 @@ impl PgStore {
             .bind(finished)
             .bind(fingerprint)
             .bind(now)
+            .bind(alone)
             .fetch_all(&mut *conn)
             .await?;
         if rows.len() != entries.len() {
@@ -604,8 +669,8 @@ impl PgStore {
         // (rows go in array order); a later one with the same key goes one by one.
         let mut taken = std::collections::HashSet::new();
         let outcomes = rows.into_iter().zip(&digest).map(|(row, digest)| match row {
-            (Some(id), _, _, _) if taken.insert(id) => Some(InsertOutcome::Inserted { id }),
-            (None, Some(id), Some(existing), replay_open) if existing == *digest => {
+            (Some(id), _, _, _, _) if taken.insert(id) => Some(InsertOutcome::Inserted { id }),
+            (None, Some(id), Some(existing), replay_open, _) if existing == *digest => {
                 Some(InsertOutcome::Duplicate { id, replay_open: replay_open.unwrap_or(true) })
             }
             _ => None,

@@ -255,6 +255,16 @@ impl SqliteStore {
 }
 
 impl SqliteStore {
+    /// No batch commits without a transaction here: SQLite's `BEGIN` and `COMMIT` are
+    /// calls in this process, not round trips, and its batch insert is many statements.
+    async fn insert_alone(
+        _warm: &mut super::warm::Warm<'_, Sqlite>,
+        _entries: &[super::NewEntry],
+        _now: crate::clock::Millis,
+    ) -> Result<Option<Vec<super::InsertOutcome>>, StoreError> {
+        Ok(None)
+    }
+
     /// The batch insert's fast path: the new rows in multi-row `INSERT … VALUES`
     /// statements of [`INSERT_CHUNK`] rows at most (sizes in powers of two, so a few
     /// prepared statements serve every batch), in array order, so ids are drawn in

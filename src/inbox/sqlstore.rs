@@ -543,6 +543,12 @@ macro_rules! store_impl {
             {
                 use $crate::inbox::InsertOutcome;
                 let mut warm = self.warm.take(&self.pool).await?;
+                // One statement that commits alone, where the backend has it and every
+                // entry gets its answer there.
+                if let Some(out) = Self::insert_alone(&mut warm, entries, now).await? {
+                    warm.keep();
+                    return Ok(out);
+                }
                 let mut tx = Self::begin_hot(warm.conn()).await?;
                 // The new rows and the redeliveries in one statement, where the backend
                 // has one; then what it could not answer (dedup-key conflicts) one by one. A
