@@ -17,7 +17,7 @@ use inlet_testkit::pg::TestPg;
 use inlet_testkit::ports::free_port;
 use inlet_testkit::process::InletProcess;
 use inlet_testkit::proxy::TcpProxy;
-use inlet_testkit::py_pubsub::{assert_drained, publish_independent, publish_with_attributes};
+use inlet_testkit::py_pubsub::{assert_drained, publish_independent, publish_spread, publish_with_attributes};
 use inlet_testkit::wait::{wait_for, wait_until};
 
 const PROJECT: &str = "inlet-test";
@@ -236,28 +236,76 @@ async fn wait_settled(rows: &Rows, n: i64, quiet: Duration, within: Duration) ->
 /// stopped process and 700 nacked during a lock, none back within 300 s; see
 /// [`assert_acked_were_stored`]), and it may hand new ones to a stream that is gone.
 /// So fresh messages go out in waves of one per key, numbered on from `next` (each
-/// key's sequence continues), until the source has stored some of them. Returns how
-/// many messages the test has published in all.
-async fn recovered_with_fresh_messages(emulator: &PubSubEmulator, rows: &Rows, keys: usize, next: usize) -> usize {
-    const WAVES: usize = 6;
+/// key's sequence continues), until the source has stored some of them. A wave's
+/// publishes are spread over 10 s: the emulator hands what it holds to whichever
+/// stream polls first (every 50 ms each), a dead one included, so a wave sent at once
+/// goes whole to one stream, and one spread out gives every message its own chance
+/// (a landing run saw all of 6 waves sent at once go nowhere). Returns how many
+/// messages the test has published in all.
+///
+/// `source` reads the source's metrics text (the in-process registry, or a scrape of
+/// the process's `/metrics`): a wave that found nothing stored prints the source's
+/// counters, so a log tells a source that received nothing from one whose store
+/// kept failing.
+async fn recovered_with_fresh_messages(
+    emulator: &PubSubEmulator,
+    rows: &Rows,
+    keys: usize,
+    next: usize,
+    source: impl AsyncFn() -> String,
+) -> usize {
+    const WAVES: usize = 8;
+    const SPREAD: Duration = Duration::from_secs(10);
+    const WAVE: Duration = Duration::from_secs(30);
     let mut published = next;
-    for _ in 0..WAVES {
-        publish_independent(emulator, TOPIC, keys, keys, published, false).await;
-        published += keys;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while tokio::time::Instant::now() < deadline {
+    for wave in 0..WAVES {
+        let deadline = tokio::time::Instant::now() + WAVE;
+        let publish = publish_spread(emulator, TOPIC, keys, keys, published, SPREAD);
+        tokio::pin!(publish);
+        let mut sent = false;
+        loop {
+            tokio::select! {
+                _ = &mut publish, if !sent => sent = true,
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {} // polling the inbox: each poll reads every dedup key, so slower than wait_until
+            }
             let fresh = rows.stored_from(next).await;
             if fresh > 0 {
+                if !sent {
+                    publish.await;
+                }
+                published += keys;
                 println!("{fresh} of the {} messages published after the disruption stored", published - next);
                 return published;
             }
-            tokio::time::sleep(Duration::from_millis(250)).await; // polling the inbox: each poll reads every dedup key, so slower than wait_until
+            if sent && tokio::time::Instant::now() >= deadline {
+                break;
+            }
         }
+        published += keys;
+        println!(
+            "wave {} of {WAVES}: none of the {} fresh messages stored within {WAVE:?}; {} rows in all; the source: {}",
+            wave + 1,
+            published - next,
+            rows.rows().await,
+            pubsub_counters(&source().await)
+        );
     }
     panic!(
-        "none of the {} messages published after the disruption were stored within {WAVES} × 30 s",
+        "none of the {} messages published after the disruption were stored within {WAVES} waves of {WAVE:?}",
         published - next
     );
+}
+
+/// The source's own counters in a metrics text, one line: what it received, acked and
+/// nacked, its reconnects by reason, whether it is connected.
+fn pubsub_counters(text: &str) -> String {
+    let counters: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("inlet_pubsub_") && !l.contains("_bucket") && !l.contains("_sum") && !l.contains("_count")
+        })
+        .collect();
+    counters.join("; ")
 }
 
 /// The rule for runs where a streaming-pull client died or reconnected. The emulator
@@ -753,8 +801,11 @@ fn process_config(dir: &Path, routes: &str) -> (PathBuf, String, u16) {
 }
 
 async fn scrape(port: u16, name: &str, labels: &str) -> f64 {
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.unwrap().text().await.unwrap();
-    sum_samples(&text, name, labels)
+    sum_samples(&scrape_text(port).await, name, labels)
+}
+
+async fn scrape_text(port: u16) -> String {
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.unwrap().text().await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -782,7 +833,7 @@ async fn sigkill_mid_run_keeps_exactly_one_row_per_message() {
     assert!(at_kill < N as i64, "the kill must come mid-run (all {N} were stored already)");
 
     let mut second = InletProcess::spawn(&config, &env);
-    let published = recovered_with_fresh_messages(&emulator, &rows, KEYS, N).await;
+    let published = recovered_with_fresh_messages(&emulator, &rows, KEYS, N, async || scrape_text(port).await).await;
     // Not necessarily all: the emulator may strand what the killed process held.
     wait_settled(&rows, published as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
     let duplicates = scrape(port, "inlet_ingested_total", "outcome=\"duplicate\"").await;
@@ -827,7 +878,7 @@ async fn sigterm_with_messages_in_flight_acks_only_what_is_stored() {
     // The restarted instance pulls again: it stores messages published after the stop.
     // (What the stopped one held may never come back, and the pull may have stored
     // every message before the signal came, the target being the slow half.)
-    let published = recovered_with_fresh_messages(&emulator, &rows, KEYS, N).await;
+    let published = recovered_with_fresh_messages(&emulator, &rows, KEYS, N, async || scrape_text(port).await).await;
     wait_settled(&rows, published as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
     let stored = stop_process_checked(&mut second, port, &rows, dir.path(), published).await;
     assert!(stored as i64 > at_stop, "the restarted instance stored more ({stored} after {at_stop} at the stop)");
@@ -869,7 +920,8 @@ async fn postgres_outage_mid_run_acks_nothing_without_its_row() {
     assert!(at_cut < N as i64, "the outage must come mid-run");
     proxy.set_up(true);
 
-    let published = recovered_with_fresh_messages(&emulator, &rows, KEYS, N).await;
+    let published =
+        recovered_with_fresh_messages(&emulator, &rows, KEYS, N, async || running.shared.metrics.render()).await;
     wait_settled(&rows, published as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
     let stored = stop_checked(running, &rows, dir.path(), published).await;
     assert!(stored as i64 > at_cut, "rows were stored once the store was back ({stored} after {at_cut} at the cut)");
@@ -954,6 +1006,9 @@ async fn sqlite_locked_past_the_busy_timeout_nacks_and_recovers() {
 
     let mut locker = lock_exclusively(&path).await;
     let at_lock = rows.rows().await;
+    // More after the lock, so the source has something to store while it holds: on a
+    // loaded machine the lock may come only once the first N are all stored.
+    publish_independent(&emulator, TOPIC, 2 * KEYS, KEYS, N, false).await;
     wait_until("the source to see the store fail", Duration::from_secs(60), || async {
         metric(&running, "inlet_pubsub_reconnects_total", "outcome=\"store\"") >= 1.0
     })
@@ -964,7 +1019,9 @@ async fn sqlite_locked_past_the_busy_timeout_nacks_and_recovers() {
     sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
     drop(locker);
 
-    let published = recovered_with_fresh_messages(&emulator, &rows, KEYS, N).await;
+    let published =
+        recovered_with_fresh_messages(&emulator, &rows, KEYS, N + 2 * KEYS, async || running.shared.metrics.render())
+            .await;
     wait_settled(&rows, published as i64, Duration::from_secs(45), Duration::from_secs(300)).await;
     let stored = stop_checked(running, &rows, dir.path(), published).await;
     assert!(stored as i64 > at_lock, "rows were stored once the lock was gone ({stored} after {at_lock} at the lock)");
@@ -1007,6 +1064,9 @@ async fn a_stalled_store_holds_the_source_to_its_flow_control_budget() {
     wait_until("some messages stored", Duration::from_secs(120), || async { rows.rows().await >= 100 }).await;
 
     let mut locker = lock_exclusively(&path).await;
+    // More after the lock, so the source has more than its budget to hold while the
+    // store is stuck, however far it had got before the lock.
+    publish_independent(&emulator, TOPIC, 200, 50, 2_000, false).await;
     let held = || {
         metric(&running, "inlet_pubsub_received_total", "orders")
             - metric(&running, "inlet_pubsub_messages_total", "orders")
@@ -1019,8 +1079,8 @@ async fn a_stalled_store_holds_the_source_to_its_flow_control_budget() {
     .await;
     sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
     let stored = rows.rows().await;
-    println!("at most {most_held} messages held while the store was stuck ({stored} of 2000 stored)");
-    assert!(stored < 2_000, "the store must stall mid-run");
+    println!("at most {most_held} messages held while the store was stuck ({stored} of 2200 stored)");
+    assert!(stored < 2_200, "the store must stall mid-run");
     assert!(most_held <= BUDGET, "held {most_held} messages with a budget of {BUDGET}");
     assert_eq!(most_held, BUDGET, "the budget, not the broker, limited what was held");
     running.stop().await;

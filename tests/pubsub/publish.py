@@ -2,7 +2,7 @@
 the messages the pull-source tests consume come from a client that is not Inlet's.
 
     publish.py --topic projects/P/topics/T --count N --keys K [--start S] [--ordered]
-               [--data-file PATH] [--attribute NAME=VALUE ...]
+               [--data-file PATH] [--attribute NAME=VALUE ...] [--spread SECONDS]
 
 Run by tests/testkit (publish_independent) with the python of scripts/ensure-py-pubsub.
 The client talks to the emulator named by PUBSUB_EMULATOR_HOST by itself (no
@@ -20,6 +20,12 @@ number i // K (so calls with consecutive ranges continue every key's sequence):
 - ordering key: the key, with --ordered (and message ordering enabled on the client).
 
 With --attribute, every message also gets that attribute (for routing by content).
+
+With --spread, the publishes are spaced evenly over that many seconds, each sent on
+its own, instead of going out together: the emulator hands what it has to whichever
+stream of the subscription polls first (each polls every 50 ms), a stream that is gone
+included, so messages sent together all go to one stream, and messages spread out each
+take their own chance.
 
 With --data-file, every message's data is that file's bytes instead of the event (for
 large messages: Pub/Sub takes up to 10 MB); the attributes stay as above.
@@ -48,6 +54,7 @@ def main() -> int:
     parser.add_argument("--ordered", action="store_true", help="publish with ordering keys")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for confirmations")
     parser.add_argument("--data-file", help="publish this file's bytes as every message's data")
+    parser.add_argument("--spread", type=float, default=0.0, help="seconds to space the publishes over")
     parser.add_argument(
         "--attribute", action="append", default=[], metavar="NAME=VALUE", help="an attribute every message gets"
     )
@@ -58,8 +65,8 @@ def main() -> int:
         if not sep or not name:
             parser.error(f"--attribute takes NAME=VALUE, not {pair!r}")
         extra[name] = value
-    if args.count < 0 or args.keys < 1 or args.start < 0:
-        parser.error("--count and --start must be >= 0 and --keys >= 1")
+    if args.count < 0 or args.keys < 1 or args.start < 0 or args.spread < 0:
+        parser.error("--count, --start and --spread must be >= 0 and --keys >= 1")
 
     publisher = pubsub_v1.PublisherClient(
         batch_settings=pubsub_v1.types.BatchSettings(max_messages=1000, max_latency=0.01),
@@ -74,6 +81,9 @@ def main() -> int:
     started = time.monotonic()
     futures = {}
     for i in range(args.start, args.start + args.count):
+        if args.spread > 0:
+            due = started + (i - args.start) * args.spread / args.count
+            time.sleep(max(0.0, due - time.monotonic()))
         key = f"key-{i % args.keys}"
         # The byte-for-byte format of work_order() in tests/relay.rs.
         data = (

@@ -51,6 +51,23 @@ pub async fn publish_independent(
     run_publisher(cmd, count).await
 }
 
+/// Like [`publish_independent`] (unordered), the publishes spaced evenly over `spread`
+/// instead of sent together (`publish.py --spread`): the emulator gives what it holds
+/// to whichever stream of the subscription polls first, a stream that is gone
+/// included, so each message spread out takes its own chance of reaching a live one.
+pub async fn publish_spread(
+    emulator: &PubSubEmulator,
+    topic: &str,
+    count: usize,
+    keys: usize,
+    start: usize,
+    spread: Duration,
+) -> PublishReport {
+    let mut cmd = publisher(emulator, topic, count, keys, start);
+    cmd.arg("--spread").arg(format!("{:.3}", spread.as_secs_f64()));
+    run_publisher(cmd, count).await
+}
+
 /// Like [`publish_independent`] (unordered), every message also carrying `attributes`.
 pub async fn publish_with_attributes(
     emulator: &PubSubEmulator,
