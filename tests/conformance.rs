@@ -9,8 +9,9 @@ use inlet::inbox::{
     self, ClaimRequest, Claimed, Decoded, InsertOutcome, ListFilter, NewEntry, SettleRequest, Settlement, Status,
     Store, StoreError,
 };
-use inlet_testkit::pg::TestPg;
+use inlet_testkit::pg::{TestPg, TestRole};
 use inlet_testkit::wait::{wait_for, wait_until};
+use sqlx::Connection as _;
 
 const T0: Millis = 1_800_000_000_000;
 const LEASE: i64 = 30_000;
@@ -1436,10 +1437,23 @@ fn settle_of(c: &Claimed, now: Millis, settlement: Settlement, next: Option<inbo
 /// raised, exactly when an ordinary claim would take it: not behind an older entry
 /// still OPEN (a retry) or PARKED where parked blocks, not on a paused route, not
 /// while another transaction holds the key, not for a settle whose lease was lost.
+///
+/// Both ways a batch settles: in a transaction (a pool under 8, whose writers'
+/// connections are not all kept), and as one call of the session's settle function
+/// that commits alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_settle_hands_its_key_the_next_entry_when_a_claim_would_take_it() {
+    settle_hands_on_when_a_claim_would(4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_settle_batch_in_one_call_hands_on_as_a_claim_would() {
+    settle_hands_on_when_a_claim_would(8).await;
+}
+
+async fn settle_hands_on_when_a_claim_would(pool: u32) {
     let pg = TestPg::new().await;
-    let store = inbox::open(&pg.url, 4).await.expect("open postgres");
+    let store = inbox::open(&pg.url, pool).await.expect("open postgres");
     let mut conn = pg.connect().await;
     let ins = async |key: &str, n: usize| {
         let mut v = Vec::new();
@@ -1470,6 +1484,15 @@ async fn postgres_a_settle_hands_its_key_the_next_entry_when_a_claim_would_take_
         ])
         .await
         .unwrap();
+    // Which way it went: the writer's backend's last statement.
+    let calls: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+           AND query LIKE '%pg_temp.inlet_settle_batch(%' AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(calls, i64::from(pool >= 8), "the settle function ran with a pool of {pool}");
     let handed = results[0].as_ref().unwrap().as_ref().expect("A's next entry handed on");
     assert_eq!(handed.entry.id, a[1]);
     assert_eq!((handed.entry.status, handed.lease.owner.as_str()), (Status::InProgress, "w"));
@@ -1518,6 +1541,56 @@ async fn postgres_a_settle_hands_its_key_the_next_entry_when_a_claim_would_take_
     assert!(matches!(paused[0], Ok(None)), "a paused route hands nothing on");
     assert_eq!(store.get(a[3]).await.unwrap().unwrap().status, Status::Open);
     floors_hold(&mut conn).await;
+}
+
+/// A role that may not create temporary objects (`TEMP` revoked on the database) gets
+/// no settle function in its sessions: settle batches, hand-ons included, keep their
+/// transaction, and nothing else changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_without_temp_a_settle_batch_keeps_its_transaction() {
+    let pg = TestPg::new().await;
+    drop(inbox::open(&pg.url, 1).await.expect("migrate as the owner"));
+    let role = TestRole { name: format!("{}_notemp", pg.name()), db_url: pg.url.clone() };
+    sqlx::raw_sql(&format!(
+        "CREATE ROLE \"{r}\" LOGIN;
+         REVOKE TEMPORARY ON DATABASE \"{d}\" FROM PUBLIC;
+         GRANT CONNECT ON DATABASE \"{d}\" TO \"{r}\";
+         GRANT USAGE ON SCHEMA public TO \"{r}\";
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO \"{r}\";
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO \"{r}\"",
+        r = role.name,
+        d = pg.name()
+    ))
+    .execute(&mut pg.connect().await)
+    .await
+    .unwrap();
+    let url = role.url(&pg.url);
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let temp = sqlx::raw_sql("CREATE TEMP TABLE t (i int)").execute(&mut conn).await;
+    assert!(temp.is_err(), "the role may not create temporary tables");
+
+    let store = inbox::open_as(&url, 8, inbox::MigrateMode::Check, inbox::schema::DEFAULT_LOCK_TIMEOUT)
+        .await
+        .expect("open as the role");
+    let a0 = insert(&store, entry("h", "A", "a0", "p")).await;
+    let a1 = insert(&store, entry("h", "A", "a1", "p")).await;
+    let c = store.claim(&req("h", "w", T0, 10)).await.unwrap();
+    assert_eq!(ids(&c), vec![a0]);
+    let results =
+        store.settle_batch(&[settle_of(&c[0], T0 + 1, Settlement::Done, next_of("h", "A", true))]).await.unwrap();
+    let handed = results[0].as_ref().unwrap().as_ref().expect("A's next entry handed on");
+    assert_eq!((handed.entry.id, handed.entry.status), (a1, Status::InProgress));
+    assert_eq!(store.get(a0).await.unwrap().unwrap().status, Status::Done);
+    let settled = store.settle_batch(&[settle_of(handed, T0 + 2, Settlement::Done, None)]).await.unwrap();
+    assert!(matches!(settled[0], Ok(None)));
+    assert_eq!(store.get(a1).await.unwrap().unwrap().status, Status::Done);
+    let functions: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_proc WHERE proname = 'inlet_settle_batch'")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(functions, 0, "no session made the settle function");
+    drop(store);
+    conn.close().await.unwrap();
 }
 
 /// SQLite hands nothing on: the ask is answered `None` and the entry stays for a claim.

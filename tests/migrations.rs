@@ -21,7 +21,7 @@ use inlet::inbox::postgres::PgStore;
 use inlet::inbox::schema::{self, MigrateMode, Migration};
 use inlet::inbox::{self, ClaimRequest, ListFilter, Settlement, Status, Store};
 use inlet_testkit::paths::plugin_path;
-use inlet_testkit::pg::{TestPg, pg_admin_url};
+use inlet_testkit::pg::{TestPg, TestRole};
 use inlet_testkit::ports::free_port;
 use inlet_testkit::process::InletProcess;
 use inlet_testkit::push::push_work_order;
@@ -1060,33 +1060,6 @@ async fn a_second_run_on_one_sqlite_file_is_refused_while_the_first_keeps_runnin
     next.wait_healthy(Duration::from_secs(60)).await;
 }
 
-/// A PostgreSQL role for one test, dropped with what it was granted.
-struct Role {
-    name: String,
-    db_url: String,
-}
-
-impl Drop for Role {
-    fn drop(&mut self) {
-        let (name, db_url) = (self.name.clone(), self.db_url.clone());
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async move {
-                let mut db = sqlx::PgConnection::connect(&db_url).await?;
-                sqlx::raw_sql(&format!("DROP OWNED BY \"{name}\"")).execute(&mut db).await?;
-                db.close().await?;
-                let mut admin = sqlx::PgConnection::connect(&pg_admin_url()).await?;
-                sqlx::raw_sql(&format!("DROP ROLE IF EXISTS \"{name}\"")).execute(&mut admin).await?;
-                admin.close().await
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop the test role {}: {dropped:?}", self.name);
-        }
-    }
-}
-
 /// After `inlet migrate` as the owner, instances run as a role that may only read and
 /// write rows: no DDL, no ownership (what UPGRADING.md tells production to do).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1094,7 +1067,7 @@ async fn instances_run_as_a_role_that_may_only_read_and_write_rows() {
     let db = Db::new(Backend::Postgres).await;
     succeeds(&["migrate", db.config(free_port()).to_str().unwrap()]);
     let pg = db.pg.as_ref().unwrap();
-    let role = Role { name: format!("{}_rt", pg.name()), db_url: db.url.clone() };
+    let role = TestRole { name: format!("{}_rt", pg.name()), db_url: db.url.clone() };
     db.exec(
         &format!(
             "DO $$ BEGIN
@@ -1110,8 +1083,7 @@ async fn instances_run_as_a_role_that_may_only_read_and_write_rows() {
         &[],
     )
     .await;
-    let runtime_url = db.url.replacen("postgres://postgres@", &format!("postgres://{}@", role.name), 1);
-    assert_ne!(runtime_url, db.url, "the role's URL: {}", db.url);
+    let runtime_url = role.url(&db.url);
     let runtime_dir = tempfile::tempdir().unwrap();
     let config = write_config(runtime_dir.path(), &runtime_url, free_port());
 

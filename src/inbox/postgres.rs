@@ -88,6 +88,10 @@ pub struct PgStore {
     floors_kept: std::sync::Mutex<Option<std::time::Instant>>,
     /// The group-commit writers' connections between batches ([`super::warm`]).
     warm: super::warm::Kept<Postgres>,
+    /// The server refused the settle function in a session's temporary schema
+    /// ([`SETTLE_FUNCTION_SQL`]; the role lacks `TEMP` on the database): settle
+    /// batches keep their transaction. Until then, every altered connection has it.
+    no_settle_function: std::sync::atomic::AtomicBool,
 }
 
 impl PgStore {
@@ -136,6 +140,7 @@ impl PgStore {
             keys_walked: Default::default(),
             floors_kept: Default::default(),
             warm: super::warm::Kept::new(WARM_KEEP.min(max_connections / 2) as usize),
+            no_settle_function: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -593,6 +598,7 @@ impl PgStore {
     /// holder committed after its snapshot: see [`INSERT_MANY_SQL`]), and then nothing
     /// of it stayed.
     async fn insert_alone(
+        &self,
         warm: &mut super::warm::Warm<'_, Postgres>,
         entries: &[super::NewEntry],
         now: crate::clock::Millis,
@@ -602,14 +608,10 @@ impl PgStore {
         if warm.keeps() < WARM_KEEP as usize {
             return Ok(None);
         }
-        let mut keys = std::collections::HashSet::with_capacity(entries.len());
-        if !entries.iter().all(|e| keys.insert((e.route.as_str(), e.dedup_key.as_str()))) {
+        if !unique_dedup_keys(entries) {
             return Ok(None);
         }
-        if !warm.altered() {
-            sqlx::query(HOT_SESSION_SQL).execute(&mut *warm.conn()).await?;
-            warm.alter();
-        }
+        self.hot_session(warm).await?;
         match Self::insert_rows(warm.conn(), entries, now, true).await {
             // Every row answered (a row without an answer refuses), but should one
             // not have been, the transaction's path answers from what is stored.
@@ -734,15 +736,12 @@ pub const UNRESOLVED_READS: &[(&str, &str)] = &[
     ("floors mend", FLOORS_MEND_SQL),
 ];
 
-/// A batch of settles in one statement: the same changes as `settle.sql` for every
-/// entry whose lease still holds, and the attempt records of those, in the same
-/// statement: an entry's first attempt into its own row (`$27`, as `settle.sql`
-/// does), a later one into `inbox_attempt`. The settles that ask for their key's next
-/// entry (`$28` their ids, `$29` routes, `$30` keys) try-lock their keys, as
-/// [`LOCK_KEYS_SQL`] would, once settled: a round trip less for the hand-on
-/// ([`CLAIM_NEXT_SQL`] then runs in a snapshot taken after those locks). Returns the
-/// ids settled, each with whether its key is now held.
-const SETTLE_MANY_SQL: &str = "\
+/// [`SETTLE_MANY_SQL`] up to its last `SELECT`: the settles, the attempt records and
+/// the key locks, as CTEs (`settled`: the ids settled; `locked`: those whose key is
+/// now held).
+macro_rules! settle_many_ctes {
+    () => {
+        "\
 WITH v AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[],
             $7::text[], $8::bigint[], $9::text[], $10::text[], $11::text[], $12::bytea[], $13::boolean[],
@@ -779,8 +778,113 @@ WITH v AS (
     SELECT l.id FROM unnest($28::bigint[], $29::text[], $30::text[]) AS l(id, route, key)
     WHERE CASE WHEN l.id IN (SELECT id FROM settled)
         THEN pg_try_advisory_xact_lock(hashtextextended(l.route || ':' || l.key, 0)) ELSE false END
-)
-SELECT id, id IN (SELECT id FROM locked) AS locked FROM settled";
+)"
+    };
+}
+
+/// A batch of settles in one statement: the same changes as `settle.sql` for every
+/// entry whose lease still holds, and the attempt records of those, in the same
+/// statement: an entry's first attempt into its own row (`$27`, as `settle.sql`
+/// does), a later one into `inbox_attempt`. The settles that ask for their key's next
+/// entry (`$28` their ids, `$29` routes, `$30` keys) try-lock their keys, as
+/// [`LOCK_KEYS_SQL`] would, once settled: a round trip less for the hand-on
+/// ([`CLAIM_NEXT_SQL`] then runs in a snapshot taken after those locks). Returns the
+/// ids settled, each with whether its key is now held.
+const SETTLE_MANY_SQL: &str =
+    concat!(settle_many_ctes!(), "\nSELECT id, id IN (SELECT id FROM locked) AS locked FROM settled");
+
+/// The settle batch and its hand-on as one call that commits alone
+/// ([`PgStore::settle_alone`]): one round trip where the transaction takes four
+/// (`BEGIN`, [`SETTLE_MANY_SQL`], [`CLAIM_NEXT_SQL`], `COMMIT`). A PL/pgSQL function of
+/// the writer's session (in `pg_temp`, created when the writer first alters its
+/// connection, [`PgStore::hot_session`]) runs the two statements in turn: a VOLATILE
+/// function's statements each take a snapshot of their own, so the claim's comes after
+/// the keys' locks, as in the transaction, and the locks are held until the call
+/// commits. Its statements are the constants' own text (the claim's parameters bound
+/// to the function's variables), so it cannot drift from them, and it lives in the
+/// session, so no schema version carries a copy. Parameters: `$1`–`$30` as
+/// [`SETTLE_MANY_SQL`]'s; `$31` the hand-on's route, `$32` its lease owner, `$33` the
+/// lease's length, `$34` whether parked entries block their key, `$35` each ask's
+/// time (beside `$28`–`$30`). Returns a row per entry settled (`settled_id`,
+/// `key_held`), then a row per entry claimed (`claimed_entry`): of each key asked for,
+/// in the batch's order, the first ask that settled and holds its key, as
+/// [`PgStore::claim_next`] picks them.
+static SETTLE_FUNCTION_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let claim = CLAIM_NEXT_SQL
+        .strip_suffix("SELECT claimed.* FROM claimed")
+        .expect("CLAIM_NEXT_SQL ends by selecting what it claimed");
+    let claim = rebind(claim, |n| {
+        match n {
+            1 => "$31",
+            2 => "ask_now",
+            3 => "true",
+            4 => "$34",
+            5 => "cardinality(after_ids)",
+            6 => "$32",
+            7 => "$33",
+            8 => "after_ids",
+            9 => "ask_keys",
+            _ => panic!("CLAIM_NEXT_SQL has no parameter ${n}"),
+        }
+        .to_string()
+    });
+    format!(
+        "CREATE OR REPLACE FUNCTION pg_temp.inlet_settle_batch(
+    bigint[], text[], bigint[], text[], bigint[], bigint[], text[], bigint[], text[], text[], text[], bytea[],
+    boolean[], bigint[], text[], text[], bigint[], integer[], text[], bigint[], bigint[], text[], text[], text[],
+    text[], text[], text[], bigint[], text[], text[], text, text, bigint, boolean, bigint[])
+RETURNS TABLE (settled_id bigint, key_held boolean, claimed_entry inbox_entry)
+LANGUAGE plpgsql VOLATILE AS $inlet$
+#variable_conflict use_column
+DECLARE
+    s_ids bigint[];
+    s_held boolean[];
+    after_ids bigint[];
+    ask_keys text[];
+    ask_now bigint;
+BEGIN
+{settle}
+SELECT array_agg(id), array_agg(id IN (SELECT id FROM locked)) INTO s_ids, s_held FROM settled;
+RETURN QUERY SELECT u.id, u.held, NULL::inbox_entry FROM unnest(s_ids, s_held) AS u(id, held);
+SELECT array_agg(a.id ORDER BY a.i), array_agg(a.key ORDER BY a.i), max(a.now) INTO after_ids, ask_keys, ask_now
+FROM (
+    SELECT DISTINCT ON (l.key) l.id, l.key, l.now, l.i
+    FROM unnest($28, $30, $35) WITH ORDINALITY AS l(id, key, now, i)
+    JOIN unnest(s_ids, s_held) AS u(id, held) ON u.id = l.id AND u.held
+    ORDER BY l.key, l.i) a;
+IF after_ids IS NOT NULL THEN
+RETURN QUERY {claim}SELECT NULL::bigint, NULL::boolean, ROW(claimed.*)::inbox_entry FROM claimed;
+END IF;
+END
+$inlet$",
+        settle = settle_many_ctes!(),
+    )
+});
+
+/// Calls [`SETTLE_FUNCTION_SQL`]'s function: the claimed entries' columns spread out,
+/// so a row reads as a claim's row does.
+const SETTLE_ALONE_SQL: &str = "\
+SELECT s.settled_id, s.key_held, (s.claimed_entry).*
+FROM pg_temp.inlet_settle_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+    $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35) AS s";
+
+/// `sql` with each parameter `$n` written as `to(n)`.
+fn rebind(sql: &str, to: impl Fn(u32) -> String) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            out.push('$');
+        } else {
+            out.push_str(&to(rest[at + 1..at + 1 + digits].parse().expect("digits")));
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
+}
 
 /// How a transaction of the hot path begins (a batch of inserts or settles): its
 /// statements on their generic plans ([`PgStore::begin_hot`]), in the round trip of
@@ -896,14 +1000,34 @@ impl PgStore {
         conn: &mut PgConnection,
         items: &[super::SettleRequest],
     ) -> Result<Option<Vec<(bool, bool)>>, StoreError> {
+        use sqlx::Row as _;
+        if !Self::settle_many_fits(items) {
+            return Ok(None);
+        }
+        let rows = Self::settle_rows(conn, SETTLE_MANY_SQL, items, None).await?;
+        let mut settled = std::collections::HashMap::with_capacity(rows.len());
+        for row in rows {
+            settled.insert(row.try_get::<i64, _>("id")?, row.try_get::<bool, _>("locked")?);
+        }
+        Ok(Some(items.iter().map(|i| settled.get(&i.id).map_or((false, false), |held| (true, *held))).collect()))
+    }
+
+    /// Whether [`SETTLE_MANY_SQL`] can settle `items`: no entry twice, and none
+    /// decoded again (such an entry joins its key under the key's lock, `settle_in`).
+    fn settle_many_fits(items: &[super::SettleRequest]) -> bool {
         let mut seen = std::collections::HashSet::with_capacity(items.len());
-        if !items.iter().all(|i| seen.insert(i.id)) {
-            return Ok(None);
-        }
-        // An entry decoded again joins its key under the key's lock (`settle_in`).
-        if items.iter().any(|i| matches!(i.settlement, super::Settlement::Decoded { .. })) {
-            return Ok(None);
-        }
+        items.iter().all(|i| seen.insert(i.id))
+            && !items.iter().any(|i| matches!(i.settlement, super::Settlement::Decoded { .. }))
+    }
+
+    /// Runs `sql`, [`SETTLE_MANY_SQL`] or [`SETTLE_ALONE_SQL`], with `items` bound as
+    /// its first 30 parameters, and for the second the hand-on's five.
+    async fn settle_rows(
+        conn: &mut PgConnection,
+        sql: &str,
+        items: &[super::SettleRequest],
+        hand_on: Option<HandOn<'_>>,
+    ) -> Result<Vec<PgRow>, StoreError> {
         let cols: Vec<super::SettleColumns<'_>> = items.iter().map(|i| i.settlement.columns(i.now)).collect();
         let decoded =
             |f: fn(&super::Decoded) -> Option<&str>| cols.iter().map(|c| c.decoded.and_then(f)).collect::<Vec<_>>();
@@ -917,9 +1041,9 @@ impl PgStore {
             .iter()
             .map(|i| i.attempt.as_ref().map(|a| serde_json::to_string(a).expect("attempts serialize")))
             .collect();
-        let asking: Vec<(i64, &super::NextOfKey)> =
-            items.iter().filter_map(|i| i.next.as_ref().map(|next| (i.id, next))).collect();
-        let settled: Vec<(i64, bool)> = sqlx::query_as(SETTLE_MANY_SQL)
+        let asking: Vec<(&super::SettleRequest, &super::NextOfKey)> =
+            items.iter().filter_map(|i| i.next.as_ref().map(|next| (i, next))).collect();
+        let mut query = sqlx::query(sql)
             .bind(items.iter().map(|i| i.id).collect::<Vec<_>>())
             .bind(items.iter().map(|i| i.lease.owner.as_str()).collect::<Vec<_>>())
             .bind(items.iter().map(|i| i.lease.token).collect::<Vec<_>>())
@@ -947,14 +1071,147 @@ impl PgStore {
             .bind(requests)
             .bind(attempts.iter().map(|(_, a)| a.plugin.as_deref()).collect::<Vec<_>>())
             .bind(firsts)
-            .bind(asking.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+            .bind(asking.iter().map(|(i, _)| i.id).collect::<Vec<_>>())
             .bind(asking.iter().map(|(_, n)| n.route.as_str()).collect::<Vec<_>>())
-            .bind(asking.iter().map(|(_, n)| n.key.as_str()).collect::<Vec<_>>())
-            .fetch_all(&mut *conn)
-            .await?;
-        let settled: std::collections::HashMap<i64, bool> = settled.into_iter().collect();
-        Ok(Some(items.iter().map(|i| settled.get(&i.id).map_or((false, false), |held| (true, *held))).collect()))
+            .bind(asking.iter().map(|(_, n)| n.key.as_str()).collect::<Vec<_>>());
+        if let Some(h) = hand_on {
+            query = query
+                .bind(h.route)
+                .bind(h.owner)
+                .bind(h.lease_ms)
+                .bind(h.parked_blocks)
+                .bind(asking.iter().map(|(i, _)| i.now).collect::<Vec<_>>());
+        }
+        Ok(query.fetch_all(&mut *conn).await?)
     }
+
+    /// Prepares a writer's connection, once, for the statements that commit alone:
+    /// generic plans for its session ([`HOT_SESSION_SQL`]) and the settle function
+    /// ([`SETTLE_FUNCTION_SQL`]). Such a connection is kept for the writers or closed.
+    async fn hot_session(&self, warm: &mut super::warm::Warm<'_, Postgres>) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if warm.altered() {
+            return Ok(());
+        }
+        sqlx::query(HOT_SESSION_SQL).execute(&mut *warm.conn()).await?;
+        warm.alter();
+        if !self.no_settle_function.load(Relaxed) {
+            // Once per connection: not kept among its prepared statements.
+            match sqlx::query(&SETTLE_FUNCTION_SQL).persistent(false).execute(&mut *warm.conn()).await {
+                Ok(_) => {}
+                // The server said no (no `TEMP` on the database): the transaction serves.
+                Err(sqlx::Error::Database(error)) => {
+                    self.no_settle_function.store(true, Relaxed);
+                    tracing::warn!(
+                        %error,
+                        "cannot create the settle function in the session's temporary schema (does the role lack TEMP on the database?); settle batches keep their transaction"
+                    );
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// A settle batch and its hand-on as one call that commits alone
+    /// ([`SETTLE_FUNCTION_SQL`]): what [`super::Store::settle_batch`] answers, or `None`
+    /// where the batch goes through the transaction instead: fewer writers'
+    /// connections kept than [`WARM_KEEP`] (an altered connection not kept is closed),
+    /// no settle function, what [`SETTLE_MANY_SQL`] cannot settle, or hand-ons for more
+    /// than one route or lease. An entry claimed that cannot be read is parked after
+    /// the call, as an ordinary claim's is.
+    async fn settle_alone(
+        &self,
+        warm: &mut super::warm::Warm<'_, Postgres>,
+        items: &[super::SettleRequest],
+    ) -> Result<Option<Vec<Result<Option<super::Claimed>, StoreError>>>, StoreError> {
+        use sqlx::Row as _;
+        use std::sync::atomic::Ordering::Relaxed;
+        if warm.keeps() < WARM_KEEP as usize || self.no_settle_function.load(Relaxed) || !Self::settle_many_fits(items)
+        {
+            return Ok(None);
+        }
+        let Some(hand_on) = HandOn::of(items) else {
+            return Ok(None);
+        };
+        self.hot_session(warm).await?;
+        if self.no_settle_function.load(Relaxed) {
+            return Ok(None);
+        }
+        let rows = Self::settle_rows(warm.conn(), SETTLE_ALONE_SQL, items, Some(hand_on)).await?;
+        let mut settled = std::collections::HashMap::with_capacity(items.len());
+        let mut claimed_rows = Vec::new();
+        for row in rows {
+            match row.try_get::<Option<i64>, _>("settled_id")? {
+                Some(id) => {
+                    settled.insert(id, row.try_get::<bool, _>("key_held")?);
+                }
+                None => claimed_rows.push(row),
+            }
+        }
+        // Each entry claimed to the first settle that asked for its key and holds it.
+        let mut next: Vec<Option<super::Claimed>> = items.iter().map(|_| None).collect();
+        for row in claimed_rows {
+            let key: Option<String> = row.try_get("correlation_key")?;
+            let Some(n) = items.iter().position(|i| {
+                i.next.as_ref().is_some_and(|ask| Some(ask.key.as_str()) == key.as_deref())
+                    && settled.get(&i.id) == Some(&true)
+            }) else {
+                continue;
+            };
+            let (i, lease_ms) = (&items[n], items[n].next.as_ref().map_or(0, |ask| ask.lease_ms));
+            let (mut claimed, unreadable) =
+                Self::claimed_from(std::slice::from_ref(&row), &i.lease.owner, i.now, lease_ms)?;
+            Self::park_unreadable(warm.conn(), unreadable, i.now).await?;
+            next[n] = claimed.pop();
+        }
+        Ok(Some(
+            items
+                .iter()
+                .zip(next)
+                .map(|(i, next)| match settled.contains_key(&i.id) {
+                    true => Ok(next),
+                    false => Err(StoreError::LeaseLost { id: i.id }),
+                })
+                .collect(),
+        ))
+    }
+}
+
+/// The claim a settle batch's hand-ons make, as [`SETTLE_ALONE_SQL`] takes it: one
+/// route and lease for all of them (a relay's settles).
+#[derive(Clone, Copy, PartialEq)]
+struct HandOn<'a> {
+    route: &'a str,
+    owner: &'a str,
+    lease_ms: i64,
+    parked_blocks: bool,
+}
+
+impl<'a> HandOn<'a> {
+    /// The one claim `items`' hand-ons make (without any, one that is never read), or
+    /// `None` if they make more than one.
+    fn of(items: &'a [super::SettleRequest]) -> Option<HandOn<'a>> {
+        let mut claims = items.iter().filter_map(|i| {
+            i.next.as_ref().map(|n| HandOn {
+                route: n.route.as_str(),
+                owner: i.lease.owner.as_str(),
+                lease_ms: n.lease_ms,
+                parked_blocks: n.parked_blocks,
+            })
+        });
+        let first = claims.next();
+        if claims.any(|c| Some(c) != first) {
+            return None;
+        }
+        Some(first.unwrap_or(HandOn { route: "", owner: "", lease_ms: 0, parked_blocks: false }))
+    }
+}
+
+/// Whether no two of `entries` share a route and dedup key.
+fn unique_dedup_keys(entries: &[super::NewEntry]) -> bool {
+    let mut keys = std::collections::HashSet::with_capacity(entries.len());
+    entries.iter().all(|e| keys.insert((e.route.as_str(), e.dedup_key.as_str())))
 }
 
 /// Dead or changed rows of `inbox_entry` that make [`PgStore::maintain_tables`] act,

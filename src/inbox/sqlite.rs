@@ -258,10 +258,21 @@ impl SqliteStore {
     /// No batch commits without a transaction here: SQLite's `BEGIN` and `COMMIT` are
     /// calls in this process, not round trips, and its batch insert is many statements.
     async fn insert_alone(
+        &self,
         _warm: &mut super::warm::Warm<'_, Sqlite>,
         _entries: &[super::NewEntry],
         _now: crate::clock::Millis,
     ) -> Result<Option<Vec<super::InsertOutcome>>, StoreError> {
+        Ok(None)
+    }
+
+    /// Nor a settle batch: its statements go one by one, in the transaction.
+    #[allow(clippy::type_complexity)]
+    async fn settle_alone(
+        &self,
+        _warm: &mut super::warm::Warm<'_, Sqlite>,
+        _items: &[super::SettleRequest],
+    ) -> Result<Option<Vec<Result<Option<super::Claimed>, StoreError>>>, StoreError> {
         Ok(None)
     }
 

@@ -545,7 +545,7 @@ macro_rules! store_impl {
                 let mut warm = self.warm.take(&self.pool).await?;
                 // One statement that commits alone, where the backend has it and every
                 // entry gets its answer there.
-                if let Some(out) = Self::insert_alone(&mut warm, entries, now).await? {
+                if let Some(out) = self.insert_alone(&mut warm, entries, now).await? {
                     warm.keep();
                     return Ok(out);
                 }
@@ -645,6 +645,12 @@ macro_rules! store_impl {
                 items: &[$crate::inbox::SettleRequest],
             ) -> Result<Vec<Result<Option<$crate::inbox::Claimed>, $crate::inbox::StoreError>>, $crate::inbox::StoreError> {
                 let mut warm = self.warm.take(&self.pool).await?;
+                // The settles and their hand-ons in one call that commits alone, where
+                // the backend has it.
+                if let Some(out) = self.settle_alone(&mut warm, items).await? {
+                    warm.keep();
+                    return Ok(out);
+                }
                 let mut tx = Self::begin_hot(warm.conn()).await?;
                 // One statement for the whole batch where the backend has one (it also
                 // takes the locks of the keys whose settles ask for their next entry).

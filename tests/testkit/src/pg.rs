@@ -183,3 +183,40 @@ fn url_with_database(url: &str, database: &str) -> String {
     }
     out
 }
+
+/// A PostgreSQL role for one test (roles belong to the cluster, not to a database),
+/// dropped with what it was granted in the database at `db_url`. The test creates it.
+pub struct TestRole {
+    pub name: String,
+    pub db_url: String,
+}
+
+impl TestRole {
+    /// `url` (a test database's, as the superuser) for this role instead.
+    pub fn url(&self, url: &str) -> String {
+        let as_role = url.replacen("postgres://postgres@", &format!("postgres://{}@", self.name), 1);
+        assert_ne!(as_role, url, "a URL of the superuser: {url}");
+        as_role
+    }
+}
+
+impl Drop for TestRole {
+    fn drop(&mut self) {
+        let (name, db_url) = (self.name.clone(), self.db_url.clone());
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let mut db = sqlx::PgConnection::connect(&db_url).await?;
+                sqlx::raw_sql(&format!("DROP OWNED BY \"{name}\"")).execute(&mut db).await?;
+                db.close().await?;
+                let mut admin = sqlx::PgConnection::connect(&pg_admin_url()).await?;
+                sqlx::raw_sql(&format!("DROP ROLE IF EXISTS \"{name}\"")).execute(&mut admin).await?;
+                admin.close().await
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop the test role {}: {dropped:?}", self.name);
+        }
+    }
+}
