@@ -1572,12 +1572,7 @@ async fn postgres_without_temp_a_settle_batch_keeps_its_transaction() {
     let store = inbox::open_as(&url, 8, inbox::MigrateMode::Check, inbox::schema::DEFAULT_LOCK_TIMEOUT)
         .await
         .expect("open as the role");
-    let a0 = insert(&store, entry("h", "A", "a0", "p")).await;
-    let a1 = insert(&store, entry("h", "A", "a1", "p")).await;
-    let c = store.claim(&req("h", "w", T0, 10)).await.unwrap();
-    assert_eq!(ids(&c), vec![a0]);
-    let results =
-        store.settle_batch(&[settle_of(&c[0], T0 + 1, Settlement::Done, next_of("h", "A", true))]).await.unwrap();
+    let (a0, a1, results) = settle_a0_asking_for_the_next(&store).await;
     let handed = results[0].as_ref().unwrap().as_ref().expect("A's next entry handed on");
     assert_eq!((handed.entry.id, handed.entry.status), (a1, Status::InProgress));
     assert_eq!(store.get(a0).await.unwrap().unwrap().status, Status::Done);
@@ -1593,16 +1588,23 @@ async fn postgres_without_temp_a_settle_batch_keeps_its_transaction() {
     conn.close().await.unwrap();
 }
 
-/// SQLite hands nothing on: the ask is answered `None` and the entry stays for a claim.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_a_settle_hands_nothing_on() {
-    let (store, _guard) = sqlite().await;
-    let a0 = insert(&store, entry("h", "A", "a0", "p")).await;
-    let a1 = insert(&store, entry("h", "A", "a1", "p")).await;
+/// Two entries of key A on route h; A0 claimed, then settled DONE asking for its key's
+/// next entry: both ids and what the settle answered.
+async fn settle_a0_asking_for_the_next(store: &Arc<dyn Store>) -> (i64, i64, Vec<Result<Option<Claimed>, StoreError>>) {
+    let a0 = insert(store, entry("h", "A", "a0", "p")).await;
+    let a1 = insert(store, entry("h", "A", "a1", "p")).await;
     let c = store.claim(&req("h", "w", T0, 10)).await.unwrap();
     assert_eq!(ids(&c), vec![a0]);
     let results =
         store.settle_batch(&[settle_of(&c[0], T0 + 1, Settlement::Done, next_of("h", "A", true))]).await.unwrap();
+    (a0, a1, results)
+}
+
+/// SQLite hands nothing on: the ask is answered `None` and the entry stays for a claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_settle_hands_nothing_on() {
+    let (store, _guard) = sqlite().await;
+    let (_, a1, results) = settle_a0_asking_for_the_next(&store).await;
     assert!(matches!(results[0], Ok(None)));
     assert_eq!(ids(&store.claim(&req("h", "w", T0 + 2, 10)).await.unwrap()), vec![a1]);
 }
