@@ -267,7 +267,6 @@ impl SqliteStore {
     }
 
     /// Nor a settle batch: its statements go one by one, in the transaction.
-    #[allow(clippy::type_complexity)]
     async fn settle_alone(
         &self,
         _warm: &mut super::warm::Warm<'_, Sqlite>,
