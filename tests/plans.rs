@@ -19,20 +19,35 @@ use inlet::inbox;
 use inlet_testkit::pg::TestPg;
 use sqlx::Connection;
 
-/// Finished entries in the table, `history` of them, and a thousand of each unresolved
-/// status; statistics taken before the unresolved ones were written (they know only
-/// finished entries) or after (they know the table as it is).
-async fn table(url: &str, history: i64, analyzed_before_the_unresolved: bool) -> sqlx::PgConnection {
+/// When the statistics of [`table`]'s `inbox_entry` were taken.
+#[derive(Clone, Copy, PartialEq)]
+enum Statistics {
+    /// Before the unresolved entries were written: they know only finished entries.
+    BeforeTheUnresolved,
+    /// After: they know the table as it is.
+    AfterThem,
+    /// Never, as on a fresh inbox (autovacuum is kept off the table so that none are
+    /// taken while the test plans).
+    Never,
+}
+
+/// Finished entries in the table, `history` of them, of which the last 1,000 are made
+/// IN_PROGRESS and two more thousands OPEN and PARKED (where there are that many);
+/// statistics taken as `statistics` says.
+async fn table(url: &str, history: i64, statistics: Statistics) -> sqlx::PgConnection {
     let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
     let unresolved = "UPDATE inbox_entry SET status = 'IN_PROGRESS', lease_owner = 'o', lease_expires_at = 1,
              finished_at = NULL WHERE id > $H - 1000;
          UPDATE inbox_entry SET status = 'OPEN', finished_at = NULL WHERE id BETWEEN $H - 3000 AND $H - 2001;
          UPDATE inbox_entry SET status = 'PARKED', finished_at = NULL WHERE id BETWEEN $H - 5000 AND $H - 4001;";
-    let (first, second) = if analyzed_before_the_unresolved {
-        ("ANALYZE inbox_entry;", unresolved)
-    } else {
-        (unresolved, "VACUUM ANALYZE inbox_entry;")
+    let (first, second) = match statistics {
+        Statistics::BeforeTheUnresolved => ("ANALYZE inbox_entry;", unresolved),
+        Statistics::AfterThem => (unresolved, "VACUUM ANALYZE inbox_entry;"),
+        Statistics::Never => (unresolved, "SELECT 1"),
     };
+    if statistics == Statistics::Never {
+        sqlx::raw_sql("ALTER TABLE inbox_entry SET (autovacuum_enabled = off)").execute(&mut conn).await.unwrap();
+    }
     let history_rows = "INSERT INTO inbox_entry (route, dedup_key, correlation_key, raw_data, attributes,
              message_id, payload_digest, status, next_attempt_at, received_at, updated_at, finished_at)
          SELECT 'r', 'd-' || g, 'k-' || (g % 100), '\\x00', '[]', 'm-' || g, 'x', 'DONE', 0, g, g, g
@@ -96,20 +111,20 @@ fn entry_reads(plan: &[String]) -> Vec<&String> {
 }
 
 /// Plans each of `statements` on a fresh inbox whose table is made by [`table`]
-/// (`history` finished entries, analyzed before or after the unresolved ones), under
-/// generic plans (the hot path's, `begin_hot`) and custom ones (the rest's, at first),
-/// and holds every read of `inbox_entry` in each to `keeps` (`fault`: what a read that
-/// does not keep to it does).
+/// (`history` finished entries, statistics as `statistics` says), under generic plans
+/// (the hot path's, `begin_hot`) and custom ones (the rest's, at first), and holds
+/// every read of `inbox_entry` in each to `keeps` (`fault`: what a read that does not
+/// keep to it does).
 async fn every_plan(
     statements: &[(&str, &str)],
     history: i64,
-    analyzed_before_the_unresolved: bool,
+    statistics: Statistics,
     keeps: fn(&str) -> bool,
     fault: &str,
 ) {
     let pg = TestPg::new().await;
     let store = inbox::open(&pg.url, 1).await.unwrap();
-    let mut conn = table(&pg.url, history, analyzed_before_the_unresolved).await;
+    let mut conn = table(&pg.url, history, statistics).await;
     for mode in ["force_generic_plan", "force_custom_plan"] {
         for (name, sql) in statements {
             let plan = plan(&mut conn, name, sql, mode).await;
@@ -127,13 +142,49 @@ async fn every_plan(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_that_change_one_entry_reach_it_by_its_id_on_statistics_that_miss_its_status() {
     let by_id = |read: &str| read.contains("Index Scan using inbox_entry_pkey");
-    every_plan(inbox::postgres::BY_ID_STATEMENTS, 50_000, true, by_id, "reads inbox_entry other than by its id").await;
+    let fault = "reads inbox_entry other than by its id";
+    every_plan(inbox::postgres::BY_ID_STATEMENTS, 50_000, Statistics::BeforeTheUnresolved, by_id, fault).await;
+}
+
+/// A fresh inbox has no statistics, and PostgreSQL takes a table never analyzed for
+/// ten pages whatever it holds: small enough that reading all of it looks cheaper than
+/// an index. The hot path plans a statement once per connection (generic plans), so a
+/// plan made in an inbox's first seconds is the plan for as long as the connection
+/// lives; the hot path's settings (`HOT_SESSION_SQL`, which its transactions set
+/// locally) keep it on the primary key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_fresh_inbox_the_hot_paths_statements_that_change_one_entry_reach_it_by_its_id() {
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 1).await.unwrap();
+    let mut conn = table(&pg.url, 200, Statistics::Never).await;
+    let (reltuples, rows): (f32, i64) = sqlx::query_as(
+        "SELECT c.reltuples, (SELECT count(*) FROM inbox_entry) FROM pg_class c WHERE c.oid = 'inbox_entry'::regclass",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        reltuples < 0.0 && rows == 200,
+        "not the fresh inbox this test is about: reltuples {reltuples}, {rows} rows"
+    );
+    sqlx::raw_sql(inbox::postgres::HOT_SESSION_SQL).execute(&mut conn).await.unwrap();
+    for (name, sql) in inbox::postgres::BY_ID_STATEMENTS {
+        let plan = plan(&mut conn, name, sql, "force_generic_plan").await;
+        let reads = entry_reads(&plan);
+        assert!(
+            !reads.is_empty() && reads.iter().all(|l| l.contains("Index Scan using inbox_entry_pkey")),
+            "{name}, under the hot path's settings on a fresh inbox, reads inbox_entry other than by its id:\n{}",
+            plan.join("\n")
+        );
+    }
+    drop(store);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_housekeepings_reads_of_unresolved_entries_skip_the_finished_ones() {
     let not_all = |read: &str| !read.contains("Seq Scan");
-    every_plan(inbox::postgres::UNRESOLVED_READS, 200_000, false, not_all, "reads all of inbox_entry").await;
+    let fault = "reads all of inbox_entry";
+    every_plan(inbox::postgres::UNRESOLVED_READS, 200_000, Statistics::AfterThem, not_all, fault).await;
 }
 
 /// How many generic and custom plans PostgreSQL made for `sql`, prepared on `conn` under

@@ -573,11 +573,28 @@ type InsertManyRow = (Option<i64>, Option<i64>, Option<String>, Option<bool>, Op
 /// The SQLSTATE of `inbox_refuse_batch`'s error.
 const BATCH_REFUSED: &str = "INLT1";
 
-/// How a writer's connection runs the statements of the hot path: on their generic
-/// plans, as [`HOT_BEGIN_SQL`] sets for a transaction, here for a batch insert that
-/// runs without one ([`PgStore::insert_alone`]). Set once per connection, which the
-/// writers then keep or close, never give back to the pool ([`super::warm`]).
-const HOT_SESSION_SQL: &str = "SET plan_cache_mode TO force_generic_plan";
+/// How the hot path's statements are planned, after `SET` or `SET LOCAL`: once per
+/// connection, on their generic plans (see [`PgStore::begin_hot`]), and without
+/// sequential scans. Every statement of the hot path reaches its rows through an
+/// index (by id, by key, by status); a generic plan is made at a connection's first
+/// use and kept, and made on a fresh inbox — never analyzed, which PostgreSQL takes
+/// for ten pages whatever it holds — it read the whole table for every settle and
+/// went on doing so as the table grew (2–3 ms against 0.3–0.6 ms by the primary key:
+/// docs/measurements.md, "Plans made on a fresh inbox"). `tests/plans.rs` holds the
+/// by-id statements to their index on such a table.
+macro_rules! hot_plans {
+    ($set:literal) => {
+        concat!($set, " plan_cache_mode TO force_generic_plan; ", $set, " enable_seqscan TO off")
+    };
+}
+
+/// [`hot_plans!`] for a session: what a writer's connection sets once, for the batch
+/// inserts and settles that run without a transaction ([`PgStore::insert_alone`],
+/// [`PgStore::settle_alone`]). The writers then keep such a connection or close it,
+/// never give it back to the pool ([`super::warm`]). Also what `tests/plans.rs` plans
+/// under.
+#[doc(hidden)]
+pub const HOT_SESSION_SQL: &str = hot_plans!("SET");
 
 impl PgStore {
     /// The batch insert's fast path, in one statement: what became of each entry
@@ -889,12 +906,11 @@ fn rebind(sql: &str, to: impl Fn(u32) -> String) -> String {
 /// How a transaction of the hot path begins (a batch of inserts or settles): its
 /// statements on their generic plans ([`PgStore::begin_hot`]), in the round trip of
 /// the `BEGIN`.
-const HOT_BEGIN_SQL: &str = "BEGIN; SET LOCAL plan_cache_mode TO force_generic_plan";
+const HOT_BEGIN_SQL: &str = concat!("BEGIN; ", hot_plans!("SET LOCAL"));
 
 /// How a claim's transaction begins: generic plans as [`HOT_BEGIN_SQL`], and a commit
 /// that does not wait for the disk (see `claim_rows`).
-const CLAIM_BEGIN_SQL: &str =
-    "BEGIN; SET LOCAL synchronous_commit TO OFF; SET LOCAL plan_cache_mode TO force_generic_plan";
+const CLAIM_BEGIN_SQL: &str = concat!("BEGIN; SET LOCAL synchronous_commit TO OFF; ", hot_plans!("SET LOCAL"));
 
 /// For settles that ask for their key's next entry (`$1` routes, `$2` keys), where
 /// [`SETTLE_MANY_SQL`] did not run: try-locks each key (as a claim's step one does;
@@ -1093,7 +1109,8 @@ impl PgStore {
         if warm.altered() {
             return Ok(());
         }
-        sqlx::query(HOT_SESSION_SQL).execute(&mut *warm.conn()).await?;
+        // Two statements: the simple protocol (a `&str` runs unprepared).
+        sqlx::Executor::execute(&mut *warm.conn(), HOT_SESSION_SQL).await?;
         warm.alter();
         if !self.no_settle_function.load(Relaxed) {
             // Once per connection: not kept among its prepared statements.
