@@ -19,6 +19,8 @@ const LEASE: i64 = 30_000;
 enum Guard {
     Sqlite(#[allow(dead_code)] tempfile::TempDir),
     Pg(#[allow(dead_code)] TestPg),
+    /// The role goes before its database (fields drop in order).
+    PgRole(#[allow(dead_code)] TestRole, #[allow(dead_code)] TestPg),
 }
 
 async fn sqlite() -> (Arc<dyn Store>, Guard) {
@@ -30,6 +32,40 @@ async fn sqlite() -> (Arc<dyn Store>, Guard) {
 async fn postgres() -> (Arc<dyn Store>, Guard) {
     let pg = TestPg::new().await;
     (inbox::open(&pg.url, 8).await.expect("open postgres"), Guard::Pg(pg))
+}
+
+/// The store on PostgreSQL as a role that may not create temporary objects: no
+/// functions in its sessions, so its ordered claims and its settle batches run in
+/// their transactions ([`postgres`]'s run as one call each where they can).
+async fn postgres_without_temp() -> (Arc<dyn Store>, Guard) {
+    let pg = TestPg::new().await;
+    drop(inbox::open(&pg.url, 1).await.expect("migrate as the owner"));
+    let role = role_without_temp(&pg).await;
+    let url = role.url(&pg.url);
+    let store = inbox::open_as(&url, 8, inbox::MigrateMode::Check, inbox::schema::DEFAULT_LOCK_TIMEOUT)
+        .await
+        .expect("open as the role");
+    (store, Guard::PgRole(role, pg))
+}
+
+/// A role of `pg`'s database that may use the inbox's tables but not create
+/// temporary objects (`TEMP` revoked on the database).
+async fn role_without_temp(pg: &TestPg) -> TestRole {
+    let role = TestRole { name: format!("{}_notemp", pg.name()), db_url: pg.url.clone() };
+    sqlx::raw_sql(&format!(
+        "CREATE ROLE \"{r}\" LOGIN;
+         REVOKE TEMPORARY ON DATABASE \"{d}\" FROM PUBLIC;
+         GRANT CONNECT ON DATABASE \"{d}\" TO \"{r}\";
+         GRANT USAGE ON SCHEMA public TO \"{r}\";
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO \"{r}\";
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO \"{r}\"",
+        r = role.name,
+        d = pg.name()
+    ))
+    .execute(&mut pg.connect().await)
+    .await
+    .unwrap();
+    role
 }
 
 macro_rules! conformance {
@@ -48,6 +84,15 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     let (store, _guard) = super::postgres().await;
+                    super::$name(store).await;
+                }
+            )*
+        }
+        mod on_postgres_without_temp {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let (store, _guard) = super::postgres_without_temp().await;
                     super::$name(store).await;
                 }
             )*
@@ -1544,26 +1589,14 @@ async fn settle_hands_on_when_a_claim_would(pool: u32) {
 }
 
 /// A role that may not create temporary objects (`TEMP` revoked on the database) gets
-/// no settle function in its sessions: settle batches, hand-ons included, keep their
-/// transaction, and nothing else changes.
+/// no functions in its sessions: settle batches, hand-ons included, and ordered claims
+/// keep their transactions, and nothing else changes. (The whole conformance suite
+/// also runs as such a role: `on_postgres_without_temp`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_without_temp_a_settle_batch_keeps_its_transaction() {
     let pg = TestPg::new().await;
     drop(inbox::open(&pg.url, 1).await.expect("migrate as the owner"));
-    let role = TestRole { name: format!("{}_notemp", pg.name()), db_url: pg.url.clone() };
-    sqlx::raw_sql(&format!(
-        "CREATE ROLE \"{r}\" LOGIN;
-         REVOKE TEMPORARY ON DATABASE \"{d}\" FROM PUBLIC;
-         GRANT CONNECT ON DATABASE \"{d}\" TO \"{r}\";
-         GRANT USAGE ON SCHEMA public TO \"{r}\";
-         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO \"{r}\";
-         GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO \"{r}\"",
-        r = role.name,
-        d = pg.name()
-    ))
-    .execute(&mut pg.connect().await)
-    .await
-    .unwrap();
+    let role = role_without_temp(&pg).await;
     let url = role.url(&pg.url);
     let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
     let temp = sqlx::raw_sql("CREATE TEMP TABLE t (i int)").execute(&mut conn).await;
@@ -1579,13 +1612,49 @@ async fn postgres_without_temp_a_settle_batch_keeps_its_transaction() {
     let settled = store.settle_batch(&[settle_of(handed, T0 + 2, Settlement::Done, None)]).await.unwrap();
     assert!(matches!(settled[0], Ok(None)));
     assert_eq!(store.get(a1).await.unwrap().unwrap().status, Status::Done);
-    let functions: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_proc WHERE proname = 'inlet_settle_batch'")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(functions, 0, "no session made the settle function");
+    let functions: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_proc WHERE proname IN ('inlet_settle_batch', 'inlet_claim')")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(functions, 0, "no session made a function");
     drop(store);
     conn.close().await.unwrap();
+}
+
+/// Where the role may make it, an ordered claim runs as one call of a function its
+/// connection's session makes at its first claim (`on_postgres_without_temp` runs the
+/// suite the other way, in the claim's transaction). A pool of one connection: every
+/// claim on the same session, which makes the function once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_ordered_claim_runs_as_one_call() {
+    let pg = TestPg::new().await;
+    let store = inbox::open(&pg.url, 1).await.expect("open postgres");
+    let mut conn = pg.connect().await;
+    let a0 = insert(&store, entry("h", "A", "a0", "p")).await;
+    let a1 = insert(&store, entry("h", "A", "a1", "p")).await;
+    let b0 = insert(&store, entry("h", "B", "b0", "p")).await;
+    let calls_and_functions = async |conn: &mut sqlx::PgConnection| -> (i64, i64) {
+        sqlx::query_as(
+            "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                       AND query LIKE '%pg_temp.inlet_claim(%' AND pid <> pg_backend_pid()),
+                    (SELECT count(*) FROM pg_proc WHERE proname = 'inlet_claim')",
+        )
+        .fetch_one(conn)
+        .await
+        .unwrap()
+    };
+    let c = store.claim(&req("h", "w", T0, 10)).await.unwrap();
+    assert_eq!(ids(&c), vec![a0, b0]);
+    assert_eq!(calls_and_functions(&mut conn).await, (1, 1), "the claim ran as a call of the session's function");
+    assert_eq!(store.keys_met("h"), Some(2), "the call walked the heads and said how many keys it met");
+    assert_eq!((c[0].entry.status, c[0].lease.owner.as_str()), (Status::InProgress, "w"));
+    assert_eq!(c[0].lease.expires_at, T0 + LEASE);
+    store.settle(a0, &c[0].lease, T0 + 1, &Settlement::Done).await.unwrap();
+    let c = store.claim(&req("h", "w", T0 + 2, 10)).await.unwrap();
+    assert_eq!(ids(&c), vec![a1], "B0 is in flight");
+    assert_eq!(calls_and_functions(&mut conn).await, (1, 1), "made once per session");
+    floors_hold(&mut conn).await;
 }
 
 /// Two entries of key A on route h; A0 claimed, then settled DONE asking for its key's

@@ -88,10 +88,12 @@ pub struct PgStore {
     floors_kept: std::sync::Mutex<Option<std::time::Instant>>,
     /// The group-commit writers' connections between batches ([`super::warm`]).
     warm: super::warm::Kept<Postgres>,
-    /// The server refused the settle function in a session's temporary schema
-    /// ([`SETTLE_FUNCTION_SQL`]; the role lacks `TEMP` on the database): settle
-    /// batches keep their transaction. Until then, every altered connection has it.
-    no_settle_function: std::sync::atomic::AtomicBool,
+    /// The server refused a function in a session's temporary schema (the role lacks
+    /// `TEMP` on the database): settle batches and claims keep their transactions
+    /// ([`SETTLE_FUNCTION_SQL`], [`CLAIM_FUNCTION_SQL`]). Until then, every altered
+    /// writer's connection has the settle function, and a pool connection gets the
+    /// claim function at its first claim.
+    no_session_functions: std::sync::atomic::AtomicBool,
 }
 
 impl PgStore {
@@ -140,7 +142,7 @@ impl PgStore {
             keys_walked: Default::default(),
             floors_kept: Default::default(),
             warm: super::warm::Kept::new(WARM_KEEP.min(max_connections / 2) as usize),
-            no_settle_function: std::sync::atomic::AtomicBool::new(false),
+            no_session_functions: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -570,6 +572,11 @@ ORDER BY k.ord"
 /// (never true: a refusal is an error).
 type InsertManyRow = (Option<i64>, Option<i64>, Option<String>, Option<bool>, Option<bool>);
 
+/// SQLSTATEs of a call of a session's function that is not there yet: `pg_temp`
+/// before the session has a temporary schema, and a function not in it.
+const UNDEFINED_SCHEMA: &str = "3F000";
+const UNDEFINED_FUNCTION: &str = "42883";
+
 /// The SQLSTATE of `inbox_refuse_batch`'s error.
 const BATCH_REFUSED: &str = "INLT1";
 
@@ -885,6 +892,110 @@ SELECT s.settled_id, s.key_held, (s.claimed_entry).*
 FROM pg_temp.inlet_settle_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
     $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35) AS s";
 
+/// An ordered claim as one call that commits alone ([`PgStore::claim_alone`]): one
+/// round trip where the transaction takes four or five (`BEGIN`, step one's
+/// [`CLAIM_KEYS_SQL`] and/or [`CLAIM_HEADS_SQL`], [`CLAIM_UNKEYED_SQL`] on a route
+/// claimed heads first, [`CLAIM_HELD_SQL`], `COMMIT`). A PL/pgSQL function in the
+/// session's temporary schema, made the way [`SETTLE_FUNCTION_SQL`] is: the
+/// statements' own text, parameters rebound to the function's, each statement in a
+/// snapshot of its own (VOLATILE), so step two's comes after step one's key locks,
+/// which hold to the call's commit. It sets for its transaction what
+/// [`CLAIM_BEGIN_SQL`] sets (a commit that does not wait for the disk, the hot path's
+/// plans). Parameters: `$1`–`$5` as every claim statement's, `$6` the lease's owner,
+/// `$7` its length, `$8` the window ([`claim_window`]), `$9`/`$10` the claim's part of
+/// the keys (NULL: every key), `$11` whether the route is claimed heads first, `$12`
+/// whether its keys are due a count ([`KEYS_RECOUNT`]). Returns, when the keys were
+/// walked or counted, a row with how many (`keys_met`), then a row per entry claimed
+/// (`claimed_entry`). The branches are those of [`PgStore::claim_rows`]' transaction.
+static CLAIM_FUNCTION_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let to = |map: &'static [(u32, &'static str)]| {
+        move |n: u32| {
+            map.iter()
+                .find(|(from, _)| *from == n)
+                .map_or_else(|| panic!("no ${n} to rebind"), |(_, to)| to.to_string())
+        }
+    };
+    let window = rebind(
+        CLAIM_KEYS_SQL,
+        to(&[(1, "$1"), (2, "$2"), (3, "$3"), (4, "$4"), (5, "$5"), (6, "$8"), (7, "$9"), (8, "$10")]),
+    );
+    let count = rebind(KEYS_COUNT_SQL, to(&[(1, "$1"), (2, "$9"), (3, "$10")]));
+    let heads = rebind(
+        CLAIM_HEADS_SQL,
+        to(&[(1, "$1"), (2, "$2"), (3, "$4"), (4, "wanted"), (5, "array_remove(c_keys, NULL)"), (6, "$9"), (7, "$10")]),
+    );
+    let unkeyed = rebind(CLAIM_UNKEYED_SQL, to(&[(1, "$1"), (2, "$2"), (3, "wanted")]));
+    let held = CLAIM_HELD_SQL
+        .strip_suffix("SELECT claimed.* FROM claimed")
+        .expect("CLAIM_HELD_SQL ends by selecting what it claimed");
+    let held = rebind(
+        held,
+        to(&[
+            (1, "$1"),
+            (2, "$2"),
+            (3, "$3"),
+            (4, "$4"),
+            (5, "$5"),
+            (6, "$6"),
+            (7, "$7"),
+            (8, "c_ids"),
+            (9, "held_keys"),
+        ]),
+    );
+    format!(
+        "CREATE OR REPLACE FUNCTION pg_temp.inlet_claim(
+    text, bigint, boolean, boolean, bigint, text, bigint, bigint, bigint, bigint, boolean, boolean)
+RETURNS TABLE (keys_met bigint, claimed_entry inbox_entry)
+LANGUAGE plpgsql VOLATILE AS $inlet$
+#variable_conflict use_column
+DECLARE
+    c_ids bigint[] := '{{}}';
+    c_keys text[] := '{{}}';
+    held_keys text[];
+    wanted bigint := $5;
+    met bigint;
+BEGIN
+PERFORM set_config('synchronous_commit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true),
+    set_config('enable_seqscan', 'off', true);
+IF NOT $11 THEN
+    SELECT coalesce(array_agg(w.id), '{{}}'), coalesce(array_agg(w.correlation_key), '{{}}') INTO c_ids, c_keys
+    FROM ({window}) w;
+    wanted := $5 - cardinality(c_ids);
+    IF wanted <= 0 AND $12 THEN
+        {count} INTO met;
+    END IF;
+END IF;
+IF wanted > 0 THEN
+    SELECT c_ids || coalesce(array_agg(h.id) FILTER (WHERE h.id IS NOT NULL), '{{}}'),
+        c_keys || coalesce(array_agg(h.correlation_key) FILTER (WHERE h.id IS NOT NULL), '{{}}'),
+        coalesce(max(h.keys), 0)
+    INTO c_ids, c_keys, met
+    FROM ({heads}) h;
+    wanted := $5 - cardinality(c_ids);
+    IF $11 AND wanted > 0 THEN
+        SELECT c_ids || coalesce(array_agg(u.id), '{{}}'), c_keys || coalesce(array_agg(u.correlation_key), '{{}}')
+        INTO c_ids, c_keys
+        FROM ({unkeyed}) u;
+    END IF;
+END IF;
+IF met IS NOT NULL THEN
+    RETURN QUERY SELECT met, NULL::inbox_entry;
+END IF;
+IF cardinality(c_ids) > 0 THEN
+    held_keys := array_remove(c_keys, NULL);
+    RETURN QUERY {held}SELECT NULL::bigint, ROW(claimed.*)::inbox_entry FROM claimed;
+END IF;
+END
+$inlet$"
+    )
+});
+
+/// Calls [`CLAIM_FUNCTION_SQL`]'s function: the claimed entries' columns spread out,
+/// so a row reads as a claim's row does.
+const CLAIM_ALONE_SQL: &str = "\
+SELECT c.keys_met, (c.claimed_entry).*
+FROM pg_temp.inlet_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) AS c";
+
 /// `sql` with each parameter `$n` written as `to(n)`.
 fn rebind(sql: &str, to: impl Fn(u32) -> String) -> String {
     let mut out = String::with_capacity(sql.len());
@@ -1112,18 +1223,12 @@ impl PgStore {
         // Two statements: the simple protocol (a `&str` runs unprepared).
         sqlx::Executor::execute(&mut *warm.conn(), HOT_SESSION_SQL).await?;
         warm.alter();
-        if !self.no_settle_function.load(Relaxed) {
+        if !self.no_session_functions.load(Relaxed) {
             // Once per connection: not kept among its prepared statements.
             match sqlx::query(&SETTLE_FUNCTION_SQL).persistent(false).execute(&mut *warm.conn()).await {
                 Ok(_) => {}
                 // The server said no (no `TEMP` on the database): the transaction serves.
-                Err(sqlx::Error::Database(error)) => {
-                    self.no_settle_function.store(true, Relaxed);
-                    tracing::warn!(
-                        %error,
-                        "cannot create the settle function in the session's temporary schema (does the role lack TEMP on the database?); settle batches keep their transaction"
-                    );
-                }
+                Err(sqlx::Error::Database(error)) => self.refused_session_function(&*error),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -1144,7 +1249,9 @@ impl PgStore {
     ) -> Result<Option<Vec<Result<Option<super::Claimed>, StoreError>>>, StoreError> {
         use sqlx::Row as _;
         use std::sync::atomic::Ordering::Relaxed;
-        if warm.keeps() < WARM_KEEP as usize || self.no_settle_function.load(Relaxed) || !Self::settle_many_fits(items)
+        if warm.keeps() < WARM_KEEP as usize
+            || self.no_session_functions.load(Relaxed)
+            || !Self::settle_many_fits(items)
         {
             return Ok(None);
         }
@@ -1152,7 +1259,7 @@ impl PgStore {
             return Ok(None);
         };
         self.hot_session(warm).await?;
-        if self.no_settle_function.load(Relaxed) {
+        if self.no_session_functions.load(Relaxed) {
             return Ok(None);
         }
         let rows = Self::settle_rows(warm.conn(), SETTLE_ALONE_SQL, items, Some(hand_on)).await?;
@@ -1460,6 +1567,80 @@ impl PgStore {
         self.keys_counted(route).is_some_and(|walked| walked <= HEADS_FIRST_KEYS)
     }
 
+    /// An ordered claim as one call that commits alone ([`CLAIM_FUNCTION_SQL`]): the
+    /// rows of the entries claimed, or `None` where the server refuses the function
+    /// (the role lacks `TEMP` on the database), and then the transaction serves. The
+    /// function is made in a pool connection's session at its first claim (the call
+    /// finds none: no temporary schema yet, or none in it) and stays there as long as
+    /// the connection; the pool's other users never call it and their statements do
+    /// not see it.
+    async fn claim_alone(
+        &self,
+        req: &super::ClaimRequest<'_>,
+        heads_first: bool,
+        part: Option<i64>,
+        parts: Option<i64>,
+    ) -> Result<Option<Vec<PgRow>>, StoreError> {
+        use sqlx::Row as _;
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.no_session_functions.load(Relaxed) {
+            return Ok(None);
+        }
+        let mut conn = self.pool.acquire().await?;
+        let mut made = false;
+        let rows = loop {
+            let call = sqlx::query(CLAIM_ALONE_SQL)
+                .bind(req.route)
+                .bind(req.now)
+                .bind(req.ordered)
+                .bind(req.parked_blocks)
+                .bind(i64::from(req.limit))
+                .bind(req.owner)
+                .bind(req.lease_ms)
+                .bind(claim_window(req.limit))
+                .bind(part)
+                .bind(parts)
+                .bind(heads_first)
+                .bind(self.keys_stale(req.route));
+            match call.fetch_all(&mut *conn).await {
+                Ok(rows) => break rows,
+                // Not made in this session yet: `pg_temp` names no schema until the
+                // session's first temporary object, then no such function in it.
+                Err(sqlx::Error::Database(e))
+                    if !made && matches!(e.code().as_deref(), Some(UNDEFINED_SCHEMA | UNDEFINED_FUNCTION)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            made = true;
+            // Once per connection: not kept among its prepared statements.
+            match sqlx::query(&CLAIM_FUNCTION_SQL).persistent(false).execute(&mut *conn).await {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(error)) => {
+                    self.refused_session_function(&*error);
+                    return Ok(None);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows {
+            match row.try_get::<Option<i64>, _>("keys_met")? {
+                Some(keys) => self.remember_keys(req.route, keys),
+                None => claimed.push(row),
+            }
+        }
+        Ok(Some(claimed))
+    }
+
+    /// The server refused to make a function in a session's temporary schema: from
+    /// now on settle batches and claims keep their transactions.
+    fn refused_session_function(&self, error: &dyn sqlx::error::DatabaseError) {
+        self.no_session_functions.store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            %error,
+            "cannot create a function in the session's temporary schema (does the role lack TEMP on the database?); settle batches and claims keep their transactions"
+        );
+    }
+
     async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<PgRow>, StoreError> {
         // `$1`–`$5` of every claim statement (the `claim_where!` parameters).
         macro_rules! candidates {
@@ -1476,6 +1657,15 @@ impl PgStore {
             let claim = candidates!(sqlx::query(CLAIM_SQL)).bind(req.owner).bind(req.lease_ms);
             return Ok(claim.fetch_all(&self.pool).await?);
         }
+        let heads_first = self.heads_first(req.route);
+        // Alone, an instance's part is every key: no hash to compute.
+        let (part, parts) = match req.share {
+            Some(s) if s.count > 1 => (Some(i64::from(s.index)), Some(i64::from(s.count))),
+            _ => (None, None),
+        };
+        if let Some(rows) = self.claim_alone(req, heads_first, part, parts).await? {
+            return Ok(rows);
+        }
         let mut tx = self.pool.begin_with(CLAIM_BEGIN_SQL).await?;
         // A claim's commit need not wait for its WAL to reach the disk: a claim lost
         // in a server crash leaves its entries OPEN under their old lease token, so the
@@ -1484,12 +1674,6 @@ impl PgStore {
         // key. Settles and inserts keep waiting for the disk.
         // And its statements run on generic plans, as a batch of settles' do
         // ([`PgStore::begin_hot`]). Both are set by the `BEGIN` (`CLAIM_BEGIN_SQL`).
-        let heads_first = self.heads_first(req.route);
-        // Alone, an instance's part is every key: no hash to compute.
-        let (part, parts) = match req.share {
-            Some(s) if s.count > 1 => (Some(i64::from(s.index)), Some(i64::from(s.count))),
-            _ => (None, None),
-        };
         let mut candidates: Vec<(i64, Option<String>)> = if heads_first {
             Vec::new()
         } else {
