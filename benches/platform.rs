@@ -26,7 +26,8 @@
 //!   as Inlet has keys (`benches/peer/graphile.mjs`, installed from npm by
 //!   `scripts/ensure-graphile`), beside Inlet relaying a preloaded backlog to the HTTP
 //!   target with per-key order. The relay's rate runs from its first delivery to its
-//!   last (start-up is not counted).
+//!   last (start-up is not counted). Then the same backlog over 10 keys, beside the
+//!   rate over `--keys`.
 //!   Beside the rates, the CPU each part spent per unit of work (`support::cpu`):
 //!   PostgreSQL, inlet and this process's HTTP target per delivery; PostgreSQL and the
 //!   peer's node per job; and what the whole machine has per job at the peer's rate.
@@ -677,8 +678,15 @@ async fn push_all(
 // Relay beside the peer
 // ---------------------------------------------------------------------------------------
 
+/// The keys of the relay section's few-keys row: the same backlog as its main row over
+/// this many keys, beside the main row's rate (issue 27: a target back from an outage
+/// with ten keys' backlog waiting should drain at half the rate of many keys or better).
+const FEW_KEYS: usize = 10;
+
 async fn relay_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {
     let peer = Peer::install();
+    let few = (args.keys > FEW_KEYS).then(|| Args { keys: FEW_KEYS, ..args.clone() });
+    let mut few_keys = vec![];
     let (mut relay, mut peers) = (vec![], vec![]);
     let (mut relay_cpu, mut peer_cpu) = (vec![], vec![]);
     let mut version = String::new();
@@ -698,6 +706,11 @@ async fn relay_section(args: &Args, plugin: &Path, target: &Target, report: &mut
         relay.push(r);
         peer_cpu.push(run.cpu);
         relay_cpu.push(drain.cpu);
+        if let Some(few) = &few {
+            let f = relay_drain(few, plugin, target, args.relay_backlog, 1).await.rate;
+            eprintln!("relay round {round}: inlet relay over {FEW_KEYS} keys {f:.0} deliveries/s");
+            few_keys.push(f);
+        }
     }
     let (relay, peer_rate) = (median(relay), median(peers));
     let (relay_cpu, peer_cpu) = (CpuPer::median(&relay_cpu), CpuPer::median(&peer_cpu));
@@ -716,6 +729,17 @@ async fn relay_section(args: &Args, plugin: &Path, target: &Target, report: &mut
         ratio(relay, peer_rate),
         Some(Goal::at_least(1.0, relay / peer_rate)),
     );
+    if !few_keys.is_empty() {
+        let few_rate = median(few_keys);
+        report.row(
+            "relay pg",
+            &format!("inlet relay, {} backlog over {FEW_KEYS} keys, per-key order, HTTP", args.relay_backlog),
+            per_s(few_rate, "deliveries"),
+            format!("the same over {} keys: {}", args.keys, per_s(relay, "deliveries")),
+            ratio(few_rate, relay),
+            Some(Goal::at_least(0.5, few_rate / relay)),
+        );
+    }
     // Where the cores went, per unit of work: what stands between the two rates.
     report.row(
         "relay pg",
