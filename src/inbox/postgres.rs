@@ -572,6 +572,14 @@ ORDER BY k.ord"
 /// (never true: a refusal is an error).
 type InsertManyRow = (Option<i64>, Option<i64>, Option<String>, Option<bool>, Option<bool>);
 
+/// `$1`–`$5` of every claim statement (the `claim_where!` parameters) and of the claim
+/// function, from the claim request `$req`.
+macro_rules! claim_binds {
+    ($query:expr, $req:expr) => {
+        $query.bind($req.route).bind($req.now).bind($req.ordered).bind($req.parked_blocks).bind(i64::from($req.limit))
+    };
+}
+
 /// SQLSTATEs of a call of a session's function that is not there yet: `pg_temp`
 /// before the session has a temporary schema, and a function not in it.
 const UNDEFINED_SCHEMA: &str = "3F000";
@@ -1589,12 +1597,7 @@ impl PgStore {
         let mut conn = self.pool.acquire().await?;
         let mut made = false;
         let rows = loop {
-            let call = sqlx::query(CLAIM_ALONE_SQL)
-                .bind(req.route)
-                .bind(req.now)
-                .bind(req.ordered)
-                .bind(req.parked_blocks)
-                .bind(i64::from(req.limit))
+            let call = claim_binds!(sqlx::query(CLAIM_ALONE_SQL), req)
                 .bind(req.owner)
                 .bind(req.lease_ms)
                 .bind(claim_window(req.limit))
@@ -1642,19 +1645,8 @@ impl PgStore {
     }
 
     async fn claim_rows(&self, req: &super::ClaimRequest<'_>) -> Result<Vec<PgRow>, StoreError> {
-        // `$1`–`$5` of every claim statement (the `claim_where!` parameters).
-        macro_rules! candidates {
-            ($query:expr) => {
-                $query
-                    .bind(req.route)
-                    .bind(req.now)
-                    .bind(req.ordered)
-                    .bind(req.parked_blocks)
-                    .bind(i64::from(req.limit))
-            };
-        }
         if !req.ordered {
-            let claim = candidates!(sqlx::query(CLAIM_SQL)).bind(req.owner).bind(req.lease_ms);
+            let claim = claim_binds!(sqlx::query(CLAIM_SQL), req).bind(req.owner).bind(req.lease_ms);
             return Ok(claim.fetch_all(&self.pool).await?);
         }
         let heads_first = self.heads_first(req.route);
@@ -1677,7 +1669,7 @@ impl PgStore {
         let mut candidates: Vec<(i64, Option<String>)> = if heads_first {
             Vec::new()
         } else {
-            candidates!(sqlx::query_as(CLAIM_KEYS_SQL))
+            claim_binds!(sqlx::query_as(CLAIM_KEYS_SQL), req)
                 .bind(claim_window(req.limit))
                 .bind(part)
                 .bind(parts)
@@ -1720,7 +1712,8 @@ impl PgStore {
         }
         let (ids, keys): (Vec<i64>, Vec<Option<String>>) = candidates.into_iter().unzip();
         let held: Vec<String> = keys.into_iter().flatten().collect();
-        let claim = candidates!(sqlx::query(CLAIM_HELD_SQL)).bind(req.owner).bind(req.lease_ms).bind(&ids).bind(&held);
+        let claim =
+            claim_binds!(sqlx::query(CLAIM_HELD_SQL), req).bind(req.owner).bind(req.lease_ms).bind(&ids).bind(&held);
         let rows = claim.fetch_all(&mut *tx).await?;
         tx.commit().await?;
         Ok(rows)
