@@ -595,8 +595,8 @@ const BATCH_REFUSED: &str = "INLT1";
 /// use and kept, and made on a fresh inbox — never analyzed, which PostgreSQL takes
 /// for ten pages whatever it holds — it read the whole table for every settle and
 /// went on doing so as the table grew (2–3 ms against 0.3–0.6 ms by the primary key:
-/// docs/measurements.md, "Plans made on a fresh inbox"). `tests/plans.rs` holds the
-/// by-id statements to their index on such a table.
+/// docs/measurements.md, "Plans without sequential scans, and claims in one call").
+/// `tests/plans.rs` holds the by-id statements to their index on such a table.
 macro_rules! hot_plans {
     ($set:literal) => {
         concat!($set, " plan_cache_mode TO force_generic_plan; ", $set, " enable_seqscan TO off")
