@@ -679,8 +679,9 @@ async fn push_all(
 // ---------------------------------------------------------------------------------------
 
 /// The keys of the relay section's few-keys row: the same backlog as its main row over
-/// this many keys, beside the main row's rate (issue 27: a target back from an outage
-/// with ten keys' backlog waiting should drain at half the rate of many keys or better).
+/// this many keys, beside the main row's rate. After a target's outage the backlog of
+/// a route is often a few keys deep, and each key has one entry in flight at a time,
+/// so how fast such a backlog drains is a figure of its own.
 const FEW_KEYS: usize = 10;
 
 async fn relay_section(args: &Args, plugin: &Path, target: &Target, report: &mut Report) {

@@ -598,6 +598,10 @@ const BATCH_REFUSED: &str = "INLT1";
 /// docs/measurements.md, "Plans without sequential scans, and claims in one call").
 /// `tests/plans.rs` holds the by-id statements to their index on such a table.
 macro_rules! hot_plans {
+    // Inside a function, for its transaction (the claim function's).
+    (set_config) => {
+        "set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)"
+    };
     ($set:literal) => {
         concat!($set, " plan_cache_mode TO force_generic_plan; ", $set, " enable_seqscan TO off")
     };
@@ -963,8 +967,7 @@ DECLARE
     wanted bigint := $5;
     met bigint;
 BEGIN
-PERFORM set_config('synchronous_commit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true),
-    set_config('enable_seqscan', 'off', true);
+PERFORM set_config('synchronous_commit', 'off', true), {hot_plans};
 IF NOT $11 THEN
     SELECT coalesce(array_agg(w.id), '{{}}'), coalesce(array_agg(w.correlation_key), '{{}}') INTO c_ids, c_keys
     FROM ({window}) w;
@@ -994,7 +997,8 @@ IF cardinality(c_ids) > 0 THEN
     RETURN QUERY {held}SELECT NULL::bigint, ROW(claimed.*)::inbox_entry FROM claimed;
 END IF;
 END
-$inlet$"
+$inlet$",
+        hot_plans = hot_plans!(set_config),
     )
 });
 
