@@ -49,7 +49,9 @@
 //!   times `--messages`), paced on a fresh database from 128 senders, each push timed
 //!   from when it was due: push → delivery p50/p99 in the first minute (after the
 //!   warm-up) beside the last, and the inlet process's RSS after the first minute
-//!   beside the end (read every 5 s), with a goal of no growth (≤ 1.10×).
+//!   beside the end (read every 5 s, printed minute by minute), with a goal of no
+//!   growth (≤ 1.10×). `--sustain-rate N` pushes at N msg/s instead and measures no
+//!   maximum: two builds compared at one load rather than each at 80 % of its own.
 //! - `shadow`: the push → delivery p50/p99 of an open loop at a fixed rate
 //!   (`--shadow-rate`, default 200 msg/s, for `--latency-seconds`) with no candidate, beside the same with a
 //!   candidate plugin in shadow that sleeps (an hour per call, until its backstop),
@@ -142,6 +144,9 @@ struct Args {
     latency_window: Duration,
     /// How long the sustained section pushes at 80 % of the measured maximum.
     sustain_window: Duration,
+    /// The sustained section's push rate instead of 80 % of its measured maximum
+    /// (`--sustain-rate`): two builds compared at one load, not each at its own.
+    sustain_rate: Option<f64>,
     /// The shadow section's push rate, messages per second.
     shadow_rate: f64,
     /// `[plugins] shadow_cpu_percent` of the runs with a candidate (`None`: the default).
@@ -183,6 +188,7 @@ impl Args {
             long_window: Duration::from_secs(66),
             latency_window: Duration::from_secs(10),
             sustain_window: Duration::from_secs(600),
+            sustain_rate: None,
             shadow_rate: 200.0,
             shadow_cpu_percent: None,
             shadow_churn_mib_per_s: None,
@@ -221,7 +227,7 @@ impl Args {
 fn usage() -> &'static str {
     "usage: scripts/bench [--quick] [--rounds N] [--only plugin,ingest,relay,latency,pushdone,sustained,shadow,backlog,instances] \
      [--clients N] [--messages N] [--keys N] [--relay-backlog N] [--peer-jobs N] [--peer-concurrency N] \
-     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--instances-backlog N] [--shadow-rate N] [--latency-seconds N] [--sustain-seconds N] [--shadow-cpu-percent N] [--shadow-memory-churn-mib-per-s N] [--shadow-candidates sleep,trap,hoard] \
+     [--concurrency N] [--backlogs N,N,…] [--instances N,N,…] [--instances-backlog N] [--shadow-rate N] [--latency-seconds N] [--sustain-seconds N] [--sustain-rate N] [--shadow-cpu-percent N] [--shadow-memory-churn-mib-per-s N] [--shadow-candidates sleep,trap,hoard] \
      [--pool N] [--pg-delay-us N]"
 }
 
@@ -263,6 +269,7 @@ fn parse_args() -> Result<Args, String> {
             "--shadow-rate" => args.shadow_rate = number(flag, v)? as f64,
             "--latency-seconds" => args.latency_window = Duration::from_secs(number(flag, v)? as u64),
             "--sustain-seconds" => args.sustain_window = Duration::from_secs(number(flag, v)? as u64),
+            "--sustain-rate" => args.sustain_rate = Some(number(flag, v)? as f64),
             "--shadow-cpu-percent" => args.shadow_cpu_percent = Some(number(flag, v)?),
             "--shadow-memory-churn-mib-per-s" => args.shadow_churn_mib_per_s = Some(number(flag, v)?),
             "--shadow-candidates" => {
@@ -1219,20 +1226,27 @@ async fn sustained_section(args: &Args, plugin: &Path, target: &Target, report: 
     // here): a burst of 10,000 on an empty table measured 3,137 to 4,625 msg/s in one
     // afternoon, and 80 % of its high end was more than the instance could keep up
     // for ten minutes.
-    let n = args.messages * SUSTAIN_MAX_TIMES;
-    let bodies = Arc::new(push_bodies(n, args.keys));
-    let max = closed_loop(args, plugin, target, &bodies, "sustained-max").await;
-    eprintln!("sustained: the maximum, push -> delivered closed loop, {max:.0} msg/s");
-    report.row(
-        section,
-        "push -> delivered, closed loop (the maximum)",
-        per_s(max, "msg"),
-        format!("{n} pushes from {} clients", args.clients),
-        None,
-        None,
-    );
-
-    let per_second = max * 0.8;
+    let per_second = match args.sustain_rate {
+        Some(rate) => {
+            eprintln!("sustained: at {rate:.0} msg/s as --sustain-rate says (no maximum measured)");
+            rate
+        }
+        None => {
+            let n = args.messages * SUSTAIN_MAX_TIMES;
+            let bodies = Arc::new(push_bodies(n, args.keys));
+            let max = closed_loop(args, plugin, target, &bodies, "sustained-max").await;
+            eprintln!("sustained: the maximum, push -> delivered closed loop, {max:.0} msg/s");
+            report.row(
+                section,
+                "push -> delivered, closed loop (the maximum)",
+                per_s(max, "msg"),
+                format!("{n} pushes from {} clients", args.clients),
+                None,
+                None,
+            );
+            max * 0.8
+        }
+    };
     let window = args.sustain_window;
     let total = (per_second * window.as_secs_f64()) as usize;
     let pg = TestPg::new().await;
@@ -1295,7 +1309,11 @@ async fn sustained_section(args: &Args, plugin: &Path, target: &Target, report: 
     assert!(!first.is_empty() && !last.is_empty(), "the sustained run is shorter than its first and last minutes");
     report.row(
         section,
-        &format!("push -> delivery at {per_second:.0} msg/s (80 %) for {} s, p50 / p99", window.as_secs()),
+        &format!(
+            "push -> delivery at {per_second:.0} msg/s ({}) for {} s, p50 / p99",
+            if args.sustain_rate.is_some() { "--sustain-rate" } else { "80 %" },
+            window.as_secs()
+        ),
         format!("first minute {:.1} / {:.1} ms", ms(quantile(&first, 0.5)), ms(quantile(&first, 0.99))),
         format!(
             "last minute {:.1} / {:.1} ms; whole run {:.1} / {:.1} ms; {total} pushes from {SUSTAIN_SENDERS} senders, \
@@ -1319,6 +1337,12 @@ async fn sustained_section(args: &Args, plugin: &Path, target: &Target, report: 
     let at = |t: Duration| samples.iter().rfind(|(s, _)| *s <= t).map_or(0, |(_, k)| *k);
     let (settled, end) = (at(SUSTAIN_EDGE), samples.last().map_or(0, |(_, k)| *k));
     let peak = samples.iter().map(|(_, k)| *k).max().unwrap_or(0);
+    // Minute by minute: growth that levels off is the allocator and the pools settling
+    // in; growth at the same pace every minute is a leak.
+    for minute in 1..=samples.last().map_or(0, |(s, _)| s.as_secs() / 60) {
+        let t = Duration::from_secs(minute * 60);
+        eprintln!("sustained: RSS at minute {minute:>2}: {:.1} MiB", at(t) as f64 / 1024.0);
+    }
     let growth = ratio(end as f64, settled as f64);
     report.row(
         section,
