@@ -142,7 +142,8 @@ struct Args {
     /// How long the largest backlog is worked on (its rate after 60 s needs > 60 s).
     long_window: Duration,
     latency_window: Duration,
-    /// How long the sustained section pushes at 80 % of the measured maximum.
+    /// How long the sustained section pushes (at 80 % of the measured maximum, or at
+    /// `--sustain-rate`).
     sustain_window: Duration,
     /// The sustained section's push rate instead of 80 % of its measured maximum
     /// (`--sustain-rate`): two builds compared at one load, not each at its own.
