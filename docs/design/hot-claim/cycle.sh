@@ -13,6 +13,8 @@ psql=(psql -qAtX -h 127.0.0.1 -U postgres -d "$db" -v ON_ERROR_STOP=1)
 
 settled_set="" unsettled="TRUE"
 if [ "$layout" != today ]; then settled_set="settled = 'DONE',"; unsettled="settled IS NULL"; fi
+# Layouts whose triggers keep settled and the lease table write what today's statements write.
+case $layout in lease-trigger | lease-generated) settled_set="" ;; esac
 
 insert="INSERT INTO inbox_entry (route, dedup_key, correlation_key, event_type, schema_version, body, raw_data,
     attributes, message_id, publish_time, delivery_attempt, payload_digest, status, attempts, next_attempt_at,
@@ -29,7 +31,7 @@ claimed="UPDATE inbox_entry SET status = 'IN_PROGRESS', lease_owner = 'me', leas
     RETURNING id, route, correlation_key"
 keys="SELECT DISTINCT ON (correlation_key) correlation_key, id FROM c ORDER BY correlation_key, id"
 case $layout in
-today)
+today | lease-trigger | lease-generated)
     claim="WITH c AS ($claimed), k AS ($keys)
 UPDATE inbox_key_floor f SET floor = k.id FROM k WHERE f.route = 'r' AND f.correlation_key = k.correlation_key"
     ended="" ;;
@@ -38,7 +40,7 @@ key-row)
 UPDATE inbox_key_floor f SET floor = k.id, in_flight = k.id FROM k WHERE f.route = 'r' AND f.correlation_key = k.correlation_key"
     ended="UPDATE inbox_key_floor f SET in_flight = NULL FROM (SELECT DISTINCT correlation_key FROM s) k
 WHERE f.route = 'r' AND f.correlation_key = k.correlation_key" ;;
-lease-table)
+lease-table | lease-table-lean)
     claim="WITH c AS ($claimed), l AS (INSERT INTO inbox_lease SELECT id, route, correlation_key, 100 FROM c), k AS ($keys)
 UPDATE inbox_key_floor f SET floor = k.id FROM k WHERE f.route = 'r' AND f.correlation_key = k.correlation_key"
     ended="DELETE FROM inbox_lease l USING s WHERE l.entry_id = s.id" ;;

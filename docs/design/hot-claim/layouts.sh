@@ -7,6 +7,9 @@
 #               inbox_key_floor.in_flight; the table keeps half of each page free
 #   lease-table the same, but what is in flight is a row of a narrow inbox_lease
 #               (entry, route, key, expiry), indexed by key and by expiry
+#   lease-table-lean  the same without the expiry index
+#   lease-trigger     lease-table-lean kept by a trigger, settled by a trigger too
+#   lease-generated   lease-table-lean kept by a trigger, settled a generated column
 set -euo pipefail
 db=$1 layout=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -40,5 +43,47 @@ CREATE TABLE inbox_lease (entry_id BIGINT PRIMARY KEY, route TEXT NOT NULL, corr
                           expires_at BIGINT NOT NULL);
 CREATE INDEX inbox_lease_key ON inbox_lease (route, correlation_key);
 CREATE INDEX inbox_lease_expiry ON inbox_lease (route, expires_at);" ;;
+lease-table-lean)
+    # lease-table without the expiry index: the table holds only what is in flight (at
+    # most the routes' concurrency), so a release can read a route's rows whole.
+    "${run[@]}" -c "$status_out_of_indexes" -c "
+CREATE TABLE inbox_lease (entry_id BIGINT PRIMARY KEY, route TEXT NOT NULL, correlation_key TEXT,
+                          expires_at BIGINT NOT NULL);
+CREATE INDEX inbox_lease_key ON inbox_lease (route, correlation_key);" ;;
+lease-trigger | lease-generated)
+    # The lease table kept by a trigger on inbox_entry, so that every writer (plain SQL
+    # too) keeps it true without knowing of it; settled by a trigger as well, or as a
+    # generated column (which PostgreSQL computes in every insert and update).
+    if [ "$layout" = lease-generated ]; then
+        settled_col="ALTER TABLE inbox_entry ADD COLUMN settled TEXT GENERATED ALWAYS AS
+    (CASE WHEN status IN ('OPEN', 'IN_PROGRESS') THEN NULL ELSE status END) STORED;"
+        settled_trigger=""
+    else
+        settled_col="ALTER TABLE inbox_entry ADD COLUMN settled TEXT;"
+        settled_trigger="
+CREATE FUNCTION inbox_entry_settled() RETURNS trigger LANGUAGE plpgsql AS \$\$
+BEGIN
+    NEW.settled := CASE WHEN NEW.status IN ('OPEN', 'IN_PROGRESS') THEN NULL ELSE NEW.status END;
+    RETURN NEW;
+END \$\$;
+CREATE TRIGGER inbox_entry_settled_insert BEFORE INSERT ON inbox_entry
+    FOR EACH ROW EXECUTE FUNCTION inbox_entry_settled();
+CREATE TRIGGER inbox_entry_settled_update BEFORE UPDATE OF status ON inbox_entry
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION inbox_entry_settled();"
+    fi
+    "${run[@]}" -c "${status_out_of_indexes/ALTER TABLE inbox_entry ADD COLUMN settled TEXT;/$settled_col}" -c "$settled_trigger" -c "
+CREATE TABLE inbox_lease (entry_id BIGINT PRIMARY KEY, route TEXT NOT NULL, correlation_key TEXT);
+CREATE INDEX inbox_lease_key ON inbox_lease (route, correlation_key);
+CREATE FUNCTION inbox_entry_lease() RETURNS trigger LANGUAGE plpgsql AS \$\$
+BEGIN
+    IF NEW.status = 'IN_PROGRESS' THEN
+        INSERT INTO inbox_lease VALUES (NEW.id, NEW.route, NEW.correlation_key);
+    ELSE
+        DELETE FROM inbox_lease WHERE entry_id = OLD.id;
+    END IF;
+    RETURN NULL;
+END \$\$;
+CREATE TRIGGER inbox_entry_lease AFTER UPDATE OF status ON inbox_entry FOR EACH ROW
+    WHEN ((OLD.status = 'IN_PROGRESS') <> (NEW.status = 'IN_PROGRESS')) EXECUTE FUNCTION inbox_entry_lease();" ;;
 *) echo "unknown layout $layout" >&2; exit 2 ;;
 esac
