@@ -1,0 +1,30 @@
+PREPARE claim_next_reads_only(text, bigint, boolean, boolean, bigint, text, bigint, bigint[], text[]) AS
+WITH candidates AS (
+    SELECT h.id FROM unnest($8::bigint[], $9::text[]) AS v(after, key)
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM inbox_entry o
+        WHERE o.route = $1 AND o.correlation_key = v.key AND o.id > v.after AND o.status IN ('OPEN', 'PARKED')
+        ORDER BY o.id LIMIT 1) h
+), picked AS (
+    SELECT e.id FROM inbox_entry e
+    WHERE e.id = ANY(ARRAY(SELECT id FROM candidates)) AND e.route = $1 AND e.status = 'OPEN' AND e.next_attempt_at <= $2
+      AND NOT EXISTS (SELECT 1 FROM inbox_route_pause p WHERE p.route = $1)
+      AND (NOT $3 OR e.correlation_key IS NULL OR (
+            NOT EXISTS (
+              SELECT 1 FROM inbox_entry o
+              WHERE o.route = e.route AND o.correlation_key = e.correlation_key AND o.status = 'IN_PROGRESS'
+                AND o.id >= COALESCE((
+                  SELECT f.floor FROM inbox_key_floor f
+                  WHERE f.route = e.route AND f.correlation_key = e.correlation_key), 0))
+            AND NOT EXISTS (
+              SELECT 1 FROM inbox_entry o
+              WHERE o.route = e.route AND o.correlation_key = e.correlation_key AND o.id < e.id
+                AND o.id >= COALESCE((
+                  SELECT f.floor FROM inbox_key_floor f
+                  WHERE f.route = e.route AND f.correlation_key = e.correlation_key), 0)
+                AND o.status IN ('OPEN', 'PARKED')
+                AND (o.status = 'OPEN' OR ($4 AND o.status = 'PARKED')))))
+    LIMIT $5
+    FOR UPDATE SKIP LOCKED
+)
+SELECT id FROM picked;
