@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # $3 rounds on database $1 (made by setup.sh) of: settle the entries in flight in one
-# statement, take their keys' locks, hand each key its next entry with variant $2 (a
-# claim_next_*.sql here: `today` is CLAIM_NEXT_SQL of src/inbox/postgres.rs at fd6d104,
-# expanded; the others change it as their names say), commit. Prints the hand-on's mean
+# statement, take their keys' locks, hand each key its next entry with variant $2 (of
+# variant.py: `today` is CLAIM_NEXT_SQL of src/inbox/postgres.rs; the others change it as
+# their names say), commit. Prints the hand-on's mean
 # time per round and per entry. Under the hot path's plan settings (generic plans, no
 # sequential scans). `reads_only` claims nothing, so the round then runs `today` untimed
 # to move on. A database lasts about 150 rounds (200 entries per key).
@@ -11,8 +11,8 @@ db=$1 v=$2 n=$3
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 {
     echo "SET plan_cache_mode TO force_generic_plan; SET enable_seqscan TO off;"
-    echo "\\i $here/claim_next_$v.sql"
-    [ "$v" = reads_only ] && echo "\\i $here/claim_next_today.sql"
+    "$here/variant.py" "$v"
+    [ "$v" = reads_only ] && "$here/variant.py" today
     for ((i = 0; i < n; i++)); do
         cat <<SQL
 BEGIN;
