@@ -7,30 +7,9 @@
 set -euo pipefail
 db=$1 layout=$2 backlog=$3
 psql=(psql -qAtX -h 127.0.0.1 -U postgres -d "$db" -v ON_ERROR_STOP=1)
-done_col="" done_val=""
-if [ "$layout" != today ]; then done_col=", settled" done_val=", 'DONE'"; fi
-"${psql[@]}" <<SQL
-INSERT INTO inbox_entry (route, dedup_key, correlation_key, body, raw_data, attributes, message_id,
-    payload_digest, status, attempts, next_attempt_at, received_at, updated_at, finished_at $done_col)
-SELECT 'r', 'done-' || g, 'key-' || (g % 10), convert_to(repeat('x', 90), 'UTF8'), convert_to(repeat('y', 90), 'UTF8'),
-    '{}', 'm', md5(g::text), 'DONE', 1, 0, 1, 1, 1 $done_val
-FROM generate_series(1, 100000) g;
-INSERT INTO inbox_entry (route, dedup_key, correlation_key, body, raw_data, attributes, message_id,
-    payload_digest, status, attempts, next_attempt_at, received_at, updated_at)
-SELECT 'r', 'open-' || g, 'key-' || (g % 10), convert_to(repeat('x', 90), 'UTF8'), convert_to(repeat('y', 90), 'UTF8'),
-    '{}', 'm', md5(g::text), 'OPEN', 0, 0, 1, 1
-FROM generate_series(1, $backlog) g;
-WITH heads AS (SELECT DISTINCT ON (correlation_key) id, correlation_key FROM inbox_entry
-               WHERE status = 'OPEN' AND correlation_key IN ('key-0', 'key-1', 'key-2', 'key-3', 'key-4')
-               ORDER BY correlation_key, id)
-UPDATE inbox_entry e SET status = 'IN_PROGRESS', lease_owner = 'me', lease_expires_at = 9e15, lease_token = 1
-FROM heads h WHERE e.id = h.id;
-INSERT INTO inbox_key_floor (route, correlation_key, floor)
-SELECT 'r', correlation_key, min(id) FROM inbox_entry WHERE status IN ('OPEN', 'IN_PROGRESS') GROUP BY correlation_key;
-SQL
+"$(dirname "${BASH_SOURCE[0]}")/backlog.sh" "$db" "$layout" 10 "$backlog" \
+    "correlation_key IN ('key-0', 'key-1', 'key-2', 'key-3', 'key-4')"
 if [ "$layout" = key-row ]; then
-    "${psql[@]}" -c "UPDATE inbox_key_floor f SET in_flight = e.id FROM inbox_entry e
-        WHERE e.id = f.floor AND e.status = 'IN_PROGRESS'"
     # The head: the key's first unsettled or parked entry from its floor; in flight is
     # the key row's own column, read in the same walk.
     head_states="(e.settled IS NULL OR (e.settled = 'PARKED' AND \$3))"
@@ -46,7 +25,6 @@ else
     floor_cols="f.floor"
     head_cols=""
 fi
-"${psql[@]}" -c "VACUUM ANALYZE inbox_entry" -c "VACUUM ANALYZE inbox_key_floor"
 "${psql[@]}" <<SQL
 SET plan_cache_mode TO force_generic_plan; SET enable_seqscan TO off;
 PREPARE heads_claim(text, bigint, boolean, bigint, text[], bigint, bigint) AS

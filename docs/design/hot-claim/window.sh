@@ -7,30 +7,10 @@
 set -euo pipefail
 db=$1 layout=$2 backlog=$3
 psql=(psql -qAtX -h 127.0.0.1 -U postgres -d "$db" -v ON_ERROR_STOP=1)
-settled_done="" unsettled="TRUE"
-if [ "$layout" != today ]; then settled_done="'DONE'"; unsettled="settled IS NULL"; fi
-done_col=""; [ -n "$settled_done" ] && done_col=", settled"
-"${psql[@]}" <<SQL
-INSERT INTO inbox_entry (route, dedup_key, correlation_key, body, raw_data, attributes, message_id,
-    payload_digest, status, attempts, next_attempt_at, received_at, updated_at, finished_at $done_col)
-SELECT 'r', 'done-' || g, 'key-' || (g % 1000), convert_to(repeat('x', 90), 'UTF8'), convert_to(repeat('y', 90), 'UTF8'),
-    '{}', 'm', md5(g::text), 'DONE', 1, 0, 1, 1, 1 ${settled_done:+, $settled_done}
-FROM generate_series(1, 100000) g;
-INSERT INTO inbox_entry (route, dedup_key, correlation_key, body, raw_data, attributes, message_id,
-    payload_digest, status, attempts, next_attempt_at, received_at, updated_at)
-SELECT 'r', 'open-' || g, 'key-' || (g % 1000), convert_to(repeat('x', 90), 'UTF8'), convert_to(repeat('y', 90), 'UTF8'),
-    '{}', 'm', md5(g::text), 'OPEN', 0, 0, 1, 1
-FROM generate_series(1, $backlog) g;
--- Each key's head in flight, its floor at the head.
-WITH heads AS (SELECT DISTINCT ON (correlation_key) id, correlation_key FROM inbox_entry
-               WHERE status = 'OPEN' ORDER BY correlation_key, id)
-UPDATE inbox_entry e SET status = 'IN_PROGRESS', lease_owner = 'me', lease_expires_at = 9e15, lease_token = 1
-FROM heads h WHERE e.id = h.id;
-INSERT INTO inbox_key_floor (route, correlation_key, floor)
-SELECT 'r', correlation_key, min(id) FROM inbox_entry WHERE status IN ('OPEN', 'IN_PROGRESS') GROUP BY correlation_key;
-SQL
+unsettled="TRUE"
+if [ "$layout" != today ]; then unsettled="settled IS NULL"; fi
+"$(dirname "${BASH_SOURCE[0]}")/backlog.sh" "$db" "$layout" 1000 "$backlog" TRUE
 if [ "$layout" = key-row ]; then
-    "${psql[@]}" -c "UPDATE inbox_key_floor f SET in_flight = f.floor"
     # One hashed pass over the route's key rows, as today's over the entries in flight.
     in_flight="e.correlation_key IN (SELECT f.correlation_key FROM inbox_key_floor f
                 WHERE f.route = \$1 AND f.in_flight IS NOT NULL)"
@@ -44,7 +24,6 @@ else
     window_status="AND w.status = 'OPEN'"
     older="o.status IN ('OPEN', 'PARKED') AND (o.status = 'OPEN' OR (\$4 AND o.status = 'PARKED'))"
 fi
-"${psql[@]}" -c "VACUUM ANALYZE inbox_entry" -c "VACUUM ANALYZE inbox_key_floor"
 "${psql[@]}" <<SQL
 SET plan_cache_mode TO force_generic_plan; SET enable_seqscan TO off;
 PREPARE window_claim(text, bigint, boolean, boolean, bigint, bigint, bigint, bigint) AS
