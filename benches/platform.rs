@@ -653,6 +653,11 @@ fn push_bodies(n: usize, keys: usize) -> Vec<(usize, String)> {
 
 /// Pushes every body from `clients` clients, each owning whole keys; panics unless
 /// every answer is 200 with the `outcome` expected. The time until the last answer.
+///
+/// Each client is one bare HTTP/1.1 connection (hyper's, no pool): the pushers are the
+/// load, not what is measured, and they share the two cores with Inlet and PostgreSQL.
+/// A `reqwest` client per request (URL parse, pool checkout, header map) cost 16 µs of
+/// CPU per push here, more than the raw anchor's whole client (docs/measurements.md).
 async fn push_all(
     url: &str,
     bodies: &Arc<Vec<(usize, String)>>,
@@ -660,17 +665,20 @@ async fn push_all(
     clients: usize,
     outcome: &'static str,
 ) -> Duration {
-    let http = reqwest::Client::builder().pool_max_idle_per_host(clients).build().expect("http client");
+    let url = reqwest::Url::parse(url).expect("the push URL");
+    let host = url.host_str().expect("the push URL's host").to_string();
+    let addr = format!("{host}:{}", url.port_or_known_default().expect("the push URL's port"));
+    let mut lanes = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        lanes.push(Pusher::connect(&addr, &host, url.path()).await);
+    }
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
-    for lane in 0..clients {
-        let (http, url, bodies) = (http.clone(), url.to_string(), Arc::clone(bodies));
+    for (lane, mut pusher) in lanes.into_iter().enumerate() {
+        let bodies = Arc::clone(bodies);
         set.spawn(async move {
             for (i, body) in bodies.iter().filter(|(i, _)| (i % keys) % clients == lane) {
-                let answer = http.post(&url).header("content-type", "application/json").body(body.clone()).send().await;
-                let answer = answer.unwrap_or_else(|e| panic!("push {i}: {e}"));
-                let status = answer.status().as_u16();
-                let text = answer.text().await.unwrap_or_default();
+                let (status, text) = pusher.post(body).await.unwrap_or_else(|e| panic!("push {i}: {e}"));
                 assert!(
                     status == 200 && text.contains(outcome),
                     "push {i}: {status} {text} (wanted outcome {outcome})"
@@ -680,6 +688,40 @@ async fn push_all(
     }
     join_all(set).await;
     start.elapsed()
+}
+
+/// One push client: a kept-alive HTTP/1.1 connection that sends one request at a time.
+struct Pusher {
+    sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    host: String,
+    path: String,
+}
+
+impl Pusher {
+    async fn connect(addr: &str, host: &str, path: &str) -> Pusher {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+        stream.set_nodelay(true).expect("TCP_NODELAY");
+        let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("an HTTP/1.1 handshake");
+        // Drives the connection until the sender is dropped.
+        tokio::spawn(connection);
+        Pusher { sender, host: host.to_string(), path: path.to_string() }
+    }
+
+    /// POSTs one push envelope; the answer's status and body.
+    async fn post(&mut self, body: &str) -> Result<(u16, String), Box<dyn std::error::Error + Send + Sync>> {
+        use http_body_util::BodyExt;
+        self.sender.ready().await?;
+        let request = hyper::Request::post(self.path.as_str())
+            .header(hyper::header::HOST, self.host.as_str())
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::copy_from_slice(body.as_bytes())))?;
+        let answer = self.sender.send_request(request).await?;
+        let status = answer.status().as_u16();
+        let text = answer.into_body().collect().await?.to_bytes();
+        Ok((status, String::from_utf8_lossy(&text).into_owned()))
+    }
 }
 
 // ---------------------------------------------------------------------------------------
