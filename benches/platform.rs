@@ -656,8 +656,8 @@ fn push_bodies(n: usize, keys: usize) -> Vec<(usize, String)> {
 ///
 /// Each client is one bare HTTP/1.1 connection (hyper's, no pool): the pushers are the
 /// load, not what is measured, and they share the two cores with Inlet and PostgreSQL.
-/// A `reqwest` client per request (URL parse, pool checkout, header map) cost 16 µs of
-/// CPU per push here, more than the raw anchor's whole client (docs/measurements.md).
+/// A `reqwest` client per request (URL parse, pool checkout, header map) cost 16–28 µs
+/// of CPU per push, more than the raw anchor's whole client (docs/measurements.md).
 async fn push_all(
     url: &str,
     bodies: &Arc<Vec<(usize, String)>>,
