@@ -666,11 +666,11 @@ async fn push_all(
     outcome: &'static str,
 ) -> Duration {
     let url = reqwest::Url::parse(url).expect("the push URL");
-    let host = url.host_str().expect("the push URL's host").to_string();
-    let addr = format!("{host}:{}", url.port_or_known_default().expect("the push URL's port"));
+    let host = url.host_str().expect("the push URL's host");
+    let authority = format!("{host}:{}", url.port_or_known_default().expect("the push URL's port"));
     let mut lanes = Vec::with_capacity(clients);
     for _ in 0..clients {
-        lanes.push(Pusher::connect(&addr, &host, url.path()).await);
+        lanes.push(Pusher::connect(&authority, url.path()).await);
     }
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
@@ -693,20 +693,22 @@ async fn push_all(
 /// One push client: a kept-alive HTTP/1.1 connection that sends one request at a time.
 struct Pusher {
     sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
-    host: String,
+    /// `host:port`: where it connects, and its `Host` header.
+    authority: String,
     path: String,
 }
 
 impl Pusher {
-    async fn connect(addr: &str, host: &str, path: &str) -> Pusher {
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    async fn connect(authority: &str, path: &str) -> Pusher {
+        let stream =
+            tokio::net::TcpStream::connect(authority).await.unwrap_or_else(|e| panic!("connect to {authority}: {e}"));
         stream.set_nodelay(true).expect("TCP_NODELAY");
         let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
             .expect("an HTTP/1.1 handshake");
         // Drives the connection until the sender is dropped.
         tokio::spawn(connection);
-        Pusher { sender, host: host.to_string(), path: path.to_string() }
+        Pusher { sender, authority: authority.to_string(), path: path.to_string() }
     }
 
     /// POSTs one push envelope; the answer's status and body.
@@ -714,7 +716,7 @@ impl Pusher {
         use http_body_util::BodyExt;
         self.sender.ready().await?;
         let request = hyper::Request::post(self.path.as_str())
-            .header(hyper::header::HOST, self.host.as_str())
+            .header(hyper::header::HOST, self.authority.as_str())
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(http_body_util::Full::new(bytes::Bytes::copy_from_slice(body.as_bytes())))?;
         let answer = self.sender.send_request(request).await?;
