@@ -80,10 +80,9 @@ pub struct PgStore {
     /// The connection the gauge lease is tried and held on (outside the pool, so
     /// the lock lives exactly as long as it), and whether it holds the lock.
     gauge_lease: tokio::sync::Mutex<Option<(PgConnection, bool)>>,
-    /// How many keys each route had when its claims last walked its heads (or counted
-    /// its keys, [`KEYS_COUNT_SQL`]), in this instance's part of them, and when; routes
-    /// with few ([`HEADS_FIRST_KEYS`]) are claimed from their heads.
-    keys_walked: std::sync::Mutex<std::collections::HashMap<String, (i64, std::time::Instant)>>,
+    /// What each route's claims last learned of its keys and its waiting entries
+    /// ([`RouteSeen`]), which decides whether they start from its heads.
+    seen: std::sync::Mutex<std::collections::HashMap<String, RouteSeen>>,
     /// When [`PgStore::keep_floors`] last ran.
     floors_kept: std::sync::Mutex<Option<std::time::Instant>>,
     /// The group-commit writers' connections between batches ([`super::warm`]).
@@ -139,7 +138,7 @@ impl PgStore {
             pool,
             migrations,
             gauge_lease: tokio::sync::Mutex::new(None),
-            keys_walked: Default::default(),
+            seen: Default::default(),
             floors_kept: Default::default(),
             warm: super::warm::Kept::new(WARM_KEEP.min(max_connections / 2) as usize),
             no_session_functions: std::sync::atomic::AtomicBool::new(false),
@@ -241,6 +240,19 @@ pub const CLAIM_SQL_UNLOCKED: &str = concat!(
     "FROM picked WHERE inbox_entry.id = picked.id\nRETURNING inbox_entry.id, inbox_entry.lease_token"
 );
 
+/// The window's bound in [`CLAIM_KEYS_SQL`]: the id of route `$1`'s `$6`th oldest OPEN
+/// entry, or the largest id where fewer wait. The claim function reads it beforehand,
+/// with how many wait ([`WAITING_SQL`]), and puts it in the statement's place.
+macro_rules! window_bound {
+    () => {
+        concat!(
+            "COALESCE((\n",
+            "        SELECT w.id FROM inbox_entry w WHERE w.route = $1 AND w.status = 'OPEN'\n",
+            "        ORDER BY w.id OFFSET $6 - 1 LIMIT 1), 9223372036854775807)"
+        )
+    };
+}
+
 /// Step one of an ordered claim: the candidates among the route's oldest `$6` OPEN
 /// entries (the window: up to the id of the `$6`th, found once), and the keys among
 /// them each try-locked (never waiting); returns `(id, key)` of the candidates this
@@ -272,9 +284,9 @@ pub const CLAIM_KEYS_SQL: &str = concat!(
     "  SELECT c.id, c.correlation_key FROM inbox_entry c WHERE c.id IN (\n",
     "    SELECT e.id FROM inbox_entry e\n",
     "    WHERE e.route = $1 AND e.status = 'OPEN' AND e.next_attempt_at <= $2\n",
-    "      AND (e.route, e.id) <= ($1, COALESCE((\n",
-    "        SELECT w.id FROM inbox_entry w WHERE w.route = $1 AND w.status = 'OPEN'\n",
-    "        ORDER BY w.id OFFSET $6 - 1 LIMIT 1), 9223372036854775807))\n",
+    "      AND (e.route, e.id) <= ($1, ",
+    window_bound!(),
+    ")\n",
     "      AND (e.correlation_key IS NULL OR ",
     in_share!("e.correlation_key", "$7", "$8"),
     ")\n",
@@ -291,7 +303,9 @@ pub const CLAIM_KEYS_SQL: &str = concat!(
     "WHERE correlation_key IS NULL OR correlation_key IN (SELECT correlation_key FROM held)"
 );
 
-/// Step one, continued when the window did not fill the claim: the heads of the
+/// Step one, continued when the window did not fill the claim and did not hold every
+/// waiting entry of the route (as many wait as it reads: [`WAITING_SQL`]), or on a
+/// route claimed heads first: the heads of the
 /// route's keys, found key by key (the route's rows of `inbox_key_floor`, each key's
 /// head one descent of `inbox_entry_unresolved_key` from its floor) instead of entry
 /// by entry, so its cost grows with the keys, not the backlog or the key's history
@@ -340,9 +354,37 @@ pub const CLAIM_HEADS_SQL: &str = concat!(
 /// key by key, [`CLAIM_HEADS_SQL`]) rather than from its window of oldest entries:
 /// when keys are few, nearly all of the window's 4,096 entries stand behind a head,
 /// and a claim read and checked every one of them to take a handful. Whether the last
-/// walk of the heads met at most this many keys decides; a walk that meets more sends
-/// the route back to the window.
+/// walk of the heads met at most this many keys decides, with how many entries wait
+/// per key ([`HEADS_FIRST_WAITING_PER_KEY`]); a walk that meets more keys, or a count
+/// of fewer waiting entries, sends the route back to the window.
 const HEADS_FIRST_KEYS: i64 = 256;
+
+/// A route of few keys is claimed from its heads only while more than this many
+/// entries per key wait (counted up to the window, 4,096 entries for most claims: so a
+/// route of 64 keys or more stays with its window). A window claim reads the oldest waiting entries until it has its fill, checking
+/// each against its key: where most keys are free, a few entries do; where every key
+/// has a long run waiting behind an entry in flight, it reads the whole window for
+/// nothing. A walk of the heads reads every key once, whatever waits. Push→DONE at
+/// route concurrency 16 over 100 keys: claims 1.30–1.38 ms from the window against
+/// 1.62–1.98 ms walking the heads; 200,000 waiting over 10 keys stays heads first
+/// (docs/measurements.md).
+const HEADS_FIRST_WAITING_PER_KEY: i64 = 64;
+
+/// How often a route claimed heads first has its waiting entries counted
+/// ([`WAITING_SQL`]; a route claimed from its window counts them at every claim): a
+/// backlog drained to a few entries per key goes back to the window within this.
+const WAITING_RECOUNT: Duration = Duration::from_secs(1);
+
+/// What a route's claims last learned of it, in this instance's part of its keys, each
+/// figure with when.
+#[derive(Debug, Default, Clone, Copy)]
+struct RouteSeen {
+    /// Its keys, as a walk of its heads met them or a count ([`KEYS_COUNT_SQL`]).
+    keys: Option<(i64, std::time::Instant)>,
+    /// Its waiting (OPEN) entries, counted up to a claim's window ([`WAITING_SQL`]);
+    /// of the whole route, not of the part.
+    waiting: Option<(i64, std::time::Instant)>,
+}
 
 /// How often a route claimed from its window (whose claims do not walk the heads)
 /// has its keys counted ([`KEYS_COUNT_SQL`]).
@@ -354,6 +396,12 @@ const KEYS_COUNT_SQL: &str = concat!(
     "SELECT count(*) FROM inbox_key_floor f WHERE f.route = $1 AND ",
     in_share!("f.correlation_key", "$2", "$3")
 );
+
+/// How many entries of route `$1` wait (OPEN), counted up to `$2` (a claim's window),
+/// and the id of the last counted: the window's bound where `$2` wait or more.
+const WAITING_SQL: &str = "\
+SELECT count(*), max(s.id) FROM (
+    SELECT w.id FROM inbox_entry w WHERE w.route = $1 AND w.status = 'OPEN' ORDER BY w.id LIMIT $2) s";
 
 /// In heads-first mode, the entries without a key, which the walk of the heads does
 /// not reach: the oldest `$3` due OPEN ones (from `inbox_entry_unresolved_key`, where
@@ -529,7 +577,9 @@ pub const INSERT_OR_EXISTING_SQL: &str = concat!(
 /// The lookup is a `LATERAL` probe per row, so that a plan made
 /// while the table was small (a prepared statement's generic plan, kept until the
 /// next `ANALYZE`) cannot turn it into a scan of the whole table per batch, as a join
-/// did.
+/// did; and it is made only for a row the insert did not take (`new.id IS NULL`, a
+/// one-time filter of the probe): an inserted row's answer is its new id, and the
+/// probe, reading this statement's snapshot, could not see that row anyway.
 const INSERT_MANY_SQL: &str = concat!(
     "\
 WITH new AS (
@@ -562,7 +612,8 @@ RETURNING id, route, dedup_key, correlation_key, status), ",
 FROM unnest($1::text[], $2::text[], $12::text[]) WITH ORDINALITY AS k(route, dedup_key, digest, ord)
 LEFT JOIN new ON new.route = k.route AND new.dedup_key = k.dedup_key
 LEFT JOIN LATERAL (
-    SELECT o.id, o.payload_digest FROM inbox_entry o WHERE o.route = k.route AND o.dedup_key = k.dedup_key
+    SELECT o.id, o.payload_digest FROM inbox_entry o
+    WHERE new.id IS NULL AND o.route = k.route AND o.dedup_key = k.dedup_key
     LIMIT 1) old ON true
 ORDER BY k.ord"
 );
@@ -916,9 +967,12 @@ FROM pg_temp.inlet_settle_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $1
 /// plans). Parameters: `$1`–`$5` as every claim statement's, `$6` the lease's owner,
 /// `$7` its length, `$8` the window ([`claim_window`]), `$9`/`$10` the claim's part of
 /// the keys (NULL: every key), `$11` whether the route is claimed heads first, `$12`
-/// whether its keys are due a count ([`KEYS_RECOUNT`]). Returns, when the keys were
-/// walked or counted, a row with how many (`keys_met`), then a row per entry claimed
-/// (`claimed_entry`). The branches are those of [`PgStore::claim_rows`]' transaction.
+/// whether its keys are due a count ([`KEYS_RECOUNT`]), `$13` whether its waiting
+/// entries are ([`WAITING_RECOUNT`]; on a route claimed from its window they are
+/// counted at every claim, with the window's bound: [`WAITING_SQL`]). Returns, when the keys were walked or
+/// counted or the waiting entries counted, a row with how many (`keys_met`,
+/// `waiting_met`), then a row per entry claimed (`claimed_entry`). The branches are
+/// those of [`PgStore::claim_rows`]' transaction.
 static CLAIM_FUNCTION_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let to = |map: &'static [(u32, &'static str)]| {
         move |n: u32| {
@@ -931,6 +985,11 @@ static CLAIM_FUNCTION_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::ne
         CLAIM_KEYS_SQL,
         to(&[(1, "$1"), (2, "$2"), (3, "$3"), (4, "$4"), (5, "$5"), (6, "$8"), (7, "$9"), (8, "$10")]),
     );
+    // The window's bound as read beforehand, with how many wait (`WAITING_SQL`).
+    let bound = rebind(window_bound!(), to(&[(1, "$1"), (6, "$8")]));
+    assert!(window.contains(&bound), "CLAIM_KEYS_SQL bounds its window with window_bound!()");
+    let window = window.replace(&bound, "w_bound");
+    let waiting = rebind(WAITING_SQL, to(&[(1, "$1"), (2, "$8")]));
     let count = rebind(KEYS_COUNT_SQL, to(&[(1, "$1"), (2, "$9"), (3, "$10")]));
     let heads = rebind(
         CLAIM_HEADS_SQL,
@@ -956,8 +1015,8 @@ static CLAIM_FUNCTION_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::ne
     );
     format!(
         "CREATE OR REPLACE FUNCTION pg_temp.inlet_claim(
-    text, bigint, boolean, boolean, bigint, text, bigint, bigint, bigint, bigint, boolean, boolean)
-RETURNS TABLE (keys_met bigint, claimed_entry inbox_entry)
+    text, bigint, boolean, boolean, bigint, text, bigint, bigint, bigint, bigint, boolean, boolean, boolean)
+RETURNS TABLE (keys_met bigint, waiting_met bigint, claimed_entry inbox_entry)
 LANGUAGE plpgsql VOLATILE AS $inlet$
 #variable_conflict use_column
 DECLARE
@@ -966,17 +1025,24 @@ DECLARE
     held_keys text[];
     wanted bigint := $5;
     met bigint;
+    waiting bigint;
+    w_last bigint;
+    w_bound bigint;
 BEGIN
 PERFORM set_config('synchronous_commit', 'off', true), {hot_plans};
+IF NOT $11 OR $13 THEN
+    {waiting} INTO waiting, w_last;
+END IF;
 IF NOT $11 THEN
+    w_bound := CASE WHEN waiting >= $8 THEN w_last ELSE 9223372036854775807 END;
     SELECT coalesce(array_agg(w.id), '{{}}'), coalesce(array_agg(w.correlation_key), '{{}}') INTO c_ids, c_keys
     FROM ({window}) w;
     wanted := $5 - cardinality(c_ids);
-    IF wanted <= 0 AND $12 THEN
+    IF $12 AND (wanted <= 0 OR waiting < $8) THEN
         {count} INTO met;
     END IF;
 END IF;
-IF wanted > 0 THEN
+IF wanted > 0 AND ($11 OR waiting >= $8) THEN
     SELECT c_ids || coalesce(array_agg(h.id) FILTER (WHERE h.id IS NOT NULL), '{{}}'),
         c_keys || coalesce(array_agg(h.correlation_key) FILTER (WHERE h.id IS NOT NULL), '{{}}'),
         coalesce(max(h.keys), 0)
@@ -989,12 +1055,12 @@ IF wanted > 0 THEN
         FROM ({unkeyed}) u;
     END IF;
 END IF;
-IF met IS NOT NULL THEN
-    RETURN QUERY SELECT met, NULL::inbox_entry;
+IF met IS NOT NULL OR waiting IS NOT NULL THEN
+    RETURN QUERY SELECT met, waiting, NULL::inbox_entry;
 END IF;
 IF cardinality(c_ids) > 0 THEN
     held_keys := array_remove(c_keys, NULL);
-    RETURN QUERY {held}SELECT NULL::bigint, ROW(claimed.*)::inbox_entry FROM claimed;
+    RETURN QUERY {held}SELECT NULL::bigint, NULL::bigint, ROW(claimed.*)::inbox_entry FROM claimed;
 END IF;
 END
 $inlet$",
@@ -1005,8 +1071,8 @@ $inlet$",
 /// Calls [`CLAIM_FUNCTION_SQL`]'s function: the claimed entries' columns spread out,
 /// so a row reads as a claim's row does.
 const CLAIM_ALONE_SQL: &str = "\
-SELECT c.keys_met, (c.claimed_entry).*
-FROM pg_temp.inlet_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) AS c";
+SELECT c.keys_met, c.waiting_met, (c.claimed_entry).*
+FROM pg_temp.inlet_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) AS c";
 
 /// `sql` with each parameter `$n` written as `to(n)`.
 fn rebind(sql: &str, to: impl Fn(u32) -> String) -> String {
@@ -1551,32 +1617,58 @@ impl PgStore {
         Ok(held)
     }
 
+    /// Records what a claim of `route` learned: how many keys a walk of its heads (or
+    /// a count) met, how many entries wait (counted up to the window), either or both.
+    fn remember(&self, route: &str, keys: Option<i64>, waiting: Option<i64>) {
+        let now = std::time::Instant::now();
+        let mut all = self.seen.lock().expect("route-seen lock");
+        if !all.contains_key(route) {
+            all.insert(route.to_string(), RouteSeen::default());
+        }
+        let seen = all.get_mut(route).expect("inserted above");
+        if let Some(keys) = keys {
+            seen.keys = Some((keys, now));
+        }
+        if let Some(waiting) = waiting {
+            seen.waiting = Some((waiting, now));
+        }
+    }
+
     /// Records that a walk of `route`'s heads met `walked` keys.
     fn remember_keys(&self, route: &str, walked: i64) {
-        let now = std::time::Instant::now();
-        let mut keys = self.keys_walked.lock().expect("keys-walked lock");
-        match keys.get_mut(route) {
-            Some(known) => *known = (walked, now),
-            None => {
-                keys.insert(route.to_string(), (walked, now));
-            }
-        }
+        self.remember(route, Some(walked), None);
+    }
+
+    /// What the claims of `route` last learned of it.
+    fn seen(&self, route: &str) -> RouteSeen {
+        self.seen.lock().expect("route-seen lock").get(route).copied().unwrap_or_default()
     }
 
     /// How many keys the last walk (or count) of `route`'s heads met.
     fn keys_counted(&self, route: &str) -> Option<i64> {
-        self.keys_walked.lock().expect("keys-walked lock").get(route).map(|(n, _)| *n)
+        self.seen(route).keys.map(|(n, _)| n)
     }
 
     /// Whether `route`'s keys were last counted longer than [`KEYS_RECOUNT`] ago, or
     /// never.
     fn keys_stale(&self, route: &str) -> bool {
-        self.keys_walked.lock().expect("keys-walked lock").get(route).is_none_or(|(_, at)| at.elapsed() >= KEYS_RECOUNT)
+        self.seen(route).keys.is_none_or(|(_, at)| at.elapsed() >= KEYS_RECOUNT)
     }
 
-    /// Whether `route`'s claims start from its heads: its last walk met few keys.
+    /// Whether `route`'s waiting entries were last counted longer than
+    /// [`WAITING_RECOUNT`] ago, or never.
+    fn waiting_stale(&self, route: &str) -> bool {
+        self.seen(route).waiting.is_none_or(|(_, at)| at.elapsed() >= WAITING_RECOUNT)
+    }
+
+    /// Whether `route`'s claims start from its heads: its last walk met few keys
+    /// ([`HEADS_FIRST_KEYS`]), and many more entries wait than it has keys
+    /// ([`HEADS_FIRST_WAITING_PER_KEY`]; or how many wait is not known yet).
     fn heads_first(&self, route: &str) -> bool {
-        self.keys_counted(route).is_some_and(|walked| walked <= HEADS_FIRST_KEYS)
+        let seen = self.seen(route);
+        seen.keys.is_some_and(|(keys, _)| {
+            keys <= HEADS_FIRST_KEYS && seen.waiting.is_none_or(|(w, _)| w > keys * HEADS_FIRST_WAITING_PER_KEY)
+        })
     }
 
     /// An ordered claim as one call that commits alone ([`CLAIM_FUNCTION_SQL`]): the
@@ -1608,7 +1700,8 @@ impl PgStore {
                 .bind(part)
                 .bind(parts)
                 .bind(heads_first)
-                .bind(self.keys_stale(req.route));
+                .bind(self.keys_stale(req.route))
+                .bind(self.waiting_stale(req.route));
             match call.fetch_all(&mut *conn).await {
                 Ok(rows) => break rows,
                 // Not made in this session yet: `pg_temp` names no schema until the
@@ -1630,9 +1723,12 @@ impl PgStore {
         };
         let mut claimed = Vec::with_capacity(rows.len());
         for row in rows {
-            match row.try_get::<Option<i64>, _>("keys_met")? {
-                Some(keys) => self.remember_keys(req.route, keys),
-                None => claimed.push(row),
+            let keys: Option<i64> = row.try_get("keys_met")?;
+            let waiting: Option<i64> = row.try_get("waiting_met")?;
+            if keys.is_some() || waiting.is_some() {
+                self.remember(req.route, keys, waiting);
+            } else {
+                claimed.push(row);
             }
         }
         Ok(Some(claimed))
@@ -1681,15 +1777,29 @@ impl PgStore {
                 .await?
         };
         let short = i64::from(req.limit) - candidates.len() as i64;
-        // A route whose window fills its claims never walks its heads, so its keys are
-        // counted now and then instead: how many there are decides how long its settles
-        // hand on (`Store::keys_met`), and whether its claims start from the heads.
-        if !heads_first && short <= 0 && self.keys_stale(req.route) {
+        // A head can lie beyond the window only where as many entries wait as the
+        // window reads: how many wait is read where the window came up short, and now
+        // and then on a route claimed heads first (it decides whether they stay so).
+        let window = claim_window(req.limit);
+        let waiting = if (!heads_first && short > 0) || (heads_first && self.waiting_stale(req.route)) {
+            let (n, _last): (i64, Option<i64>) =
+                sqlx::query_as(WAITING_SQL).bind(req.route).bind(window).fetch_one(&mut *tx).await?;
+            self.remember(req.route, None, Some(n));
+            Some(n)
+        } else {
+            None
+        };
+        let beyond = heads_first || waiting.is_none_or(|n| n >= window);
+        // A route whose claims do not walk its heads (its window fills them, or holds
+        // every waiting entry) has its keys counted now and then instead: how many there
+        // are decides how long its settles hand on (`Store::keys_met`), and whether its
+        // claims start from the heads.
+        if !heads_first && (short <= 0 || !beyond) && self.keys_stale(req.route) {
             let keys: i64 =
                 sqlx::query_scalar(KEYS_COUNT_SQL).bind(req.route).bind(part).bind(parts).fetch_one(&mut *tx).await?;
             self.remember_keys(req.route, keys);
         }
-        if short > 0 {
+        if short > 0 && beyond {
             let taken: Vec<&str> = candidates.iter().filter_map(|(_, k)| k.as_deref()).collect();
             let heads: Vec<(Option<i64>, Option<String>, i64)> = sqlx::query_as(CLAIM_HEADS_SQL)
                 .bind(req.route)
