@@ -9,11 +9,15 @@
 //! (c) an entry parked before decoding, requeued, claimed and re-decoded into a key
 //!     while a claim of a later entry of that key is in flight.
 //!
+//! And on PostgreSQL, claims that change from a route's heads to its window mid-drain
+//! (how many entries wait per key decides where a claim starts) keep every key's order.
+//!
 //! On PostgreSQL a claim holds a lock per (route, key) from before its snapshot until
 //! it commits, and inserts hold the key's lock shared (src/inbox/postgres.rs): the
 //! second claimer must skip the key. On SQLite every writer is serialized: the second
 //! step waits for the first transaction instead of slipping past it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -160,6 +164,55 @@ async fn postgres_a_claim_never_passes_an_older_insert_still_in_flight() {
     let first = store.claim(&req("b", true)).await.unwrap();
     assert_eq!(ids(&first), vec![older], "the older entry goes first");
     assert!(store.claim(&req("c", true)).await.unwrap().is_empty(), "one entry of the key in flight");
+}
+
+/// A route of few keys with many entries waiting per key is claimed from its heads;
+/// drained to a few per key, from its window again (src/inbox/postgres.rs,
+/// `HEADS_FIRST_WAITING_PER_KEY`, `WAITING_RECOUNT`). Either way a claim takes one entry
+/// per key at most, each key's entries in their order, and nothing while every key is
+/// in flight, though entries wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_claims_from_the_heads_and_from_the_window_keep_each_keys_order() {
+    let (store, _pg) = pg().await;
+    let keys = ["A", "B", "C"];
+    let mut expected: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    // 100 per key: heads first after the first count of the keys (more than 64 per key).
+    for i in 0..100 {
+        for k in keys {
+            let id = insert(&store, entry(Some(k), &format!("{k}-{i}"))).await;
+            expected.entry(k.to_string()).or_default().push(id);
+        }
+    }
+    let mut delivered: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let mut rested = false;
+    loop {
+        let claimed = store.claim(&req("a", true)).await.unwrap();
+        if claimed.is_empty() {
+            break;
+        }
+        let mut in_claim = std::collections::HashSet::new();
+        for c in &claimed {
+            let key = c.entry.correlation_key.clone().expect("every entry has a key");
+            assert!(in_claim.insert(key.clone()), "two entries of {key} in one claim: {:?}", ids(&claimed));
+        }
+        if in_claim.len() == keys.len() {
+            assert!(store.claim(&req("b", true)).await.unwrap().is_empty(), "every key is in flight");
+        }
+        for c in claimed {
+            let key = c.entry.correlation_key.clone().expect("every entry has a key");
+            delivered.entry(key).or_default().push(c.entry.id);
+            store.settle(c.entry.id, &c.lease, T0, &Settlement::Done).await.unwrap();
+        }
+        let done: usize = delivered.values().map(Vec::len).sum();
+        if !rested && done >= 150 {
+            // Half drained (50 per key): the count of waiting entries that sends the
+            // route back to its window is due a second after the last.
+            tokio::time::sleep(Duration::from_millis(1_100)).await; // WAITING_RECOUNT is what is waited out
+            rested = true;
+        }
+    }
+    assert!(rested, "the drain went past half way");
+    assert_eq!(delivered, expected, "every entry once, each key's in order");
 }
 
 /// The first inserts of a key not seen before wait for each other (each adds the key's
