@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::clock::{Clock, Millis, system_now};
 use crate::inbox::{Store, StoreError};
@@ -23,6 +23,13 @@ pub struct DbClock {
 /// their difference. One slow round trip (a busy host) no longer skews the clock.
 const SAMPLES: usize = 3;
 
+/// The waits before the first recalibrations after the one at start (then every
+/// minute, as the caller says): the one at start runs while the process is at its
+/// busiest (plugins compiling, connections opening), when a loopback round trip
+/// measured 53–81 µs against 10–29 µs a second later (docs/measurements.md), and the
+/// writers decide from it whether the database is near until the next.
+const SOON_AFTER_START: [Duration; 3] = [Duration::from_secs(1), Duration::from_secs(3), Duration::from_secs(10)];
+
 impl DbClock {
     pub async fn new(store: &dyn Store) -> Result<Arc<DbClock>, StoreError> {
         let clock = Arc::new(DbClock { offset_ms: AtomicI64::new(0), round_trip_us: AtomicU64::new(0) });
@@ -31,15 +38,11 @@ impl DbClock {
     }
 
     /// Measures the offset to the database clock, halving the fastest of [`SAMPLES`]
-    /// round trips; returns the offset.
+    /// round trips in a row on one connection ([`Store::db_now_timed`]); returns the
+    /// offset.
     pub async fn calibrate(&self, store: &dyn Store) -> Result<Millis, StoreError> {
         let mut fastest: Option<(Duration, Millis)> = None;
-        for _ in 0..SAMPLES {
-            let started = Instant::now();
-            let before = system_now();
-            let db = store.db_now().await?;
-            let after = system_now();
-            let took = started.elapsed();
+        for (took, before, after, db) in store.db_now_timed(SAMPLES).await? {
             if fastest.is_none_or(|(t, _)| took < t) {
                 fastest = Some((took, db - (before + after) / 2));
             }
@@ -57,12 +60,11 @@ impl DbClock {
     }
 
     /// Recalibrates every `every`, forever, telling `measured` each round trip; run it
-    /// beside the instance.
+    /// beside the instance. The first few come sooner ([`SOON_AFTER_START`]).
     pub async fn keep_calibrated(self: Arc<Self>, store: Arc<dyn Store>, every: Duration, measured: impl Fn(Duration)) {
-        let mut tick = tokio::time::interval(every);
-        tick.tick().await;
+        let mut soon = SOON_AFTER_START.iter();
         loop {
-            tick.tick().await;
+            tokio::time::sleep(soon.next().map_or(every, |s| (*s).min(every))).await;
             match self.calibrate(store.as_ref()).await {
                 Ok(offset) => {
                     let round_trip = self.round_trip();

@@ -1023,6 +1023,13 @@ pub trait Store: Send + Sync + 'static {
     /// The database's clock.
     async fn db_now(&self) -> Result<Millis, StoreError>;
 
+    /// The database's clock read `n` times in a row on one connection, after a read
+    /// that is not timed (it wakes the connection's server process and prepares the
+    /// statement there; taking the connection from the pool may check it first): each
+    /// `(round trip, host clock before it, host clock after it, database clock)`. What
+    /// [`DbClock`] calibrates from.
+    async fn db_now_timed(&self, n: usize) -> Result<Vec<(std::time::Duration, Millis, Millis, Millis)>, StoreError>;
+
     /// Keeps the inbox table quick to claim from under a stream of settles: where the
     /// backend needs it (PostgreSQL), vacuums and analyzes `inbox_entry` once enough
     /// rows died or changed since the last time. What it did, if anything. Called every

@@ -967,7 +967,7 @@ FROM pg_temp.inlet_settle_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $1
 /// plans). Parameters: `$1`–`$5` as every claim statement's, `$6` the lease's owner,
 /// `$7` its length, `$8` the window ([`claim_window`]), `$9`/`$10` the claim's part of
 /// the keys (NULL: every key), `$11` whether the route is claimed heads first, `$12`
-/// whether its keys are due a count ([`KEYS_RECOUNT`]), `$13` whether its waiting
+/// whether its keys are due a count ([`PgStore::keys_due`]), `$13` whether its waiting
 /// entries are ([`WAITING_RECOUNT`]; on a route claimed from its window they are
 /// counted at every claim, with the window's bound: [`WAITING_SQL`]). Returns, when the keys were walked or
 /// counted or the waiting entries counted, a row with how many (`keys_met`,
@@ -1655,6 +1655,14 @@ impl PgStore {
         self.seen(route).keys.is_none_or(|(_, at)| at.elapsed() >= KEYS_RECOUNT)
     }
 
+    /// Whether a claim of `route` from its window counts its keys: at every claim while
+    /// they are few ([`HEADS_FIRST_KEYS`]), as a walk of the heads did (whether a key's
+    /// settles hand on without a bound depends on it: one key that becomes two must
+    /// not wait ten seconds to be seen), else when stale.
+    fn keys_due(&self, route: &str) -> bool {
+        self.keys_stale(route) || self.keys_counted(route).is_some_and(|keys| keys <= HEADS_FIRST_KEYS)
+    }
+
     /// Whether `route`'s waiting entries were last counted longer than
     /// [`WAITING_RECOUNT`] ago, or never.
     fn waiting_stale(&self, route: &str) -> bool {
@@ -1700,7 +1708,7 @@ impl PgStore {
                 .bind(part)
                 .bind(parts)
                 .bind(heads_first)
-                .bind(self.keys_stale(req.route))
+                .bind(self.keys_due(req.route))
                 .bind(self.waiting_stale(req.route));
             match call.fetch_all(&mut *conn).await {
                 Ok(rows) => break rows,
@@ -1794,7 +1802,7 @@ impl PgStore {
         // every waiting entry) has its keys counted now and then instead: how many there
         // are decides how long its settles hand on (`Store::keys_met`), and whether its
         // claims start from the heads.
-        if !heads_first && (short <= 0 || !beyond) && self.keys_stale(req.route) {
+        if !heads_first && (short <= 0 || !beyond) && self.keys_due(req.route) {
             let keys: i64 =
                 sqlx::query_scalar(KEYS_COUNT_SQL).bind(req.route).bind(part).bind(parts).fetch_one(&mut *tx).await?;
             self.remember_keys(req.route, keys);

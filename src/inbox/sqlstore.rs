@@ -1147,6 +1147,24 @@ macro_rules! store_impl {
                 Ok(sqlx::query_scalar($now_sql).fetch_one(&self.pool).await?)
             }
 
+            async fn db_now_timed(
+                &self,
+                n: usize,
+            ) -> Result<Vec<(std::time::Duration, $crate::clock::Millis, $crate::clock::Millis, $crate::clock::Millis)>, $crate::inbox::StoreError> {
+                use $crate::clock::{Millis, system_now};
+                let mut conn = self.pool.acquire().await?;
+                let _: Millis = sqlx::query_scalar($now_sql).fetch_one(&mut *conn).await?;
+                let mut samples = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let started = std::time::Instant::now();
+                    let before = system_now();
+                    let db: Millis = sqlx::query_scalar($now_sql).fetch_one(&mut *conn).await?;
+                    let after = system_now();
+                    samples.push((started.elapsed(), before, after, db));
+                }
+                Ok(samples)
+            }
+
             async fn record_audit(&self, a: &$crate::inbox::NewAudit, now: $crate::clock::Millis) -> Result<i64, $crate::inbox::StoreError> {
                 Ok(sqlx::query_scalar(include_str!("sql/audit_insert.sql"))
                     .bind(now)
