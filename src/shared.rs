@@ -182,17 +182,14 @@ impl Shared {
             self.metrics.register_route(route.name(), pull);
             if !relays.running.contains_key(route.name()) {
                 let (stop, stop_rx) = watch::channel(false);
-                let relay = Arc::new(Relay {
-                    route: Arc::clone(route),
-                    store: Arc::clone(&self.store),
-                    clock: Arc::clone(&self.clock),
-                    metrics: Arc::clone(&self.metrics),
-                    options: self.relay_options.clone(),
-                    last_release: std::sync::Mutex::default(),
-                    share: std::sync::Mutex::default(),
-                    busy: std::sync::atomic::AtomicUsize::new(0),
-                    settles: Some(Arc::clone(&self.settles)),
-                });
+                let relay = Arc::new(Relay::new(
+                    Arc::clone(route),
+                    Arc::clone(&self.store),
+                    Arc::clone(&self.clock),
+                    Arc::clone(&self.metrics),
+                    self.relay_options.clone(),
+                    Some(Arc::clone(&self.settles)),
+                ));
                 let task = tokio::spawn(async move { relay.run(stop_rx).await });
                 relays.running.insert(route.name().to_string(), (stop, task));
             }

@@ -10,7 +10,7 @@ pub mod policy;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::clock::{Clock, Millis};
@@ -63,6 +63,17 @@ const HAND_ON_LIMIT: usize = 64;
 /// the route's part) serves this many deliveries per slot instead of one.
 const HAND_ON_SHARED_LIMIT: usize = 16;
 
+/// How many attempts past their delivery, each waiting for its settle's commit, a
+/// relay keeps beside its `concurrency` deliveries, as a multiple of it. A delivery
+/// slot is given back when the target has answered, not when the settle has
+/// committed: the settle's commit (a group's batch, behind the batch out before it)
+/// took half of a slot's time per delivery at route concurrency 16, time in which
+/// the slot delivered nothing. The key stays in flight until its settle commits, so
+/// the slot's next delivery is another key's (or the key's next entry, handed on by
+/// the settle once it committed). Bounded, so a database that commits slowly holds
+/// back the claims instead of gathering attempts without end.
+const SETTLING_PER_SLOT: usize = 1;
+
 /// How often a relay looks for expired leases to take back.
 const RELEASE_EVERY: Duration = Duration::from_secs(1);
 
@@ -87,18 +98,55 @@ pub struct Relay {
     /// This instance's part of the route's keys, as last read ([`Store::share`]);
     /// `None`: every key.
     pub share: std::sync::Mutex<Option<Share>>,
-    /// Delivery slots in use: attempts in flight, each with the entries handed on to it.
-    pub busy: std::sync::atomic::AtomicUsize,
+    /// The route's delivery slots (`concurrency` permits): an attempt holds one from
+    /// its claim (or the hand-on that brought its entry) until the target has
+    /// answered, not through its settle's commit ([`SETTLING_PER_SLOT`]).
+    slots: Arc<Semaphore>,
+    /// Told when an attempt gives its slot back before it ends (its settle still to
+    /// commit), so a relay whose last claim filled every slot claims again.
+    slot_freed: Notify,
+    /// Slots the relay's claim out holds for what it finds: free slots still, as far
+    /// as a key's run of entries handed on is concerned ([`Relay::slot_free`]).
+    claiming: std::sync::atomic::AtomicUsize,
     /// Settles of attempts that end together are committed together (shared by the
     /// relays of a process); `None`: each settle commits alone.
     pub settles: Option<Arc<Group<Settles>>>,
 }
 
 impl Relay {
+    /// The relay of `route`, its slots free, nothing read of its keys yet.
+    pub fn new(
+        route: Arc<Route>,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+        options: RelayOptions,
+        settles: Option<Arc<Group<Settles>>>,
+    ) -> Relay {
+        let slots = Arc::new(Semaphore::new(route.config.concurrency));
+        Relay {
+            route,
+            store,
+            clock,
+            metrics,
+            options,
+            last_release: std::sync::Mutex::default(),
+            share: std::sync::Mutex::default(),
+            slots,
+            slot_freed: Notify::new(),
+            claiming: std::sync::atomic::AtomicUsize::new(0),
+            settles,
+        }
+    }
+
     /// Runs until `shutdown` turns true, then lets in-flight attempts finish.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let route = self.route.name().to_string();
         let concurrency = self.route.config.concurrency;
+        let most_attempts = concurrency * (1 + SETTLING_PER_SLOT);
+        // Whether the last claim found as many entries as it had slots for: then more
+        // may wait, and a slot given back is worth a claim.
+        let mut more_waiting = false;
         let mut in_flight: JoinSet<()> = JoinSet::new();
         let mut store_down_since: Option<Instant> = None;
         let mut pause = PauseWatch::default();
@@ -111,37 +159,52 @@ impl Relay {
             tokio::spawn(async move { relay.keep_membership().await })
         };
         while !*shutdown.borrow() {
-            let free = concurrency - in_flight.len();
+            // Slots free, within the bound on attempts whose settles are still out.
+            let room = most_attempts.saturating_sub(in_flight.len());
+            let free = self.slots.available_permits().min(room);
+            // Taken before the claim, so each entry it brings has its slot; an attempt
+            // waiting for a slot (an entry its settle handed on) was given one first.
+            let slots = (free > 0).then(|| Arc::clone(&self.slots).try_acquire_many_owned(free as u32).ok()).flatten();
             let mut full_batch = false;
-            if free > 0 {
-                match self.claim_unless_paused(free as u32, &mut pause).await {
+            if let Some(mut slots) = slots {
+                self.claiming.store(free, std::sync::atomic::Ordering::Relaxed);
+                let claimed = self.claim_unless_paused(free as u32, &mut pause).await;
+                self.claiming.store(0, std::sync::atomic::Ordering::Relaxed);
+                match claimed {
                     Ok(claimed) => {
                         if let Some(since) = store_down_since.take() {
                             tracing::info!(route, down_for = ?since.elapsed(), "inbox reachable again; relay resumes");
                         }
                         full_batch = claimed.len() == free;
+                        more_waiting = full_batch;
                         for c in claimed {
                             let relay = Arc::clone(&self);
                             let stop = shutdown.clone();
-                            let slot = SlotInUse::take(Arc::clone(&relay));
+                            let permit = slots.split(1).expect("a slot taken for every entry claimed");
+                            let slot = SlotInUse::with(&relay, permit);
                             in_flight.spawn(async move { relay.attempt_contained(c, stop, slot).await });
                         }
                     }
                     Err(error) => {
+                        more_waiting = false;
                         if store_down_since.is_none() {
                             tracing::error!(route, %error, "relay cannot claim entries; retrying");
                             store_down_since = Some(Instant::now());
                         }
                     }
                 }
+                // The slots no entry came for are free again (dropped here).
             }
             // A full batch may have more behind it: claim again at once if there is room.
-            if full_batch && in_flight.len() < concurrency {
+            if full_batch && self.slots.available_permits() > 0 && in_flight.len() < most_attempts {
                 continue;
             }
             tokio::select! {
                 _ = self.route.stored.notified() => {}
                 Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+                // A slot given back before its attempt ended: worth a claim only while
+                // the last one found as many entries as it had slots.
+                _ = self.slot_freed.notified(), if more_waiting => {}
                 _ = tokio::time::sleep(self.options.poll) => {}
                 _ = shutdown.changed() => {}
             }
@@ -276,13 +339,25 @@ impl Relay {
     /// and the attempt number, so every line it logs says which entry it is about.
     ///
     /// When its settle hands on the key's next entry (see [`Relay::next_of_key`]),
-    /// the slot attempts that one at once — beyond [`HAND_ON_LIMIT`] entries in a row
+    /// the task attempts that one next, in the first slot free (slots go to such
+    /// entries before the relay's claims) — beyond [`HAND_ON_LIMIT`] entries in a row
     /// only while the relay has a free slot, and not once `stop` turns true; then the
-    /// slot goes back to the relay's claims.
-    async fn attempt_contained(self: Arc<Self>, c: Claimed, stop: watch::Receiver<bool>, _slot: SlotInUse) {
+    /// task ends and its key goes back to the relay's claims.
+    async fn attempt_contained(self: Arc<Self>, c: Claimed, stop: watch::Receiver<bool>, slot: SlotInUse) {
         let mut c = Some(c);
+        let mut slot = Some(slot);
         let mut handed = 0;
         while let Some(claimed) = c.take() {
+            let slot = match slot.take() {
+                Some(slot) => slot,
+                None => match self.slot_within_lease(&claimed).await {
+                    Some(slot) => slot,
+                    None => {
+                        self.hand_back(claimed).await;
+                        break;
+                    }
+                },
+            };
             let span = tracing::info_span!(
                 "attempt",
                 route = self.route.name(),
@@ -290,21 +365,52 @@ impl Relay {
                 key = claimed.entry.correlation_key.as_deref().unwrap_or(""),
                 attempt = claimed.entry.attempts,
             );
-            let concurrency = self.route.config.concurrency;
-            let slot_free = self.busy.load(std::sync::atomic::Ordering::Relaxed) < concurrency;
-            let hand_on = (handed < self.hand_on_limit() || slot_free) && !*stop.borrow();
-            c = tracing::Instrument::instrument(Arc::clone(&self).attempt_caught(claimed, hand_on), span).await;
+            let hand_on = (handed < self.hand_on_limit() || self.slot_free()) && !*stop.borrow();
+            c = tracing::Instrument::instrument(Arc::clone(&self).attempt_caught(claimed, hand_on, slot), span).await;
             handed += 1;
         }
     }
 
-    async fn attempt_caught(self: Arc<Self>, c: Claimed, hand_on: bool) -> Option<Claimed> {
+    /// A slot for an entry a settle handed on (its lease running since): one free
+    /// now, as a claimed entry gets, or one that comes free while the lease still
+    /// covers a whole exchange with the target and a second besides (what the
+    /// routing file's check asks of a lease). So an entry that waited for a slot is
+    /// never delivered past its lease, when another instance could take its key.
+    async fn slot_within_lease(self: &Arc<Self>, c: &Claimed) -> Option<SlotInUse> {
+        if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
+            return Some(SlotInUse::with(self, permit));
+        }
+        let cfg = &self.route.config;
+        let exchange = cfg.target.timeout() * cfg.max_steps.max(1) + Duration::from_secs(1);
+        let left = Duration::from_millis((c.lease.expires_at - self.clock.now()).max(0) as u64);
+        let wait = left.checked_sub(exchange)?;
+        tokio::time::timeout(wait, SlotInUse::wait(self)).await.ok()
+    }
+
+    /// Hands an entry back undelivered (OPEN at once, its key's next claim takes it):
+    /// its lease ran too short waiting for a slot ([`Relay::slot_within_lease`]).
+    async fn hand_back(&self, c: Claimed) {
+        let (route, id) = (self.route.name(), c.entry.id);
+        tracing::warn!(route, id, "no delivery slot came free within the lease of an entry handed on; handing it back");
+        let settlement = Settlement::Retry {
+            at: self.clock.now(),
+            error: "handed on by its key's last settle, it waited for a delivery slot until its lease could not \
+                    cover a delivery; handed back undelivered"
+                .into(),
+            not_yet_since: None,
+        };
+        let key = c.entry.correlation_key.as_deref();
+        self.finish(id, key, c.entry.received_at, &c.lease, settlement, None, false).await;
+    }
+
+    async fn attempt_caught(self: Arc<Self>, c: Claimed, hand_on: bool, slot: SlotInUse) -> Option<Claimed> {
         let (id, key, lease) = (c.entry.id, c.entry.correlation_key.clone(), c.lease.clone());
         let received_at = c.entry.received_at;
         let (attempts, not_yet_since) = (c.entry.attempts, c.entry.not_yet_since);
         let started = (self.clock.now(), Instant::now());
         let this = Arc::clone(&self);
-        let panic = match CatchUnwind(Box::pin(async move { this.attempt(c, hand_on).await })).await {
+        // A panic gives the slot back (dropped with the attempt's future).
+        let panic = match CatchUnwind(Box::pin(async move { this.attempt(c, hand_on, slot).await })).await {
             Ok(next) => return next,
             Err(panic) => panic,
         };
@@ -336,8 +442,9 @@ impl Relay {
     }
 
     /// One attempt at one claimed entry, ending in exactly one settle; with
-    /// `hand_on`, the key's next entry if the settle claimed it.
-    pub async fn attempt(&self, c: Claimed, hand_on: bool) -> Option<Claimed> {
+    /// `hand_on`, the key's next entry if the settle claimed it. The slot is given
+    /// back once the attempt has its outcome, before the settle.
+    async fn attempt(&self, c: Claimed, hand_on: bool, mut slot: SlotInUse) -> Option<Claimed> {
         if self.options.panic_on_key.is_some() && c.entry.correlation_key == self.options.panic_on_key {
             panic!("fault injection: panic_on_key {:?}", c.entry.correlation_key);
         }
@@ -363,6 +470,7 @@ impl Relay {
                 (decision.settle(disposition, &mut fastrand::Rng::new()), label)
             }
         };
+        slot.give_back();
         let record = self.record(c.entry.attempts, started, answer, requests);
         let key = c.entry.correlation_key.as_deref();
         self.finish(id, key, c.entry.received_at, &c.lease, settlement, Some(record), hand_on).await
@@ -479,6 +587,12 @@ impl Relay {
             lease_ms: cfg.lease.as_millis() as Millis,
             parked_blocks: cfg.parked == ParkedPolicy::BlockKey,
         })
+    }
+
+    /// Whether the relay has a slot free (or held by its claim out, for whatever that
+    /// finds): then no entry waits for the slot of a key's run of entries handed on.
+    fn slot_free(&self) -> bool {
+        self.slots.available_permits() + self.claiming.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
     /// How many entries in a row a slot may take from its settles while the relay has
@@ -766,25 +880,35 @@ impl Relay {
     }
 }
 
-/// A delivery slot of the relay in use ([`Relay::busy`]), taken when its attempt is
-/// spawned and given back when that task ends or is dropped, however it ends. While
-/// it is in use, the settles' group expects its settle ([`Group::expect`]).
+/// A delivery slot of the relay in use ([`Relay::slots`]): taken for an entry when
+/// the relay claims it or when a settle hands it on, given back when the attempt has
+/// its outcome ([`SlotInUse::give_back`]) or, however the attempt ends, when dropped.
+/// From the slot's taking until the attempt's settle is in (the attempt holds this
+/// past giving the slot back), the settles' group expects that settle
+/// ([`Group::expect`]).
 struct SlotInUse {
     relay: Arc<Relay>,
+    permit: Option<OwnedSemaphorePermit>,
     _settle: Option<Expected>,
 }
 
 impl SlotInUse {
-    fn take(relay: Arc<Relay>) -> SlotInUse {
-        relay.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    fn with(relay: &Arc<Relay>, permit: OwnedSemaphorePermit) -> SlotInUse {
         let _settle = relay.settles.as_ref().map(|g| g.expect());
-        SlotInUse { relay, _settle }
+        SlotInUse { relay: Arc::clone(relay), permit: Some(permit), _settle }
     }
-}
 
-impl Drop for SlotInUse {
-    fn drop(&mut self) {
-        self.relay.busy.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    /// The first slot free, before any claim of the relay's takes it.
+    async fn wait(relay: &Arc<Relay>) -> SlotInUse {
+        let permit = Arc::clone(&relay.slots).acquire_owned().await.expect("the relay's slots are never closed");
+        SlotInUse::with(relay, permit)
+    }
+
+    /// Gives the slot back: the attempt has its outcome, its settle is still to come.
+    fn give_back(&mut self) {
+        if self.permit.take().is_some() {
+            self.relay.slot_freed.notify_one();
+        }
     }
 }
 

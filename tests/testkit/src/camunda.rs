@@ -214,6 +214,12 @@ impl FakeCamunda {
         self.lock().keys.max
     }
 
+    /// The most requests ever in flight at once, across keys (a route's concurrency
+    /// bounds it).
+    pub fn max_in_flight(&self) -> usize {
+        self.lock().keys.all_max
+    }
+
     /// Keys that had a second request arrive while one was in flight (one per overlap).
     pub fn overlaps(&self) -> Vec<String> {
         self.lock().keys.overlaps.clone()

@@ -38,6 +38,10 @@ pub(crate) struct KeysInFlight {
     pub(crate) max: usize,
     /// Keys that had a second request arrive while one was in flight (one per overlap).
     pub(crate) overlaps: Vec<String>,
+    /// Requests in flight now, whatever their key.
+    all_now: usize,
+    /// The most requests ever in flight at once, whatever their keys.
+    pub(crate) all_max: usize,
 }
 
 /// A fake's state that holds a [`KeysInFlight`].
@@ -63,6 +67,8 @@ impl<S: HasKeysInFlight> InFlight<S> {
             keys.overlaps.push(key.to_owned());
         }
         keys.max = keys.max.max(n);
+        keys.all_now += 1;
+        keys.all_max = keys.all_max.max(keys.all_now);
         InFlight { state: Arc::clone(state), key: key.to_owned() }
     }
 }
@@ -71,6 +77,7 @@ impl<S: HasKeysInFlight> Drop for InFlight<S> {
     fn drop(&mut self) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let keys = st.keys();
+        keys.all_now -= 1;
         if let Some(n) = keys.now.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
