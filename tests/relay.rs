@@ -110,6 +110,22 @@ impl Inlet {
             .as_u16()
     }
 
+    /// Pushes work orders `(key, seq)` in this order with `route` paused, so all are
+    /// stored before the relay may claim any, then resumes it.
+    async fn push_work_orders_while_paused(&self, route: &str, pushes: &[(&str, u32)]) {
+        let pause = inlet::inbox::Pause {
+            route: route.into(),
+            paused_at: 0,
+            paused_by: "test".into(),
+            reason: "store everything before the first claim".into(),
+        };
+        self.store.pause_route(&pause).await.unwrap();
+        for (key, seq) in pushes {
+            assert_eq!(self.push(route, &work_order(*seq, key), &format!("m-{key}-{seq}")).await, 200);
+        }
+        self.store.resume_route(route).await.unwrap();
+    }
+
     async fn entries(&self, route: &str) -> Vec<Entry> {
         self.store.list(&ListFilter { route: Some(route.into()), limit: 10_000, ..Default::default() }).await.unwrap()
     }
@@ -756,20 +772,10 @@ async fn group_commits_count_their_batches_and_the_delivery_slots_in_use(backend
 async fn with_more_keys_than_slots_a_key_keeps_its_slot_for_a_bounded_run() {
     let camunda = FakeCamunda::start().await;
     let inlet = Inlet::start(Backend::Postgres, &route("wo", &camunda.url(), "concurrency = 1"), None).await;
-    let pause = inlet::inbox::Pause {
-        route: "wo".into(),
-        paused_at: 0,
-        paused_by: "test".into(),
-        reason: "store everything before the first claim".into(),
-    };
-    inlet.store.pause_route(&pause).await.unwrap();
     let mut pushes: Vec<(&str, u32)> = (1..=5).flat_map(|seq| [("A", seq), ("C", seq)]).collect();
     pushes.push(("B", 1));
     pushes.extend((6..=40).flat_map(|seq| [("A", seq), ("C", seq)]));
-    for (key, seq) in &pushes {
-        assert_eq!(inlet.push("wo", &work_order(*seq, key), &format!("m-{key}-{seq}")).await, 200);
-    }
-    inlet.store.resume_route("wo").await.unwrap();
+    inlet.push_work_orders_while_paused("wo", &pushes).await;
     wait_until("81 deliveries", WAIT, || async { camunda.count() >= 81 }).await;
 
     assert_eq!(camunda.correlated_seqs("A"), (1..=40).collect::<Vec<i64>>(), "A's order");
@@ -834,19 +840,8 @@ async fn an_entry_handed_on_is_handed_back_when_no_slot_comes_free_within_its_le
         camunda.url()
     );
     let inlet = Inlet::start(Backend::Postgres, &route, None).await;
-    let pause = inlet::inbox::Pause {
-        route: "wo".into(),
-        paused_at: 0,
-        paused_by: "test".into(),
-        reason: "store everything before the first claim".into(),
-    };
-    inlet.store.pause_route(&pause).await.unwrap();
-    for seq in 1..=8 {
-        for key in ["A", "B"] {
-            assert_eq!(inlet.push("wo", &work_order(seq, key), &format!("m-{key}-{seq}")).await, 200);
-        }
-    }
-    inlet.store.resume_route("wo").await.unwrap();
+    let pushes: Vec<(&str, u32)> = (1..=8).flat_map(|seq| [("A", seq), ("B", seq)]).collect();
+    inlet.push_work_orders_while_paused("wo", &pushes).await;
     wait_until("16 entries DONE", WAIT, || async {
         inlet.entries("wo").await.iter().filter(|e| e.status == Status::Done).count() == 16
     })

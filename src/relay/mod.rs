@@ -409,7 +409,7 @@ impl Relay {
         let (attempts, not_yet_since) = (c.entry.attempts, c.entry.not_yet_since);
         let started = (self.clock.now(), Instant::now());
         let this = Arc::clone(&self);
-        // A panic gives the slot back (dropped with the attempt's future).
+        // A panic gives the slot back ([`SlotInUse`]'s drop, with the attempt's future).
         let panic = match CatchUnwind(Box::pin(async move { this.attempt(c, hand_on, slot).await })).await {
             Ok(next) => return next,
             Err(panic) => panic,
@@ -909,6 +909,14 @@ impl SlotInUse {
         if self.permit.take().is_some() {
             self.relay.slot_freed.notify_one();
         }
+    }
+}
+
+impl Drop for SlotInUse {
+    /// An attempt that ends without giving its slot back (a panic) gives it back here,
+    /// waking the relay as [`SlotInUse::give_back`] does.
+    fn drop(&mut self) {
+        self.give_back();
     }
 }
 
